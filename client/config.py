@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import ServiceSettings
+
+
+class ClientSettings(ServiceSettings):
+    """Client settings: env FL_CLIENT_<NAME>, a TOML file named by FL_CLIENT_CONFIG_FILE, or CLI flags."""
+
+    model_config = SettingsConfigDict(env_prefix="FL_CLIENT_", extra="forbid")
+
+    edge_url: str = "http://127.0.0.1:8100"
+    client_token: str = "dev-client-token"
+    # Logical clients this process hosts: "3", "0-4" or "0,2,5-7". A device usually hosts one.
+    clients: str = "0"
+    state_dir: Path = Path(".fl-state")
+    # Overrides the run's npz path with this machine's copy of the federated dataset file.
+    data_path: str | None = None
+    torch_threads: int = Field(1, ge=1)
+    long_poll_s: float = Field(20.0, gt=0)
+    log_level: str = "info"
+
+
+def parse_ids(spec: str) -> list[int]:
+    ids: set[int] = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        lo, _, hi = part.partition("-")
+        start, end = int(lo), int(hi or lo)
+        if start < 0 or end < start:
+            raise ValueError(f"bad client range {part!r}")
+        ids.update(range(start, end + 1))
+    if not ids:
+        raise ValueError("no client ids given")
+    return sorted(ids)

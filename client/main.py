@@ -1,0 +1,48 @@
+"""Start a client process: `python -m client.main --edge http://EDGE:8100 --clients 0-4`."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+import typer
+
+from client.config import ClientSettings, parse_ids
+from client.worker import Worker
+from shared.transport.http import make_client
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def run(
+    edge: Optional[str] = typer.Option(None, help="edge URL (env FL_CLIENT_EDGE_URL)"),
+    clients: Optional[str] = typer.Option(None, help='logical client ids, e.g. "0-4" (env FL_CLIENT_CLIENTS)'),
+    token: Optional[str] = typer.Option(None, help="client bearer token (env FL_CLIENT_CLIENT_TOKEN)"),
+    state_dir: Optional[Path] = typer.Option(None, help="where per-client state is kept"),
+    data_path: Optional[str] = typer.Option(None, help="this machine's copy of an npz federated dataset"),
+    threads: Optional[int] = typer.Option(None, help="torch threads for local training"),
+) -> None:
+    overrides = {k: v for k, v in {
+        "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,
+        "data_path": data_path, "torch_threads": threads,
+    }.items() if v is not None}
+    settings = ClientSettings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s client %(levelname)s %(message)s")
+    torch.set_num_threads(settings.torch_threads)
+    asyncio.run(_serve(settings))
+
+
+async def _serve(settings: ClientSettings) -> None:
+    async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s) as edge:
+        await Worker(settings, parse_ids(settings.clients), edge).run()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

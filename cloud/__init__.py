@@ -1,0 +1,1 @@
+"""The cloud service: control API for runs, the Redis-backed contribution buffer, the cloud update."""

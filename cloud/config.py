@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import ServiceSettings
+
+
+class CloudSettings(ServiceSettings):
+    """Cloud settings: env FL_CLOUD_<NAME>, or a TOML file named by FL_CLOUD_CONFIG_FILE."""
+
+    model_config = SettingsConfigDict(env_prefix="FL_CLOUD_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Every key lives under this prefix, so several clouds (or test sessions) can share one Redis.
+    key_prefix: str = "fl"
+    admin_token: str = "dev-admin-token"
+    edge_token: str = "dev-edge-token"
+    max_payload_bytes: int = Field(64 * 2**20, gt=0)
+    long_poll_max_s: float = Field(25.0, gt=0)
+    torch_threads: int = Field(1, ge=1)
+    log_level: str = "info"

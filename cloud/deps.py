@@ -1,0 +1,31 @@
+"""FastAPI dependencies of the cloud: settings, store, orchestrator and the two bearer guards."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from cloud.config import CloudSettings
+from cloud.orchestrator import Orchestrator
+from cloud.store import Store
+from shared.web import bearer_guard
+
+
+def _settings(request: Request) -> CloudSettings:
+    return request.app.state.settings
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def _orchestrator(request: Request) -> Orchestrator:
+    return request.app.state.orchestrator
+
+
+SettingsDep = Annotated[CloudSettings, Depends(_settings)]
+StoreDep = Annotated[Store, Depends(_store)]
+OrchestratorDep = Annotated[Orchestrator, Depends(_orchestrator)]
+
+require_admin = Depends(bearer_guard(lambda r: r.app.state.settings.admin_token))
+require_edge = Depends(bearer_guard(lambda r: r.app.state.settings.edge_token))

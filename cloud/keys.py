@@ -1,0 +1,42 @@
+"""Every Redis key the cloud uses, built in this one module."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "fl"
+
+    @property
+    def runs(self) -> str:  # list of run ids in creation order
+        return f"{self.prefix}:runs"
+
+    @property
+    def active(self) -> str:  # id of the run that is running or paused (one at a time)
+        return f"{self.prefix}:active"
+
+    @property
+    def edges(self) -> str:  # hash edge_id -> registration JSON
+        return f"{self.prefix}:edges"
+
+    def meta(self, run_id: str) -> str:  # hash: config, status, version, timestamps
+        return f"{self.prefix}:run:{run_id}:meta"
+
+    def global_state(self, run_id: str) -> str:  # safetensors blob of the current global state
+        return f"{self.prefix}:run:{run_id}:global"
+
+    def cloud_state(self, run_id: str) -> str:  # safetensors blob of the algorithm's server memory
+        return f"{self.prefix}:run:{run_id}:cloud_state"
+
+    def buffer(self, run_id: str) -> str:  # stream of accepted, not yet aggregated contributions
+        return f"{self.prefix}:run:{run_id}:buffer"
+
+    def idempotency(self, run_id: str) -> str:  # hash idempotency key -> stream entry id
+        return f"{self.prefix}:run:{run_id}:idem"
+
+    def slots(self, run_id: str) -> str:  # hash "edge:base_version" -> idempotency key
+        return f"{self.prefix}:run:{run_id}:slots"
+
+    def history(self, run_id: str) -> str:  # list of RoundRecord JSON, one per cloud update
+        return f"{self.prefix}:run:{run_id}:history"

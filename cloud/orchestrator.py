@@ -1,0 +1,142 @@
+"""The cloud loop, written once: buffer holds B contributions → cloud_update → publish a new version.
+
+It runs as one background task in the cloud process. Everything it reads and writes is in Redis, so a
+restarted cloud resumes from the buffer exactly where the killed one stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+
+from cloud.store import BufferedContribution, Store, now
+from shared.algorithms import registry
+from shared.algorithms.base import Algorithm, Contribution
+from shared.config import RunConfig
+from shared.federation import evaluate_global
+from shared.schemas import (
+    ClientRecord,
+    ContributionRecord,
+    GlobalStateHeader,
+    RoundRecord,
+    RunStatus,
+)
+from shared.transport.tensors import decode, decode_tensors, encode
+
+log = logging.getLogger("cloud.orchestrator")
+
+
+class Orchestrator:
+    def __init__(self, store: Store):
+        self.store = store
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._algorithms: dict[str, Algorithm] = {}
+
+    # ---- signalling ----------------------------------------------------------------------------
+    def notify(self) -> None:
+        """A contribution arrived or a run changed state: look at the buffer again."""
+        self._wake.set()
+
+    async def announce(self) -> None:
+        """Wakes long-polling edges after a new version or a status change."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    # ---- the loop ------------------------------------------------------------------------------
+    async def run_forever(self, idle_poll_s: float = 1.0) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), idle_poll_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                while await self.step():
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bad step must not kill the loop; the buffer keeps its entries
+                log.exception("cloud update failed; will retry")
+                await asyncio.sleep(idle_poll_s)
+
+    def algorithm(self, run_id: str, config: RunConfig) -> Algorithm:
+        if run_id not in self._algorithms:
+            self._algorithms[run_id] = registry.create(config)
+        return self._algorithms[run_id]
+
+    async def step(self) -> bool:
+        """One cloud update if the active run's buffer holds B entries; True if it published one."""
+        run_id = await self.store.active_run()
+        if run_id is None:
+            return False
+        info = await self.store.info(run_id)
+        if info.status not in (RunStatus.running, RunStatus.paused):
+            return False
+        config = info.config
+        entries = await self.store.buffered(run_id, config.topology.buffer_size)
+        if len(entries) < config.topology.buffer_size:
+            return False
+        algorithm = self.algorithm(run_id, config)
+        global_blob = await self.store.global_blob(run_id)
+        state_blob = await self.store.cloud_state_blob(run_id)
+        new_global, new_state, evaluation = await asyncio.to_thread(
+            self._update, algorithm, config, global_blob, state_blob, entries, info.version
+        )
+        started = info.last_round.finished_at if info.last_round else (info.started_at or now())
+        record = _record(info.version, entries, evaluation, started, info.started_at or started)
+        header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
+        finished = info.version + 1 >= config.rounds
+        committed = await self.store.commit_update(
+            run_id, info.version, entries, encode(new_global, header), encode(new_state), record, finished
+        )
+        if committed:
+            log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
+            await self.announce()
+        return committed
+
+    @staticmethod
+    def _update(algorithm, config, global_blob, state_blob, entries: list[BufferedContribution], version):
+        global_, _ = decode(global_blob, GlobalStateHeader)
+        cloud_state = decode_tensors(state_blob) if state_blob else {}
+        contributions = [
+            Contribution(e.header.edge_id, e.header.base_version, decode_tensors(e.blob), e.header.weight)
+            for e in entries
+        ]
+        new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
+        return new_global, new_state, evaluate_global(config, algorithm, new_global)
+
+
+def _record(version: int, entries: list[BufferedContribution], evaluation, started: datetime,
+            run_started: datetime) -> RoundRecord:
+    clients = sorted(
+        (ClientRecord(client_id=c.client_id, edge_id=e.header.edge_id, num_samples=c.num_samples, loss=c.loss)
+         for e in entries for c in e.header.clients),
+        key=lambda c: c.client_id,
+    )
+    samples = sum(c.num_samples for c in clients)
+    finished = now()
+    return RoundRecord(
+        round=version,
+        version=version + 1,
+        edges=sorted({e.header.edge_id for e in entries}),
+        clients=clients,
+        contributions=[
+            ContributionRecord(edge_id=e.header.edge_id, base_version=e.header.base_version,
+                               staleness=version - e.header.base_version, weight=e.header.weight)
+            for e in entries
+        ],
+        train_loss=sum(c.loss * c.num_samples for c in clients) / max(samples, 1),
+        test_loss=evaluation.loss,
+        test_accuracy=evaluation.accuracy,
+        started_at=started,
+        finished_at=finished,
+        elapsed_s=(finished - run_started).total_seconds(),
+    )

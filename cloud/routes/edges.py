@@ -1,0 +1,84 @@
+"""Edge-facing API: register, long-poll the global state, submit a contribution to the buffer."""
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+
+from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_edge
+from cloud.store import Conflict, NotFound
+from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
+from shared.transport.tensors import InvalidContent, check_tensors, decode
+from shared.web import binary, read_message, reject
+
+router = APIRouter(prefix="/api/v1", tags=["edges"], dependencies=[require_edge])
+
+
+@router.post("/edges")
+async def register(reg: EdgeRegistration, store: StoreDep) -> EdgeRegistration:
+    await store.register_edge(reg)
+    return reg
+
+
+async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes | None:
+    """The active run's global state if it is newer than what the edge has and the edge belongs to it."""
+    active = await store.active_run()
+    if active is None:
+        return None
+    config = await store.config(active)
+    run_status, version = await store.status(active)
+    if run_status != RunStatus.running or edge_id >= config.topology.num_edges:
+        return None
+    if active == run_id and version <= after:
+        return None
+    return await store.global_blob(active)
+
+
+@router.get("/edges/{edge_id}/global", responses={204: {"description": "nothing newer before the timeout"}})
+async def global_state(
+    edge_id: int,
+    store: StoreDep,
+    settings: SettingsDep,
+    orchestrator: OrchestratorDep,
+    run_id: str | None = None,
+    after: int = Query(-1, ge=-1),
+    timeout: float = Query(20.0, ge=0),
+):
+    """Long-poll: answers as soon as there is a version newer than `after` of the active run."""
+    if not await store.edge_known(edge_id):
+        raise NotFound(f"unknown edge {edge_id}; register first")
+    deadline = time.monotonic() + min(timeout, settings.long_poll_max_s)
+    while True:
+        blob = await _offer(store, edge_id, run_id, after)
+        if blob is not None:
+            return binary(blob)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return Response(status_code=status.HTTP_204_NO_CONTENT)
+        # Short waits also catch versions published by another cloud process sharing this Redis.
+        await orchestrator.wait_for_change(min(remaining, 0.5))
+
+
+@router.post("/runs/{run_id}/contributions", status_code=status.HTTP_202_ACCEPTED)
+async def submit(
+    run_id: str, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
+) -> SubmitReceipt:
+    tensors, header, blob = await read_message(request, settings.max_payload_bytes, EdgeContributionHeader)
+    if header.run_id != run_id:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"header run_id {header.run_id!r} does not match the URL's {run_id!r}")
+    config = await store.config(run_id)
+    if not await store.edge_known(header.edge_id):
+        raise NotFound(f"unknown edge {header.edge_id}; register first")
+    if header.edge_id >= config.topology.num_edges:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"edge {header.edge_id} is not part of this run ({config.topology.num_edges} edges)")
+    algorithm = orchestrator.algorithm(run_id, config)
+    global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
+    try:
+        check_tensors(tensors, algorithm.contribution_spec(global_))
+    except InvalidContent as exc:
+        raise reject(exc) from exc
+    outcome = await store.submit(header, blob, algorithm.synchronous)
+    orchestrator.notify()
+    return SubmitReceipt(accepted=outcome.accepted, duplicate=outcome.duplicate, buffered=outcome.buffered)

@@ -1,0 +1,67 @@
+"""Control API: create, inspect, start/pause/resume/stop runs; history; model download."""
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException, status
+
+from cloud.deps import OrchestratorDep, StoreDep, require_admin
+from shared.algorithms import registry
+from shared.config import RunConfig
+from shared.federation import initial_model
+from shared.schemas import GlobalStateHeader, RoundRecord, RunInfo
+from shared.transport.tensors import decode, encode
+from shared.web import binary
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_admin])
+
+
+def _initial_global(run_id: str, config: RunConfig) -> bytes:
+    global_ = registry.create(config).init_global(initial_model(config))
+    return encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+async def create_run(config: RunConfig, store: StoreDep) -> RunInfo:
+    run_id = store.new_run_id()
+    try:
+        blob = await asyncio.to_thread(_initial_global, run_id, config)
+    except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot load the run's data: {exc}")
+    await store.create_run(run_id, config, blob)
+    return await store.info(run_id)
+
+
+@router.get("")
+async def list_runs(store: StoreDep) -> list[RunInfo]:
+    return [await store.info(run_id) for run_id in await store.run_ids()]
+
+
+@router.get("/{run_id}")
+async def get_run(run_id: str, store: StoreDep) -> RunInfo:
+    return await store.info(run_id)
+
+
+@router.post("/{run_id}/{action}")
+async def control(
+    run_id: str, action: Literal["start", "pause", "resume", "stop"], store: StoreDep, orchestrator: OrchestratorDep
+) -> RunInfo:
+    await store.transition(run_id, action)
+    orchestrator.notify()
+    await orchestrator.announce()
+    return await store.info(run_id)
+
+
+@router.get("/{run_id}/history")
+async def history(run_id: str, store: StoreDep) -> list[RoundRecord]:
+    return await store.history(run_id)
+
+
+@router.get("/{run_id}/model")
+async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
+    """The global model at the current version as safetensors (X-FL-Version says which)."""
+    config = await store.config(run_id)
+    tensors, header = decode(await store.global_blob(run_id), GlobalStateHeader)
+    params = orchestrator.algorithm(run_id, config).model_parameters(tensors)
+    return binary(encode(params, header), headers={"X-FL-Version": str(header.version)})

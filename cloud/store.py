@@ -1,0 +1,251 @@
+"""The cloud's state in Redis: runs, the global state, the contribution buffer and the history.
+
+Invariants that make a crash lose nothing and count nothing twice:
+- a contribution is accepted by one Lua script that checks the idempotency key, the run's status and
+  version and the edge's slot, then appends to the buffer stream; either all of that happens or none;
+- an aggregation commits the new global state, the new version, the history record and the deletion
+  of the consumed stream entries in one MULTI/EXEC, guarded by WATCH on the run's meta hash.
+  Until that EXEC the entries stay in the stream, so a cloud killed mid-aggregation redoes it.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from cloud.keys import Keys
+from shared.config import RunConfig
+from shared.schemas import EdgeContributionHeader, EdgeRegistration, RoundRecord, RunInfo, RunStatus
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Conflict(Exception):
+    """A request that is well-formed but not allowed in the run's current state (HTTP 409)."""
+
+
+class NotFound(Exception):
+    """Unknown run or edge id (HTTP 404)."""
+
+
+_SUBMIT = """
+local prev = redis.call('HGET', KEYS[2], ARGV[1])
+if prev then return {'duplicate', prev} end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'running' and status ~= 'paused' then return {'not_running', status or 'missing'} end
+local version = tonumber(redis.call('HGET', KEYS[1], 'version'))
+local base = tonumber(ARGV[3])
+if base > version then return {'future', tostring(version)} end
+if ARGV[6] == '1' and base ~= version then return {'stale', tostring(version)} end
+local slot = ARGV[2] .. ':' .. ARGV[3]
+if redis.call('HEXISTS', KEYS[3], slot) == 1 then return {'conflict', tostring(version)} end
+local id = redis.call('XADD', KEYS[4], '*', 'blob', ARGV[5], 'header', ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[1], id)
+redis.call('HSET', KEYS[3], slot, ARGV[1])
+return {'accepted', id}
+"""
+
+
+@dataclass(frozen=True)
+class BufferedContribution:
+    entry_id: bytes
+    header: EdgeContributionHeader
+    blob: bytes
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    accepted: bool
+    duplicate: bool
+    buffered: int
+
+
+# Which transitions each control action allows.
+_TRANSITIONS = {
+    "start": ({RunStatus.created}, RunStatus.running),
+    "pause": ({RunStatus.running}, RunStatus.paused),
+    "resume": ({RunStatus.paused}, RunStatus.running),
+    "stop": ({RunStatus.created, RunStatus.running, RunStatus.paused}, RunStatus.stopped),
+}
+
+
+class Store:
+    def __init__(self, redis: aioredis.Redis, keys: Keys):
+        self.r = redis
+        self.k = keys
+        self._submit = redis.register_script(_SUBMIT)
+
+    # ---- runs ----------------------------------------------------------------------------------
+    @staticmethod
+    def new_run_id() -> str:
+        return secrets.token_hex(6)
+
+    async def create_run(self, run_id: str, config: RunConfig, initial_global: bytes) -> None:
+        async with self.r.pipeline(transaction=True) as p:
+            p.hset(self.k.meta(run_id), mapping={
+                "config": config.model_dump_json(),
+                "status": RunStatus.created.value,
+                "version": 0,
+                "created_at": now().isoformat(),
+            })
+            p.set(self.k.global_state(run_id), initial_global)
+            p.rpush(self.k.runs, run_id)
+            await p.execute()
+
+    async def _meta(self, run_id: str) -> dict[str, str]:
+        raw = await self.r.hgetall(self.k.meta(run_id))
+        if not raw:
+            raise NotFound(f"unknown run {run_id!r}")
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def config(self, run_id: str) -> RunConfig:
+        return RunConfig.model_validate_json((await self._meta(run_id))["config"])
+
+    async def status(self, run_id: str) -> tuple[RunStatus, int]:
+        meta = await self._meta(run_id)
+        return RunStatus(meta["status"]), int(meta["version"])
+
+    async def info(self, run_id: str) -> RunInfo:
+        meta = await self._meta(run_id)
+        config = RunConfig.model_validate_json(meta["config"])
+        last = await self.r.lindex(self.k.history(run_id), -1)
+        return RunInfo(
+            run_id=run_id,
+            status=RunStatus(meta["status"]),
+            config=config,
+            version=int(meta["version"]),
+            rounds=config.rounds,
+            buffered=await self.r.xlen(self.k.buffer(run_id)),
+            created_at=datetime.fromisoformat(meta["created_at"]),
+            started_at=datetime.fromisoformat(meta["started_at"]) if "started_at" in meta else None,
+            finished_at=datetime.fromisoformat(meta["finished_at"]) if "finished_at" in meta else None,
+            last_round=RoundRecord.model_validate_json(last) if last else None,
+        )
+
+    async def run_ids(self) -> list[str]:
+        return [x.decode() for x in await self.r.lrange(self.k.runs, 0, -1)]
+
+    async def active_run(self) -> str | None:
+        value = await self.r.get(self.k.active)
+        return value.decode() if value else None
+
+    async def transition(self, run_id: str, action: str) -> RunStatus:
+        allowed, target = _TRANSITIONS[action]
+        meta_key = self.k.meta(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            while True:
+                try:
+                    await p.watch(meta_key, self.k.active)
+                    status = await p.hget(meta_key, "status")
+                    if status is None:
+                        raise NotFound(f"unknown run {run_id!r}")
+                    current = RunStatus(status.decode())
+                    if current not in allowed:
+                        raise Conflict(f"cannot {action} a run that is {current.value}")
+                    active = await p.get(self.k.active)
+                    if action == "start" and active is not None and active.decode() != run_id:
+                        raise Conflict(f"run {active.decode()} is already active; stop it first")
+                    p.multi()
+                    p.hset(meta_key, "status", target.value)
+                    if action == "start":
+                        p.hset(meta_key, "started_at", now().isoformat())
+                        p.set(self.k.active, run_id)
+                    if action == "stop":
+                        p.hset(meta_key, "finished_at", now().isoformat())
+                        if active is not None and active.decode() == run_id:
+                            p.delete(self.k.active)
+                    await p.execute()
+                    return target
+                except WatchError:
+                    continue
+
+    async def global_blob(self, run_id: str) -> bytes:
+        blob = await self.r.get(self.k.global_state(run_id))
+        if blob is None:
+            raise NotFound(f"unknown run {run_id!r}")
+        return blob
+
+    async def cloud_state_blob(self, run_id: str) -> bytes | None:
+        return await self.r.get(self.k.cloud_state(run_id))
+
+    async def history(self, run_id: str) -> list[RoundRecord]:
+        await self._meta(run_id)
+        return [RoundRecord.model_validate_json(x) for x in await self.r.lrange(self.k.history(run_id), 0, -1)]
+
+    # ---- edges ---------------------------------------------------------------------------------
+    async def register_edge(self, reg: EdgeRegistration) -> None:
+        record = {"edge_id": reg.edge_id, "url": reg.url, "registered_at": now().isoformat()}
+        await self.r.hset(self.k.edges, str(reg.edge_id), json.dumps(record))
+
+    async def edge_known(self, edge_id: int) -> bool:
+        return bool(await self.r.hexists(self.k.edges, str(edge_id)))
+
+    # ---- buffer --------------------------------------------------------------------------------
+    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome:
+        outcome, detail = await self._submit(
+            keys=[self.k.meta(header.run_id), self.k.idempotency(header.run_id),
+                  self.k.slots(header.run_id), self.k.buffer(header.run_id)],
+            args=[header.idempotency_key, header.edge_id, header.base_version,
+                  header.model_dump_json(), blob, "1" if synchronous else "0"],
+        )
+        outcome, detail = outcome.decode(), detail.decode()
+        buffered = await self.r.xlen(self.k.buffer(header.run_id))
+        if outcome == "accepted":
+            return SubmitOutcome(True, False, buffered)
+        if outcome == "duplicate":
+            return SubmitOutcome(True, True, buffered)
+        messages = {
+            "not_running": f"run is {detail}, not accepting contributions",
+            "future": f"base_version {header.base_version} is newer than the run's version {detail}",
+            "stale": f"stale submission: base_version {header.base_version}, current version {detail}",
+            "conflict": f"edge {header.edge_id} already submitted for version {header.base_version} "
+                        "under another idempotency key",
+        }
+        raise Conflict(messages[outcome])
+
+    async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:
+        entries = await self.r.xrange(self.k.buffer(run_id), count=count)
+        return [
+            BufferedContribution(
+                entry_id, EdgeContributionHeader.model_validate_json(fields[b"header"]), fields[b"blob"]
+            )
+            for entry_id, fields in entries
+        ]
+
+    async def commit_update(
+        self,
+        run_id: str,
+        expected_version: int,
+        consumed: list[BufferedContribution],
+        new_global: bytes,
+        new_cloud_state: bytes,
+        record: RoundRecord,
+        finished: bool,
+    ) -> bool:
+        """Publishes version expected_version+1 atomically; False if someone else got there first."""
+        meta_key = self.k.meta(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            try:
+                await p.watch(meta_key)
+                if int(await p.hget(meta_key, "version")) != expected_version:
+                    return False
+                p.multi()
+                p.set(self.k.global_state(run_id), new_global)
+                p.set(self.k.cloud_state(run_id), new_cloud_state)
+                p.hset(meta_key, "version", expected_version + 1)
+                p.rpush(self.k.history(run_id), record.model_dump_json())
+                p.xdel(self.k.buffer(run_id), *[c.entry_id for c in consumed])
+                if finished:
+                    p.hset(meta_key, mapping={"status": RunStatus.finished.value,
+                                              "finished_at": now().isoformat()})
+                    p.delete(self.k.active)
+                await p.execute()
+                return True
+            except WatchError:
+                return False

@@ -1,0 +1,60 @@
+"""The edge app: `python -m edge.main`."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from edge.config import EdgeSettings
+from edge.round_loop import EdgeRoundLoop
+from edge.routes import clients, health
+from edge.tasks import TaskBoard, TaskConflict, UnknownClient
+from shared.transport.http import make_client
+
+
+def create_app(settings: EdgeSettings | None = None) -> FastAPI:
+    settings = settings or EdgeSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s)
+        board = TaskBoard()
+        round_loop = EdgeRoundLoop(settings, cloud, board)
+        app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
+        loop_task = asyncio.create_task(round_loop.run_forever())
+        try:
+            yield
+        finally:
+            loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop_task
+            await cloud.aclose()
+
+    app = FastAPI(title="FL edge", version="0.1.0", lifespan=lifespan)
+    app.include_router(health.router)
+    app.include_router(clients.router)
+
+    @app.exception_handler(UnknownClient)
+    async def unknown(_: Request, exc: UnknownClient):
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(TaskConflict)
+    async def conflict(_: Request, exc: TaskConflict):
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    return app
+
+
+def main() -> None:
+    settings = EdgeSettings()
+    logging.basicConfig(level=settings.log_level.upper(), format=f"%(asctime)s edge{settings.edge_id} %(levelname)s %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The edge loop, written once: fetch global → select → dispatch → collect → edge_aggregate → submit.
+
+It runs as a background task of the edge app and only ever dials out to the cloud.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+import httpx
+
+from edge.config import EdgeSettings
+from edge.tasks import Task, TaskBoard
+from shared.algorithms import registry
+from shared.algorithms.base import Algorithm, ClientResult
+from shared.federation import select_clients
+from shared.schemas import (
+    ClientParticipation,
+    ClientTaskHeader,
+    EdgeContributionHeader,
+    EdgeRegistration,
+    GlobalStateHeader,
+)
+from shared.transport.http import binary_body, send
+from shared.transport.tensors import Tensors, decode, encode
+
+log = logging.getLogger("edge.round_loop")
+
+
+class EdgeRoundLoop:
+    def __init__(self, settings: EdgeSettings, cloud: httpx.AsyncClient, board: TaskBoard):
+        self.settings = settings
+        self.cloud = cloud
+        self.board = board
+        self.edge_id = settings.edge_id
+        self.current: GlobalStateHeader | None = None
+        self._algorithm: tuple[str, Algorithm] | None = None
+        self._edge_state: Tensors = {}
+
+    async def run_forever(self) -> None:
+        await self.register()
+        run_id, version = None, -1
+        while True:
+            try:
+                response = await send(
+                    self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
+                    params={"after": version, "timeout": self.settings.long_poll_max_s, **({"run_id": run_id} if run_id else {})},
+                )
+                if response.status_code == 204:
+                    continue
+                if response.status_code == 404:  # the cloud lost our registration (fresh Redis)
+                    await self.register()
+                    continue
+                response.raise_for_status()
+                global_, header = decode(response.content, GlobalStateHeader)
+                run_id, version = header.run_id, header.version
+                await self.run_round(header, global_)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("edge %d: round at version %d failed; waiting for the next state", self.edge_id, version)
+                await asyncio.sleep(1.0)
+
+    async def register(self) -> None:
+        reg = EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url)
+        response = await send(self.cloud, "POST", "/api/v1/edges", json=reg.model_dump())
+        response.raise_for_status()
+        log.info("edge %d registered with the cloud", self.edge_id)
+
+    def algorithm(self, header: GlobalStateHeader) -> Algorithm:
+        if self._algorithm is None or self._algorithm[0] != header.run_id:
+            self._algorithm = (header.run_id, registry.create(header.config))
+            self._edge_state = {}
+        return self._algorithm[1]
+
+    async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
+        self.current = header
+        config, round_ = header.config, header.version
+        algorithm = self.algorithm(header)
+        selected = select_clients(config, config.clients_of_edge(self.edge_id), round_, self.edge_id)
+        tasks = []
+        for k in selected:
+            task_tensors = algorithm.client_task(global_, k, round_)
+            task_header = ClientTaskHeader(
+                task_id=f"{header.run_id}-v{round_}-e{self.edge_id}-c{k}", run_id=header.run_id,
+                client_id=k, round=round_, version=header.version, config=config,
+            )
+            tasks.append(Task(task_header, task_tensors, algorithm.result_spec(task_tensors)))
+        results = await self.collect(tasks, config.policy)
+        aggregate, self._edge_state = algorithm.edge_aggregate(results, self._edge_state, round_)
+        await self.submit(header, aggregate.tensors, aggregate.weight, results)
+
+    async def collect(self, tasks: list[Task], policy) -> list[ClientResult]:
+        """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered."""
+        quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
+        await self.board.post(tasks)
+        try:
+            for attempt in range(policy.max_retries + 1):
+                results = await self.board.wait_results(policy.deadline_s)
+                if len(results) >= quorum:
+                    return results
+                log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
+                            self.edge_id, len(results), len(tasks), quorum, attempt + 1)
+            while not (results := self.board.results()):
+                results = await self.board.wait_results(policy.deadline_s)
+            log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
+            return results
+        finally:
+            await self.board.clear()
+
+    async def submit(self, header: GlobalStateHeader, tensors: Tensors, weight: float,
+                     results: list[ClientResult]) -> None:
+        message = EdgeContributionHeader(
+            run_id=header.run_id,
+            edge_id=self.edge_id,
+            base_version=header.version,
+            # Deterministic, so a retry after a lost answer (or an edge restart) is counted once.
+            idempotency_key=f"{header.run_id}:{self.edge_id}:{header.version}",
+            weight=weight,
+            clients=[ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss)
+                     for r in sorted(results, key=lambda r: r.client_id)],
+        )
+        response = await send(self.cloud, "POST", f"/api/v1/runs/{header.run_id}/contributions",
+                              **binary_body(encode(tensors, message)))
+        if response.status_code >= 400:
+            log.warning("edge %d: cloud refused the contribution: %s %s",
+                        self.edge_id, response.status_code, response.text[:300])

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from edge.deps import BoardDep, RoundLoopDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health")
+async def health(board: BoardDep, loop: RoundLoopDep) -> dict:
+    current = loop.current
+    return {
+        "status": "ok",
+        "service": "edge",
+        "edge_id": loop.edge_id,
+        "clients": len(board.clients),
+        "run_id": current.run_id if current else None,
+        "version": current.version if current else None,
+    }

@@ -1,0 +1,118 @@
+"""The edge's task board: one open task per selected client, fetched by long-poll, answered once.
+
+A task keeps its id across re-runs of a round, so a client that restarts (or a retried upload) meets
+the same task; results are checked against the algorithm's result spec before they are accepted.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from shared.algorithms.base import ClientResult
+from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
+from shared.transport.tensors import TensorSpec, Tensors, check_tensors, encode
+
+
+class TaskConflict(Exception):
+    """A stale or duplicate result (HTTP 409)."""
+
+
+class UnknownClient(Exception):
+    """A client id that never registered (HTTP 404)."""
+
+
+@dataclass
+class Task:
+    header: ClientTaskHeader
+    tensors: Tensors
+    spec: TensorSpec
+    result: ClientResult | None = None
+    _blob: bytes | None = field(default=None, repr=False)
+
+    def blob(self) -> bytes:
+        # Encoded on first fetch, not at dispatch: a hundred idle clients cost no copies.
+        if self._blob is None:
+            self._blob = encode(self.tensors, self.header)
+        return self._blob
+
+
+class TaskBoard:
+    def __init__(self) -> None:
+        self.clients: dict[int, ClientRegistration] = {}
+        self.last_seen: dict[int, float] = {}
+        self._tasks: dict[int, Task] = {}
+        self._changed = asyncio.Condition()
+
+    # ---- clients -------------------------------------------------------------------------------
+    def register(self, reg: ClientRegistration) -> None:
+        self.clients[reg.client_id] = reg
+        self.last_seen[reg.client_id] = time.time()
+
+    def _known(self, client_id: int) -> None:
+        if client_id not in self.clients:
+            raise UnknownClient(f"unknown client {client_id}; register first")
+        self.last_seen[client_id] = time.time()
+
+    # ---- round side ----------------------------------------------------------------------------
+    async def post(self, tasks: list[Task]) -> None:
+        async with self._changed:
+            self._tasks = {t.header.client_id: t for t in tasks}
+            self._changed.notify_all()
+
+    async def clear(self) -> None:
+        async with self._changed:
+            self._tasks = {}
+
+    def results(self) -> list[ClientResult]:
+        return [t.result for t in self._tasks.values() if t.result is not None]
+
+    async def wait_results(self, timeout: float) -> list[ClientResult]:
+        """Returns when every task is answered or at the deadline, with what has arrived."""
+        deadline = time.monotonic() + timeout
+        async with self._changed:
+            while any(t.result is None for t in self._tasks.values()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except TimeoutError:
+                    break
+        return self.results()
+
+    # ---- client side ---------------------------------------------------------------------------
+    async def fetch(self, client_id: int, timeout: float) -> Task | None:
+        self._known(client_id)
+        deadline = time.monotonic() + timeout
+        async with self._changed:
+            while True:
+                task = self._tasks.get(client_id)
+                if task is not None and task.result is None:
+                    return task
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except TimeoutError:
+                    return None
+
+    def task_for(self, client_id: int, header: ClientResultHeader) -> Task:
+        """The open task a result answers; raises for unknown, stale or duplicate results."""
+        self._known(client_id)
+        task = self._tasks.get(client_id)
+        if task is None or task.header.task_id != header.task_id:
+            raise TaskConflict(f"stale result: task {header.task_id!r} is not open for client {client_id}")
+        if task.result is not None:
+            raise TaskConflict(f"duplicate result for task {header.task_id!r}")
+        return task
+
+    async def accept(self, client_id: int, header: ClientResultHeader, tensors: Tensors) -> None:
+        task = self.task_for(client_id, header)
+        check_tensors(tensors, task.spec)
+        async with self._changed:
+            if task.result is not None:  # lost a race with an identical retry
+                raise TaskConflict(f"duplicate result for task {header.task_id!r}")
+            task.result = ClientResult(client_id, header.num_samples, header.loss, tensors)
+            self._changed.notify_all()

@@ -1,0 +1,149 @@
+"""The algorithm extension point.
+
+An algorithm is one class in one file under `shared/algorithms/`. It provides pure hooks; the round
+loop lives once in the services (edge/round_loop.py, cloud/orchestrator.py) and once in the in-process
+reference runner (shared/reference.py), and both call the same hooks in the same order:
+
+    cloud:  init_global ............................................. version 0
+    edge:   client_task(global, k) -> task tensors, per selected client   (sub-models go here)
+    client: local_update(job, task, client_state) -> ClientUpdate         (persistent state per client)
+    edge:   edge_aggregate(results, edge_state) -> EdgeAggregate           (an associative partial)
+    cloud:  cloud_update(global, contributions, cloud_state) -> new global (server memory goes here)
+
+Everything that crosses a process boundary is a `Tensors` dict (name -> tensor) plus typed metadata,
+so it travels as safetensors and is stored as safetensors (client disk, Redis). State is declared by
+the hooks' signatures and kept by the services; an algorithm never does I/O itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from shared.algorithms import aggregate
+from shared.config import RunConfig
+from shared.data.datasets import ClientData
+from shared.transport.tensors import TensorSpec, Tensors, spec_of
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """What a client-side hook may use: its data, a fresh model of the run's architecture, its RNG."""
+
+    client_id: int
+    round: int
+    data: ClientData
+    model_factory: Callable[[], nn.Module]
+    generator: torch.Generator
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """A client's answer: tensors sent to the edge, plus the state it keeps for the next round."""
+
+    tensors: Tensors
+    num_samples: int
+    loss: float
+    state: Tensors = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """A client's answer as the edge sees it."""
+
+    client_id: int
+    num_samples: int
+    loss: float
+    tensors: Tensors
+
+
+@dataclass(frozen=True)
+class EdgeAggregate:
+    tensors: Tensors
+    weight: float
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """An edge's aggregate as the cloud sees it."""
+
+    edge_id: int
+    base_version: int
+    tensors: Tensors
+    weight: float
+
+
+class Algorithm:
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]] = NoParams
+    # Synchronous algorithms aggregate exactly one contribution per edge per version (B = L) and
+    # refuse stale submissions; the asynchronous prototype algorithm overrides this.
+    synchronous: ClassVar[bool] = True
+    # Algorithms whose server memory spans all clients cannot be split over several edges.
+    multi_edge: ClassVar[bool] = True
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.params = self.Params.model_validate(config.params)
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        """Raises ValueError for configs this algorithm cannot run."""
+        if cls.synchronous and config.topology.buffer_size != config.topology.num_edges:
+            raise ValueError(
+                f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
+                f"({config.topology.num_edges}), got {config.topology.buffer_size}"
+            )
+        if not cls.multi_edge and config.topology.num_edges > 1:
+            raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
+
+    # ---- cloud ---------------------------------------------------------------------------------
+    def init_global(self, model: nn.Module) -> Tensors:
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    def model_parameters(self, global_: Tensors) -> Tensors:
+        """The part of the global state that is the model to evaluate and download."""
+        return global_
+
+    def contribution_spec(self, global_: Tensors) -> TensorSpec:
+        return {name: (tuple(t.shape), torch.float64) for name, t in global_.items()}
+
+    def cloud_update(
+        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
+    ) -> tuple[Tensors, Tensors]:
+        raise NotImplementedError
+
+    # ---- edge ----------------------------------------------------------------------------------
+    def client_task(self, global_: Tensors, client_id: int, round: int) -> Tensors:
+        return global_
+
+    def result_spec(self, task: Tensors) -> TensorSpec:
+        """What a client must send back for `task`: checked by the edge before it accepts a result."""
+        return spec_of(task)
+
+    def client_weight(self, num_samples: int) -> float:
+        return float(num_samples) if self.config.weighting == "samples" else 1.0
+
+    def edge_aggregate(
+        self, results: list[ClientResult], edge_state: Tensors, round: int
+    ) -> tuple[EdgeAggregate, Tensors]:
+        ordered = sorted(results, key=lambda r: r.client_id)
+        partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
+        return EdgeAggregate(partial.sums, partial.weight), edge_state
+
+    # ---- client --------------------------------------------------------------------------------
+    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
+        raise NotImplementedError
+
+
+def combined_mean(contributions: list[Contribution]) -> Tensors:
+    """Mean over all clients behind `contributions` (p_k-weighted), in float64."""
+    ordered = sorted(contributions, key=lambda c: c.edge_id)
+    return aggregate.mean(aggregate.combine(aggregate.Partial(c.tensors, c.weight) for c in ordered))

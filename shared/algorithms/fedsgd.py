@@ -1,0 +1,28 @@
+"""FedSGD (McMahan et al., 2017): one full-batch gradient step per round.
+
+Client: g_k = ∇F_k(w), the gradient of its mean loss over all of D_k at the global weights.
+Server: w ← w − η Σ_{k∈S} p_k g_k, where η = η_s · local.lr (η_s defaults to 1, so η is the run's
+learning rate). It equals FedAvg with E = 1 and full batch at the same learning rate, which a test checks.
+"""
+from __future__ import annotations
+
+from shared.algorithms import aggregate
+from shared.algorithms.base import ClientUpdate, Contribution, LocalJob, combined_mean
+from shared.algorithms.fedavg import FedAvg
+from shared.training import full_gradient, load_parameters
+from shared.transport.tensors import Tensors
+
+
+class FedSGD(FedAvg):
+    name = "fedsgd"
+
+    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
+        model = load_parameters(job.model_factory(), task)
+        grads, loss = full_gradient(model, job.data.train)
+        return ClientUpdate(grads, len(job.data.train), loss, state)
+
+    def cloud_update(
+        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
+    ) -> tuple[Tensors, Tensors]:
+        step = -self.config.server_lr * self.config.local.lr
+        return aggregate.add_scaled(global_, combined_mean(contributions), step), cloud_state

@@ -1,0 +1,93 @@
+"""The run configuration: everything that determines a training run's result.
+
+A `RunConfig` is what an administrator POSTs to the cloud and what the in-process reference
+runner takes; the same config and seed give the same global model either way.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    # A typo in a config key must be an error, not a silently ignored option.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(Strict):
+    dataset: Literal["mnist5k", "digits", "npz"] = "mnist5k"
+    # Only for dataset="npz": a file with x_train, y_train, client_train, x_test, y_test.
+    path: str | None = None
+    partition: Literal["iid", "dirichlet", "shards", "file"] = "iid"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
+    shards_per_client: int = Field(2, ge=1)
+    num_clients: int = Field(10, ge=1, le=100_000)
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.dataset == "npz" and not self.path:
+            raise ValueError("dataset 'npz' needs a path")
+        if self.partition == "file" and self.dataset != "npz":
+            raise ValueError("partition 'file' uses the client index stored in an npz dataset")
+        return self
+
+
+class ModelConfig(Strict):
+    name: Literal["logreg", "mlp", "cnn"] = "cnn"
+
+
+class LocalTrainingConfig(Strict):
+    epochs: int = Field(1, ge=1, le=1000, description="E: local epochs")
+    batch_size: int = Field(32, ge=0, description="B: minibatch size; 0 means full batch")
+    lr: float = Field(0.2, gt=0, description="eta_k: client learning rate (0.2 suits the default CNN)")
+    optimizer: Literal["sgd", "nesterov"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
+
+
+class TopologyConfig(Strict):
+    num_edges: int = Field(1, ge=1, le=1000)
+    buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update")
+
+
+class RoundPolicy(Strict):
+    deadline_s: float = Field(120.0, gt=0, description="how long an edge waits for its clients")
+    min_fraction: float = Field(
+        0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
+    )
+    max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
+
+
+class RunConfig(Strict):
+    name: str = Field("run", min_length=1, max_length=200)
+    seed: int = Field(0, ge=0, lt=2**31)
+    algorithm: str = "fedavg"
+    # Validated against the algorithm's own Params model (see shared.algorithms.registry).
+    params: dict[str, Any] = Field(default_factory=dict)
+    rounds: int = Field(10, ge=1, le=100_000, description="T: global rounds")
+    fraction: float = Field(1.0, gt=0, le=1, description="lambda: client participation fraction")
+    weighting: Literal["samples", "uniform"] = Field(
+        "samples", description="p_k: option 1 |D_k|/sum |D_i| or option 2 1/m"
+    )
+    server_lr: float = Field(1.0, gt=0, description="eta_s")
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    local: LocalTrainingConfig = LocalTrainingConfig()
+    topology: TopologyConfig = TopologyConfig()
+    policy: RoundPolicy = RoundPolicy()
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> "RunConfig":
+        from shared.algorithms.registry import get_algorithm_class
+
+        cls = get_algorithm_class(self.algorithm)  # raises ValueError on unknown names
+        cls.Params.model_validate(self.params)
+        cls.check_config(self)
+        if self.data.num_clients < self.topology.num_edges:
+            raise ValueError("every edge needs at least one client")
+        return self
+
+    def clients_of_edge(self, edge_index: int) -> list[int]:
+        """Client indices an edge serves: round-robin over edges, so edge l has k ≡ l (mod L)."""
+        return list(range(edge_index, self.data.num_clients, self.topology.num_edges))

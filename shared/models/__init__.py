@@ -1,0 +1,72 @@
+"""The model zoo. Parameter names are part of the wire format: tensors travel by these names.
+
+| model  | parameters (name: shape for MNIST 1x28x28, 10 classes)                                  |
+|--------|------------------------------------------------------------------------------------------|
+| logreg | linear.weight [10, 784], linear.bias [10]                                                |
+| mlp    | fc1.weight [200, 784], fc1.bias, fc2.weight [200, 200], fc2.bias, fc3.weight [10, 200], fc3.bias (McMahan's 2NN) |
+| cnn    | conv1.weight [16, 1, 3, 3], conv1.bias, conv2.weight [32, 16, 3, 3], conv2.bias, fc1.weight [64, 32*7*7], fc1.bias, fc2.weight [10, 64], fc2.bias |
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from shared.config import ModelConfig
+
+
+class LogReg(nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        self.linear = nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.flatten(1))
+
+
+class MLP(nn.Module):
+    """McMahan et al.'s 2NN: two hidden layers of 200 ReLU units."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 200):
+        super().__init__()
+        self.fc1 = nn.Linear(math.prod(input_shape), hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc3(F.relu(self.fc2(x)))
+
+
+class CNN(nn.Module):
+    """Two 3x3 conv blocks and two dense layers: small enough that ten clients train on one CPU core.
+
+    Padding keeps spatial sizes divisible by 4, so the same net fits 28x28 MNIST and 8x8 digits.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 16, hidden: int = 64):
+        super().__init__()
+        channels, height, width_px = input_shape
+        self.conv1 = nn.Conv2d(channels, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.fc1 = nn.Linear(2 * width * (height // 4) * (width_px // 4), hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int = 0) -> nn.Module:
+    """Builds the model with weights drawn from a generator seeded by `seed` (never the global RNG)."""
+    if cfg.name == "cnn" and len(input_shape) != 3:
+        raise ValueError(f"cnn needs (channels, height, width) inputs, got {input_shape}")
+    cls = {"logreg": LogReg, "mlp": MLP, "cnn": CNN}[cfg.name]
+    # torch initialisers only draw from the default generator; fork it so the caller's RNG is untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(input_shape, num_classes)
+    return model

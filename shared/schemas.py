@@ -1,0 +1,143 @@
+"""Every message that crosses a process boundary, split by direction.
+
+Binary messages (anything carrying tensors) travel as one safetensors document whose metadata holds
+the header below (see shared.transport.tensors). Plain JSON is used only for control messages.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.config import RunConfig
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Id = Field(ge=0, le=2**31 - 1)
+
+
+class RunStatus(str, Enum):
+    created = "created"
+    running = "running"
+    paused = "paused"
+    stopped = "stopped"
+    finished = "finished"
+
+
+# ---- edge -> cloud ----------------------------------------------------------------------------
+class EdgeRegistration(Message):
+    edge_id: int = Id
+    url: str | None = Field(None, max_length=500)
+
+
+class ClientParticipation(Message):
+    client_id: int = Id
+    num_samples: int = Field(ge=0)
+    loss: float
+
+
+class EdgeContributionHeader(Message):
+    run_id: str = Field(min_length=1, max_length=64)
+    edge_id: int = Id
+    base_version: int = Field(ge=0)
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    weight: float = Field(gt=0, allow_inf_nan=False)
+    clients: list[ClientParticipation] = Field(min_length=1)
+
+
+# ---- cloud -> edge ----------------------------------------------------------------------------
+class GlobalStateHeader(Message):
+    run_id: str
+    version: int
+    config: RunConfig
+
+
+class SubmitReceipt(Message):
+    accepted: bool
+    duplicate: bool = False
+    buffered: int
+
+
+# ---- client -> edge ---------------------------------------------------------------------------
+class ClientRegistration(Message):
+    client_id: int = Id
+    num_samples: int = Field(0, ge=0)
+    capabilities: dict[str, str | int | float | bool] = Field(default_factory=dict, max_length=64)
+
+
+class ClientResultHeader(Message):
+    task_id: str = Field(min_length=1, max_length=64)
+    client_id: int = Id
+    num_samples: int = Field(ge=1)
+    loss: float = Field(allow_inf_nan=False)
+
+
+# ---- edge -> client ---------------------------------------------------------------------------
+class ClientTaskHeader(Message):
+    task_id: str
+    run_id: str
+    client_id: int
+    round: int
+    version: int
+    config: RunConfig
+
+
+class ResultReceipt(Message):
+    accepted: bool
+    duplicate: bool = False
+
+
+# ---- control API (admin <-> cloud) ------------------------------------------------------------
+class ClientRecord(Message):
+    client_id: int
+    edge_id: int
+    num_samples: int
+    loss: float
+
+
+class ContributionRecord(Message):
+    edge_id: int
+    base_version: int
+    staleness: int
+    weight: float
+
+
+class RoundRecord(Message):
+    round: int
+    version: int
+    edges: list[int]
+    clients: list[ClientRecord]
+    contributions: list[ContributionRecord]
+    train_loss: float
+    test_loss: float
+    test_accuracy: float
+    started_at: datetime
+    finished_at: datetime
+    elapsed_s: float
+
+
+class RunInfo(Message):
+    run_id: str
+    status: RunStatus
+    config: RunConfig
+    version: int
+    rounds: int
+    buffered: int
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_round: RoundRecord | None = None
+
+
+class RunAction(Message):
+    run_id: str
+    status: RunStatus
+
+
+class Problem(Message):
+    detail: Any

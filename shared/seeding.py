@@ -1,0 +1,24 @@
+"""Seeds derived from the run seed: every owner (edge selection, a client's batches) gets its own stream.
+
+Derivation goes through numpy's SeedSequence so that (seed, round, client) tuples that differ in any
+position give unrelated streams, and nothing touches a global generator.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Tags keep streams of different owners apart even when the other coordinates coincide.
+SELECTION, LOCAL_TRAINING, MODEL_INIT = 1, 2, 3
+
+
+def derive_seed(*entropy: int) -> int:
+    return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def torch_generator(*entropy: int) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(*entropy))
+
+
+def numpy_generator(*entropy: int) -> np.random.Generator:
+    return np.random.default_rng(derive_seed(*entropy))

@@ -1,0 +1,93 @@
+"""Tensors on the wire: one safetensors blob carries the tensors and a typed JSON header.
+
+The header lives in the safetensors `__metadata__` under "message", so a request body is a single
+binary document: no JSON float lists, and nothing is ever unpickled.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import TypeVar
+
+import torch
+from pydantic import BaseModel, ValidationError
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+Tensors = dict[str, torch.Tensor]
+M = TypeVar("M", bound=BaseModel)
+
+_MESSAGE_KEY = "message"
+
+
+class PayloadError(ValueError):
+    """The bytes are not a well-formed message (HTTP 400)."""
+
+
+class InvalidContent(PayloadError):
+    """Well-formed bytes whose header or tensors break the contract (HTTP 422)."""
+
+
+def encode(tensors: Tensors, message: BaseModel | None = None) -> bytes:
+    metadata = {_MESSAGE_KEY: message.model_dump_json()} if message is not None else None
+    # safetensors refuses non-contiguous or shared storage; detach+contiguous copies only when needed.
+    return st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=metadata)
+
+
+def _metadata(blob: bytes) -> dict[str, str]:
+    if len(blob) < 8:
+        raise PayloadError("body is not a safetensors document (too short)")
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    if header_len > len(blob) - 8:
+        raise PayloadError("safetensors header length exceeds the body")
+    try:
+        header = json.loads(blob[8 : 8 + header_len])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PayloadError(f"safetensors header is not JSON: {exc}") from exc
+    meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict):
+        raise PayloadError("safetensors __metadata__ is not an object")
+    return meta
+
+
+def decode(blob: bytes, message_type: type[M]) -> tuple[Tensors, M]:
+    """Parses a message; raises PayloadError on anything malformed."""
+    meta = _metadata(blob)
+    if _MESSAGE_KEY not in meta:
+        raise PayloadError("safetensors metadata has no 'message' header")
+    try:
+        message = message_type.model_validate_json(meta[_MESSAGE_KEY])
+    except ValidationError as exc:
+        raise InvalidContent(f"invalid {message_type.__name__}: {exc.errors(include_url=False)}") from exc
+    return decode_tensors(blob), message
+
+
+def decode_tensors(blob: bytes) -> Tensors:
+    try:
+        return st_load(blob)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise PayloadError(f"malformed safetensors: {exc}") from exc
+
+
+TensorSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def spec_of(tensors: Tensors) -> TensorSpec:
+    return {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
+
+
+def check_tensors(tensors: Tensors, expected: TensorSpec) -> None:
+    """Names, shapes, dtypes must match exactly and every value be finite, or InvalidContent says which."""
+    missing = sorted(expected.keys() - tensors.keys())
+    extra = sorted(tensors.keys() - expected.keys())
+    if missing or extra:
+        raise InvalidContent(f"tensor names differ: missing {missing}, unexpected {extra}")
+    for name, (shape, dtype) in expected.items():
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise InvalidContent(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+        if t.dtype != dtype:
+            raise InvalidContent(f"tensor {name!r} has dtype {t.dtype}, expected {dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise InvalidContent(f"tensor {name!r} contains NaN or Inf")
