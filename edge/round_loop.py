@@ -121,7 +121,7 @@ class EdgeRoundLoop:
             clients=[ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss)
                      for r in sorted(results, key=lambda r: r.client_id)],
         )
-        response = await send(self.cloud, "POST", f"/api/v1/runs/{header.run_id}/contributions",
+        response = await send(self.cloud, "POST", f"/api/v1/edges/{self.edge_id}/contributions",
                               **binary_body(encode(tensors, message)))
         if response.status_code >= 400:
             log.warning("edge %d: cloud refused the contribution: %s %s",

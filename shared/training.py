@@ -86,7 +86,7 @@ def full_gradient(model: nn.Module, data: ArrayDataset) -> tuple[Tensors, float]
     loss.backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    return grads, float(loss)
+    return grads, loss.item()
 
 
 @dataclass(frozen=True)

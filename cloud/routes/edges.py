@@ -59,17 +59,19 @@ async def global_state(
         await orchestrator.wait_for_change(min(remaining, 0.5))
 
 
-@router.post("/runs/{run_id}/contributions", status_code=status.HTTP_202_ACCEPTED)
+@router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED)
 async def submit(
-    run_id: str, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
+    edge_id: int, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
 ) -> SubmitReceipt:
+    """Accepts an edge's contribution into the run's buffer (idempotent per idempotency key)."""
     tensors, header, blob = await read_message(request, settings.max_payload_bytes, EdgeContributionHeader)
-    if header.run_id != run_id:
+    if header.edge_id != edge_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"header run_id {header.run_id!r} does not match the URL's {run_id!r}")
+                            f"header edge_id {header.edge_id} does not match the URL's {edge_id}")
+    if not await store.edge_known(edge_id):
+        raise NotFound(f"unknown edge {edge_id}; register first")
+    run_id = header.run_id
     config = await store.config(run_id)
-    if not await store.edge_known(header.edge_id):
-        raise NotFound(f"unknown edge {header.edge_id}; register first")
     if header.edge_id >= config.topology.num_edges:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             f"edge {header.edge_id} is not part of this run ({config.topology.num_edges} edges)")

@@ -1,0 +1,63 @@
+"""A small synchronous client of the cloud's control API (used by the CLI, the tests and bench/)."""
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from shared.config import RunConfig
+from shared.schemas import RoundRecord, RunInfo, RunStatus
+from shared.transport.tensors import Tensors, decode_tensors
+
+
+class CloudAPI:
+    def __init__(self, base_url: str, admin_token: str, timeout: float = 60.0):
+        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"},
+                                 timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "CloudAPI":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _ok(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code >= 400:
+            raise RuntimeError(f"{response.request.method} {response.request.url.path}: "
+                               f"{response.status_code} {response.text[:500]}")
+        return response
+
+    def create_run(self, config: RunConfig) -> RunInfo:
+        return RunInfo.model_validate_json(self._ok(self.http.post("/api/v1/runs", content=config.model_dump_json(),
+                                                                   headers={"Content-Type": "application/json"})).content)
+
+    def run(self, run_id: str) -> RunInfo:
+        return RunInfo.model_validate_json(self._ok(self.http.get(f"/api/v1/runs/{run_id}")).content)
+
+    def runs(self) -> list[RunInfo]:
+        return [RunInfo.model_validate(x) for x in self._ok(self.http.get("/api/v1/runs")).json()]
+
+    def action(self, run_id: str, action: str) -> RunInfo:
+        return RunInfo.model_validate_json(self._ok(self.http.post(f"/api/v1/runs/{run_id}/{action}")).content)
+
+    def history(self, run_id: str) -> list[RoundRecord]:
+        return [RoundRecord.model_validate(x) for x in self._ok(self.http.get(f"/api/v1/runs/{run_id}/history")).json()]
+
+    def model(self, run_id: str) -> Tensors:
+        return decode_tensors(self._ok(self.http.get(f"/api/v1/runs/{run_id}/model")).content)
+
+    def wait(self, run_id: str, timeout_s: float = 600.0, poll_s: float = 0.5, on_poll=None) -> RunInfo:
+        """Polls until the run is finished or stopped; `on_poll(info)` sees every poll."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.run(run_id)
+            if on_poll:
+                on_poll(info)
+            if info.status in (RunStatus.finished, RunStatus.stopped):
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still {info.status.value} at version {info.version}")
+            time.sleep(poll_s)

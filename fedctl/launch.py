@@ -1,0 +1,187 @@
+"""Starts the whole topology on this machine as separate processes: a private Redis, the cloud,
+L edges and client processes hosting logical clients. The demo, the integration tests and bench/
+use it; docker-compose.yml describes the same topology for a Docker engine."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from shared.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def split(ids: list[int], parts: int) -> list[list[int]]:
+    parts = max(1, min(parts, len(ids)))
+    return [ids[i::parts] for i in range(parts)]
+
+
+def ids_spec(ids: list[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+@dataclass
+class Service:
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log: Path
+    url: str | None = None
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
+        self._log = open(self.log, "ab")
+        self.proc = subprocess.Popen([sys.executable, *self.args], cwd=ROOT, env=env,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        self.proc = None
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+
+
+@dataclass
+class LocalTopology:
+    """Cloud + `num_edges` edges + clients 0..num_clients-1, `procs_per_edge` client processes per edge.
+
+    Client k is served by edge k mod L, as RunConfig.clients_of_edge says.
+    """
+
+    num_clients: int = 10
+    num_edges: int = 1
+    procs_per_edge: int = 2
+    workdir: Path | None = None
+    redis_url: str | None = None
+    torch_threads: int = 1
+    admin_token: str = "dev-admin-token"
+    edge_token: str = "dev-edge-token"
+    client_token: str = "dev-client-token"
+    key_prefix: str = field(default_factory=lambda: f"fl{os.getpid()}x{time.monotonic_ns() % 10**6}")
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="fl-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.redis: RedisServer | None = None
+        self.cloud: Service | None = None
+        self.edges: list[Service] = []
+        self.clients: list[Service] = []
+
+    @property
+    def cloud_url(self) -> str:
+        return self.cloud.url
+
+    def _cloud_service(self, port: int) -> Service:
+        return Service("cloud", ["-m", "cloud.main"], {
+            "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": self.redis_url,
+            "FL_CLOUD_KEY_PREFIX": self.key_prefix, "FL_CLOUD_ADMIN_TOKEN": self.admin_token,
+            "FL_CLOUD_EDGE_TOKEN": self.edge_token, "FL_CLOUD_TORCH_THREADS": str(self.torch_threads),
+            "FL_CLOUD_LOG_LEVEL": "warning", **self.extra_env,
+        }, self.workdir / "cloud.log", url=f"http://127.0.0.1:{port}")
+
+    def start(self) -> "LocalTopology":
+        if self.redis_url is None:
+            self.redis = RedisServer(dir=self.workdir / "redis").start()
+            self.redis_url = self.redis.url
+        self.cloud = self._cloud_service(free_port())
+        self.cloud.start()
+        for l in range(self.num_edges):
+            port = free_port()
+            edge = Service(f"edge{l}", ["-m", "edge.main"], {
+                "FL_EDGE_EDGE_ID": str(l), "FL_EDGE_PORT": str(port), "FL_EDGE_CLOUD_URL": self.cloud.url,
+                "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
+                "FL_EDGE_LOG_LEVEL": "warning", **self.extra_env,
+            }, self.workdir / f"edge{l}.log", url=f"http://127.0.0.1:{port}")
+            edge.start()
+            self.edges.append(edge)
+        for l, edge in enumerate(self.edges):
+            for p, ids in enumerate(split(list(range(l, self.num_clients, self.num_edges)), self.procs_per_edge)):
+                client = Service(f"client{l}.{p}", ["-m", "client.main"], {
+                    "FL_CLIENT_EDGE_URL": edge.url, "FL_CLIENT_CLIENTS": ids_spec(ids),
+                    "FL_CLIENT_CLIENT_TOKEN": self.client_token, "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
+                    "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
+                    **self.extra_env,
+                }, self.workdir / f"client{l}.{p}.log")
+                client.start()
+                self.clients.append(client)
+        try:
+            self.cloud.wait_healthy()
+            for edge in self.edges:
+                edge.wait_healthy()
+            self.wait_registered()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def wait_registered(self, timeout: float = 60.0) -> None:
+        """Blocks until every edge sees all of its clients, so round 0 starts with everyone present."""
+        deadline = time.monotonic() + timeout
+        expected = [len(range(l, self.num_clients, self.num_edges)) for l in range(self.num_edges)]
+        while time.monotonic() < deadline:
+            seen = [httpx.get(f"{e.url}/health", timeout=2.0).json()["clients"] for e in self.edges]
+            if seen == expected:
+                return
+            for c in self.clients:
+                if not c.alive():
+                    raise RuntimeError(f"{c.name} exited:\n{c.log_tail()}")
+            time.sleep(0.2)
+        raise RuntimeError(f"clients did not register in {timeout}s: {seen} of {expected}")
+
+    def restart_cloud(self, sig: int = signal.SIGKILL) -> None:
+        port = int(self.cloud.url.rsplit(":", 1)[1])
+        self.cloud.stop(sig)
+        self.cloud = self._cloud_service(port)
+        self.cloud.start()
+        self.cloud.wait_healthy()
+
+    def stop(self) -> None:
+        for service in [*self.clients, *self.edges, *([self.cloud] if self.cloud else [])]:
+            service.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def __enter__(self) -> "LocalTopology":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

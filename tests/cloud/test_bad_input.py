@@ -1,0 +1,741 @@
+"""Bad input at every cloud endpoint: the exact 4xx code, a clear `detail`, and no change of state.
+
+The cloud runs in-process (httpx.ASGITransport, lifespan entered by hand) against a real Redis
+(the session `redis_url` fixture); every test has its own key prefix. "State unchanged" is checked
+twice: through the API (run info, history) and as a dump of every Redis key under the test's prefix.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import redis.asyncio as aioredis
+import torch
+from safetensors.torch import save as st_save
+
+from cloud.config import CloudSettings
+from cloud.main import create_app
+from shared.config import RunConfig
+from shared.schemas import ClientParticipation, EdgeContributionHeader, GlobalStateHeader
+from shared.transport.tensors import Tensors, decode, decode_tensors, encode
+from shared.web import SAFETENSORS
+
+ADMIN_TOKEN = "test-admin-token"
+EDGE_TOKEN = "test-edge-token"
+UNKNOWN_RUN = "0123456789ab"
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def small_config(**overrides: Any) -> dict[str, Any]:
+    base = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=2)
+    return {**base.model_dump(mode="json"), **overrides}
+
+
+def two_edge_config() -> dict[str, Any]:
+    # Synchronous FedAvg aggregates once both edges sent: one contribution stays in the buffer.
+    return small_config(topology={"num_edges": 2, "buffer_size": 2})
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def detail_of(response: httpx.Response, status: int, *fragments: str) -> Any:
+    """Asserts the status, a JSON `detail`, and that the detail mentions every fragment."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    detail = response.json()["detail"]
+    assert detail, response.text
+    text = detail if isinstance(detail, str) else json.dumps(detail)
+    for fragment in fragments:
+        assert fragment in text, (fragment, text)
+    return detail
+
+
+class Cloud:
+    def __init__(self, app, http: httpx.AsyncClient, redis: aioredis.Redis, prefix: str):
+        self.app, self.http, self.redis, self.prefix = app, http, redis, prefix
+
+    # ---- control API ---------------------------------------------------------------------------
+    async def admin(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        headers = {**auth(ADMIN_TOKEN), **kwargs.pop("headers", {})}
+        return await self.http.request(method, url, headers=headers, **kwargs)
+
+    async def create_run(self, config: dict[str, Any] | None = None) -> str:
+        r = await self.admin("POST", "/api/v1/runs", json=config or small_config())
+        assert r.status_code == 201, r.text
+        return r.json()["run_id"]
+
+    async def action(self, run_id: str, action: str) -> None:
+        r = await self.admin("POST", f"/api/v1/runs/{run_id}/{action}")
+        assert r.status_code == 200, r.text
+
+    async def info(self, run_id: str) -> dict[str, Any]:
+        r = await self.admin("GET", f"/api/v1/runs/{run_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def wait_version(self, run_id: str, version: int, timeout_s: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = await self.info(run_id)
+            if info["version"] >= version:
+                return info
+            assert time.monotonic() < deadline, f"run {run_id} stuck at version {info['version']}"
+            await anyio.sleep(0.05)
+
+    # ---- edge API ------------------------------------------------------------------------------
+    async def edge(self, method: str, url: str, token: str | None = EDGE_TOKEN, **kwargs: Any) -> httpx.Response:
+        headers = {**(auth(token) if token else {}), **kwargs.pop("headers", {})}
+        return await self.http.request(method, url, headers=headers, **kwargs)
+
+    async def register_edge(self, edge_id: int) -> None:
+        r = await self.edge("POST", "/api/v1/edges", json={"edge_id": edge_id})
+        assert r.status_code == 200, r.text
+
+    async def global_state(self, edge_id: int = 0) -> tuple[Tensors, GlobalStateHeader]:
+        """The active run's global state, fetched exactly like an edge does."""
+        r = await self.edge("GET", f"/api/v1/edges/{edge_id}/global", params={"timeout": 0})
+        assert r.status_code == 200, (r.status_code, r.text)
+        return decode(r.content, GlobalStateHeader)
+
+    async def submit(self, edge_id: int, body: Any, token: str | None = EDGE_TOKEN,
+                     headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self.edge("POST", f"/api/v1/edges/{edge_id}/contributions", token=token,
+                               content=body, headers={"Content-Type": SAFETENSORS, **(headers or {})})
+
+    # ---- state ---------------------------------------------------------------------------------
+    async def snapshot(self, *run_ids: str) -> dict[str, Any]:
+        """Every Redis key under this test's prefix with its full value, plus each run's info/history."""
+        keys: dict[str, Any] = {}
+        async for key in self.redis.scan_iter(match=f"{self.prefix}:*"):
+            kind = (await self.redis.type(key)).decode()
+            if kind == "string":
+                value: Any = await self.redis.get(key)
+            elif kind == "hash":
+                value = await self.redis.hgetall(key)
+            elif kind == "list":
+                value = await self.redis.lrange(key, 0, -1)
+            elif kind == "stream":
+                value = await self.redis.xrange(key)
+            elif kind == "set":
+                value = await self.redis.smembers(key)
+            else:
+                value = await self.redis.dump(key)
+            keys[key.decode()] = (kind, value)
+        api = {}
+        for run_id in run_ids:
+            history = await self.admin("GET", f"/api/v1/runs/{run_id}/history")
+            assert history.status_code == 200, history.text
+            api[run_id] = (await self.info(run_id), history.json())
+        return {"redis": keys, "api": api}
+
+
+@asynccontextmanager
+async def running_cloud(redis_url: str, **settings: Any) -> AsyncIterator[Cloud]:
+    prefix = f"test-{uuid.uuid4().hex}"
+    app = create_app(CloudSettings(redis_url=redis_url, key_prefix=prefix, admin_token=ADMIN_TOKEN,
+                                   edge_token=EDGE_TOKEN, long_poll_max_s=2.0, **settings))
+    # raise_app_exceptions=False: an unhandled product error shows up as a 500 answer, not a crash.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as http:
+            redis = aioredis.Redis.from_url(redis_url)
+            try:
+                yield Cloud(app, http, redis, prefix)
+            finally:
+                await redis.aclose()
+
+
+@pytest.fixture
+async def cloud(redis_url: str) -> AsyncIterator[Cloud]:
+    async with running_cloud(redis_url) as c:
+        yield c
+
+
+def zeros_like(global_: Tensors, dtype: torch.dtype = torch.float64) -> Tensors:
+    return {name: torch.zeros(t.shape, dtype=dtype) for name, t in global_.items()}
+
+
+def contribution_header(run_id: str, edge_id: int = 0, base_version: int = 0, key: str | None = None,
+                        **overrides: Any) -> EdgeContributionHeader:
+    fields = dict(
+        run_id=run_id, edge_id=edge_id, base_version=base_version,
+        idempotency_key=key or f"{run_id}:{edge_id}:{base_version}", weight=10.0,
+        clients=[ClientParticipation(client_id=edge_id, num_samples=10, loss=0.5)],
+    )
+    return EdgeContributionHeader(**{**fields, **overrides})
+
+
+def contribution(global_: Tensors, run_id: str, **header: Any) -> bytes:
+    return encode(zeros_like(global_), contribution_header(run_id, **header))
+
+
+def raw_message(tensors: Tensors, message: Any) -> bytes:
+    """A safetensors document whose `message` metadata is arbitrary text (to send invalid headers)."""
+    text = message if isinstance(message, str) else json.dumps(message)
+    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata={"message": text})
+
+
+async def running_run(cloud: Cloud, config: dict[str, Any] | None = None,
+                      edges: tuple[int, ...] = (0,)) -> tuple[str, Tensors]:
+    """A started run with `edges` registered, and its version-0 global state."""
+    for edge_id in edges:
+        await cloud.register_edge(edge_id)
+    run_id = await cloud.create_run(config)
+    await cloud.action(run_id, "start")
+    global_, header = await cloud.global_state(edges[0])
+    assert (header.run_id, header.version) == (run_id, 0)
+    return run_id, global_
+
+
+# =================================================================================================
+# Control API (admin token)
+# =================================================================================================
+ADMIN_ENDPOINTS = [
+    ("GET", "/api/v1/runs"),
+    ("POST", "/api/v1/runs"),
+    ("GET", "/api/v1/runs/{run}"),
+    ("POST", "/api/v1/runs/{run}/start"),
+    ("POST", "/api/v1/runs/{run}/pause"),
+    ("POST", "/api/v1/runs/{run}/resume"),
+    ("POST", "/api/v1/runs/{run}/stop"),
+    ("GET", "/api/v1/runs/{run}/history"),
+    ("GET", "/api/v1/runs/{run}/model"),
+]
+ADMIN_IDS = [f"{m} {p.removeprefix('/api/v1')}" for m, p in ADMIN_ENDPOINTS]
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [(None, "missing bearer token"), ("not-the-admin-token", "invalid bearer token"),
+     (EDGE_TOKEN, "invalid bearer token")],
+    ids=["missing-token", "wrong-token", "edge-token"],
+)
+@pytest.mark.parametrize(("method", "path"), ADMIN_ENDPOINTS, ids=ADMIN_IDS)
+async def test_control_api_refuses_bad_tokens(cloud: Cloud, method: str, path: str, token: str | None,
+                                              expected: str) -> None:
+    run_id = await cloud.create_run()
+    before = await cloud.snapshot(run_id)
+    kwargs: dict[str, Any] = {"json": small_config()} if method == "POST" and path.endswith("runs") else {}
+    r = await cloud.http.request(method, path.format(run=run_id), headers=auth(token) if token else {}, **kwargs)
+    assert detail_of(r, 401) == expected
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_control_api_refuses_non_bearer_scheme(cloud: Cloud) -> None:
+    before = await cloud.snapshot()
+    r = await cloud.http.post("/api/v1/runs", json=small_config(), headers={"Authorization": f"Basic {ADMIN_TOKEN}"})
+    assert detail_of(r, 401) == "missing bearer token"
+    assert await cloud.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "error_type"),
+    [(b'{"rounds": 2,', "json_invalid"), (b"rounds=2", "json_invalid"), (b"\xff\xfe", "json_invalid"),
+     (b"[]", "model_attributes_type"), (b'"fedavg"', "model_attributes_type")],
+    ids=["truncated", "not-json", "not-utf8", "array", "string"],
+)
+async def test_create_run_malformed_json(cloud: Cloud, body: bytes, error_type: str) -> None:
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", content=body, headers={"Content-Type": "application/json"})
+    detail = detail_of(r, 422)
+    assert {e["type"] for e in detail} == {error_type}, detail
+    assert all(e["loc"][0] == "body" for e in detail)
+    assert await cloud.snapshot() == before
+    assert (await cloud.admin("GET", "/api/v1/runs")).json() == []
+
+
+@pytest.mark.parametrize(
+    ("config", "loc"),
+    [(small_config(learning_rate=0.1), ["body", "learning_rate"]),
+     (small_config(model={"name": "logreg", "layers": 3}), ["body", "model", "layers"]),
+     (small_config(topology={"num_edges": 1, "buffer_size": 1, "edges": 2}), ["body", "topology", "edges"])],
+    ids=["top-level", "nested-model", "nested-topology"],
+)
+async def test_create_run_unknown_config_key(cloud: Cloud, config: dict[str, Any], loc: list[str]) -> None:
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", json=config)
+    detail = detail_of(r, 422, "Extra inputs are not permitted")
+    assert [(e["type"], e["loc"]) for e in detail] == [("extra_forbidden", loc)]
+    assert await cloud.snapshot() == before
+
+
+async def test_create_run_unknown_algorithm(cloud: Cloud) -> None:
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", json=small_config(algorithm="fedmagic"))
+    detail_of(r, 422, "unknown algorithm 'fedmagic'", "available: fedavg, fedsgd")
+    assert await cloud.snapshot() == before
+
+
+@pytest.mark.parametrize("rounds", [-1, 0, "two", 1.5], ids=["negative", "zero", "string", "fraction"])
+async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", json=small_config(rounds=rounds))
+    detail = detail_of(r, 422)
+    assert [e["loc"] for e in detail] == [["body", "rounds"]], detail
+    assert await cloud.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [({"params": {"mu": 0.1}}, "mu"),
+     ({"topology": {"num_edges": 5, "buffer_size": 5}}, "every edge needs at least one client"),
+     ({"topology": {"num_edges": 2, "buffer_size": 1}}, "buffer_size must equal num_edges"),
+     ({"fraction": 0}, "greater than 0"),
+     ({"data": {"dataset": "npz"}}, "needs a path")],
+    ids=["algorithm-params", "edges-without-clients", "sync-buffer", "zero-fraction", "npz-without-path"],
+)
+async def test_create_run_inconsistent_config(cloud: Cloud, overrides: dict[str, Any], fragment: str) -> None:
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", json=small_config(**overrides))
+    detail_of(r, 422, fragment)
+    assert await cloud.snapshot() == before
+
+
+async def test_create_run_missing_data_file(cloud: Cloud, tmp_path) -> None:
+    before = await cloud.snapshot()
+    config = small_config(data={"dataset": "npz", "path": str(tmp_path / "absent.npz"), "num_clients": 4})
+    r = await cloud.admin("POST", "/api/v1/runs", json=config)
+    detail_of(r, 422, "cannot load the run's data")
+    assert await cloud.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [("GET", ""), ("POST", "/start"), ("POST", "/pause"), ("POST", "/resume"), ("POST", "/stop"),
+     ("GET", "/history"), ("GET", "/model")],
+    ids=["get", "start", "pause", "resume", "stop", "history", "model"],
+)
+async def test_unknown_run_id(cloud: Cloud, method: str, suffix: str) -> None:
+    run_id = await cloud.create_run()
+    before = await cloud.snapshot(run_id)
+    r = await cloud.admin(method, f"/api/v1/runs/{UNKNOWN_RUN}{suffix}")
+    assert detail_of(r, 404) == f"unknown run {UNKNOWN_RUN!r}"
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_unknown_action(cloud: Cloud) -> None:
+    run_id = await cloud.create_run()
+    before = await cloud.snapshot(run_id)
+    r = await cloud.admin("POST", f"/api/v1/runs/{run_id}/restart")
+    detail = detail_of(r, 422, "'start', 'pause', 'resume' or 'stop'")
+    assert detail[0]["loc"] == ["path", "action"]
+    assert await cloud.snapshot(run_id) == before
+
+
+async def _run_in(cloud: Cloud, status: str) -> str:
+    run_id = await cloud.create_run()
+    path = {"created": [], "running": ["start"], "paused": ["start", "pause"], "stopped": ["stop"]}[status]
+    for action in path:
+        await cloud.action(run_id, action)
+    assert (await cloud.info(run_id))["status"] == status
+    return run_id
+
+
+@pytest.mark.parametrize(
+    ("status", "action"),
+    [("created", "pause"), ("created", "resume"), ("running", "resume"), ("running", "start"),
+     ("paused", "pause"), ("paused", "start"), ("stopped", "start"), ("stopped", "resume"),
+     ("stopped", "pause"), ("stopped", "stop")],
+)
+async def test_invalid_transition(cloud: Cloud, status: str, action: str) -> None:
+    run_id = await _run_in(cloud, status)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.admin("POST", f"/api/v1/runs/{run_id}/{action}")
+    assert detail_of(r, 409) == f"cannot {action} a run that is {status}"
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.parametrize("first_status", ["running", "paused"])
+async def test_start_second_run_while_one_is_active(cloud: Cloud, first_status: str) -> None:
+    first = await _run_in(cloud, first_status)
+    second = await cloud.create_run()
+    before = await cloud.snapshot(first, second)
+    r = await cloud.admin("POST", f"/api/v1/runs/{second}/start")
+    assert detail_of(r, 409) == f"run {first} is already active; stop it first"
+    assert await cloud.snapshot(first, second) == before
+    assert (await cloud.info(second))["status"] == "created"
+
+
+# =================================================================================================
+# Edge API (edge token)
+# =================================================================================================
+EDGE_ENDPOINTS = [
+    ("POST", "/api/v1/edges"),
+    ("GET", "/api/v1/edges/0/global"),
+    ("POST", "/api/v1/edges/0/contributions"),
+]
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [(None, "missing bearer token"), ("not-the-edge-token", "invalid bearer token"),
+     (ADMIN_TOKEN, "invalid bearer token")],
+    ids=["missing-token", "wrong-token", "admin-token"],
+)
+@pytest.mark.parametrize(("method", "path"), EDGE_ENDPOINTS, ids=[f"{m} {p[7:]}" for m, p in EDGE_ENDPOINTS])
+async def test_edge_api_refuses_bad_tokens(cloud: Cloud, method: str, path: str, token: str | None,
+                                           expected: str) -> None:
+    run_id, global_ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    kwargs: dict[str, Any] = {}
+    if path.endswith("/edges"):
+        kwargs = {"json": {"edge_id": 1}}
+    elif path.endswith("/contributions"):
+        kwargs = {"content": contribution(global_, run_id), "headers": {"Content-Type": SAFETENSORS}}
+    else:
+        kwargs = {"params": {"timeout": 0}}
+    r = await cloud.edge(method, path, token=token, **kwargs)
+    assert detail_of(r, 401) == expected
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [({}, "missing"), ({"edge_id": -1}, "greater than or equal to 0"), ({"edge_id": 2**31}, "less than or equal"),
+     ({"edge_id": "zero"}, "valid integer"), ({"edge_id": 0, "token": "x"}, "Extra inputs are not permitted"),
+     ({"edge_id": 0, "url": "x" * 501}, "at most 500 characters"), (b'{"edge_id": 0', "JSON decode error"),
+     ([0], "valid dictionary")],
+    ids=["missing-edge-id", "negative", "too-large", "string", "extra-key", "long-url", "malformed-json", "array"],
+)
+async def test_register_edge_bad_body(cloud: Cloud, body: Any, fragment: str) -> None:
+    await cloud.register_edge(0)
+    before = await cloud.snapshot()
+    if isinstance(body, bytes):
+        r = await cloud.edge("POST", "/api/v1/edges", content=body, headers={"Content-Type": "application/json"})
+    else:
+        r = await cloud.edge("POST", "/api/v1/edges", json=body)
+    detail = detail_of(r, 422, fragment)
+    assert all(e["loc"][0] == "body" for e in detail)
+    assert await cloud.snapshot() == before
+
+
+async def test_long_poll_unregistered_edge(cloud: Cloud) -> None:
+    run_id, _ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.edge("GET", "/api/v1/edges/7/global", params={"timeout": 0})
+    assert detail_of(r, 404) == "unknown edge 7; register first"
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.parametrize(
+    ("params", "loc"),
+    [({"after": -2}, "after"), ({"timeout": -1}, "timeout"), ({"after": "latest"}, "after"),
+     ({"timeout": "nan"}, "timeout")],
+    ids=["after-below-minus-one", "negative-timeout", "after-not-int", "timeout-nan"],
+)
+async def test_long_poll_bad_query(cloud: Cloud, params: dict[str, Any], loc: str) -> None:
+    run_id, _ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.edge("GET", "/api/v1/edges/0/global", params={"timeout": 0, **params})
+    detail = detail_of(r, 422)
+    assert [e["loc"] for e in detail] == [["query", loc]], detail
+    assert await cloud.snapshot(run_id) == before
+
+
+# ---- contributions ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [(None, "missing bearer token"), ("not-the-edge-token", "invalid bearer token")],
+    ids=["missing-token", "wrong-token"],
+)
+async def test_contribution_bad_token(cloud: Cloud, token: str | None, expected: str) -> None:
+    run_id, global_ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, run_id), token=token)
+    assert detail_of(r, 401) == expected
+    assert await cloud.snapshot(run_id) == before
+
+
+def _not_safetensors() -> dict[str, tuple[bytes, str]]:
+    valid = encode({"w": torch.zeros(3, dtype=torch.float64)},
+                   contribution_header("r", clients=[ClientParticipation(client_id=0, num_samples=1, loss=0.0)]))
+    (header_len,) = struct.unpack("<Q", valid[:8])
+    return {
+        "empty": (b"", "too short"),
+        "short": (b"abc", "too short"),
+        "json-body": (b'{"run_id": "x", "edge_id": 0}', "header length exceeds the body"),
+        "header-length-lies": (struct.pack("<Q", 10**6) + b"{}", "header length exceeds the body"),
+        "header-not-json": (struct.pack("<Q", 5) + b"{{{{{", "header is not JSON"),
+        "header-not-utf8": (struct.pack("<Q", 4) + b"\xff\xfe\xfd\xfc", "header is not JSON"),
+        "metadata-not-object": (struct.pack("<Q", 22) + b'{"__metadata__": [1]}\x20', "__metadata__ is not an object"),
+        "truncated-data": (valid[:-8], "malformed safetensors"),
+        "bad-tensor-entry": (valid[:8] + valid[8:8 + header_len].replace(b'"F64"', b'"X64"') + valid[8 + header_len:],
+                             "malformed safetensors"),
+    }
+
+
+NOT_SAFETENSORS = _not_safetensors()
+
+
+@pytest.mark.parametrize("case", NOT_SAFETENSORS)
+async def test_contribution_not_safetensors(cloud: Cloud, case: str) -> None:
+    body, fragment = NOT_SAFETENSORS[case]
+    run_id, _ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, body)
+    detail_of(r, 400, fragment)
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.xfail(strict=True, reason="BUG shared/transport/tensors.py _metadata: a safetensors header that is "
+                   "valid JSON but not an object crashes with AttributeError (500) instead of a 400")
+@pytest.mark.parametrize("header", [b"[]", b"null", b"42", b'"x"'], ids=["array", "null", "number", "string"])
+async def test_contribution_safetensors_header_not_an_object(cloud: Cloud, header: bytes) -> None:
+    run_id, _ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, struct.pack("<Q", len(header)) + header)
+    try:
+        detail_of(r, 400, "safetensors")
+    finally:
+        assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_without_message_metadata(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    for body in (encode(zeros_like(global_)), st_save(zeros_like(global_), metadata={"other": "x"})):
+        r = await cloud.submit(0, body)
+        assert detail_of(r, 400) == "safetensors metadata has no 'message' header"
+    assert await cloud.snapshot(run_id) == before
+
+
+def _header_dict(run_id: str, **changes: Any) -> dict[str, Any]:
+    fields = contribution_header(run_id).model_dump(mode="json")
+    for key, value in changes.items():
+        if value is ...:
+            fields.pop(key)
+        else:
+            fields[key] = value
+    return fields
+
+
+INVALID_HEADERS = {
+    "weight-zero": ({"weight": 0}, "weight"),
+    "weight-negative": ({"weight": -1.0}, "weight"),
+    "weight-nan": ({"weight": float("nan")}, "weight"),
+    "weight-inf": ({"weight": float("inf")}, "weight"),
+    "missing-idempotency-key": ({"idempotency_key": ...}, "idempotency_key"),
+    "missing-clients": ({"clients": ...}, "clients"),
+    "empty-clients": ({"clients": []}, "clients"),
+    "missing-run-id": ({"run_id": ...}, "run_id"),
+    "negative-base-version": ({"base_version": -1}, "base_version"),
+    "negative-edge-id": ({"edge_id": -1}, "edge_id"),
+    "extra-field": ({"signature": "x"}, "signature"),
+    "bad-client": ({"clients": [{"client_id": 0, "num_samples": -5, "loss": 0.1}]}, "num_samples"),
+}
+
+
+@pytest.mark.parametrize("case", [*INVALID_HEADERS, "not-json"])
+async def test_contribution_invalid_header(cloud: Cloud, case: str) -> None:
+    run_id, global_ = await running_run(cloud)
+    if case == "not-json":
+        message, fragment = "{not json", "json_invalid"
+    else:
+        changes, fragment = INVALID_HEADERS[case]
+        message = _header_dict(run_id, **changes)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, raw_message(zeros_like(global_), message))
+    detail_of(r, 422, "invalid EdgeContributionHeader", fragment)
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.xfail(strict=True, reason="BUG shared/schemas.py ClientParticipation.loss: NaN/Inf losses are accepted "
+                   "(no allow_inf_nan=False); the next RoundRecord stores train_loss as JSON null and GET /runs/{id}, "
+                   "/history and the orchestrator then fail with a ValidationError (500)")
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")], ids=["nan", "inf"])
+async def test_contribution_non_finite_client_loss(cloud: Cloud, loss: float) -> None:
+    run_id, global_ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    message = _header_dict(run_id, clients=[{"client_id": 0, "num_samples": 10, "loss": loss}])
+    r = await cloud.submit(0, raw_message(zeros_like(global_), message))
+    detail_of(r, 422, "invalid EdgeContributionHeader", "loss")
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_edge_id_differs_from_url(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud, two_edge_config(), edges=(0, 1))
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(1, contribution(global_, run_id, edge_id=0))
+    assert detail_of(r, 422) == "header edge_id 0 does not match the URL's 1"
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_unknown_run(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, UNKNOWN_RUN))
+    assert detail_of(r, 404) == f"unknown run {UNKNOWN_RUN!r}"
+    assert await cloud.snapshot(run_id) == before
+    assert not [k async for k in cloud.redis.scan_iter(match=f"{cloud.prefix}:run:{UNKNOWN_RUN}:*")]
+
+
+async def test_contribution_unregistered_edge(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud, two_edge_config())  # only edge 0 registered
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(1, contribution(global_, run_id, edge_id=1))
+    assert detail_of(r, 404) == "unknown edge 1; register first"
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.parametrize("edge_id", [1, 2**31 - 1])
+async def test_contribution_edge_outside_run(cloud: Cloud, edge_id: int) -> None:
+    run_id, global_ = await running_run(cloud, edges=(0, edge_id))  # a one-edge run
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(edge_id, contribution(global_, run_id, edge_id=edge_id))
+    assert detail_of(r, 422) == f"edge {edge_id} is not part of this run (1 edges)"
+    assert await cloud.snapshot(run_id) == before
+
+
+def _wrong_tensors(global_: Tensors, case: str) -> tuple[Tensors, str]:
+    good = zeros_like(global_)
+    name = sorted(good)[0]
+    if case == "missing-tensor":
+        return {k: v for k, v in good.items() if k != name}, f"missing [{name!r}], unexpected []"
+    if case == "renamed-tensor":
+        return {("renamed" if k == name else k): v for k, v in good.items()}, f"missing [{name!r}], unexpected ['renamed']"
+    if case == "extra-tensor":
+        return {**good, "bonus": torch.zeros(1, dtype=torch.float64)}, "missing [], unexpected ['bonus']"
+    if case == "wrong-shape":
+        shape = list(good[name].shape)
+        return {**good, name: torch.zeros(shape + [1], dtype=torch.float64)}, f"has shape {shape + [1]}, expected {shape}"
+    if case == "transposed":
+        t = good[name]
+        return {**good, name: torch.zeros(t.numel(), dtype=torch.float64)}, f"has shape [{t.numel()}]"
+    if case == "float32":
+        return zeros_like(global_, torch.float32), "has dtype torch.float32, expected torch.float64"
+    if case == "int64":
+        return {**good, name: torch.zeros(good[name].shape, dtype=torch.int64)}, "has dtype torch.int64"
+    value = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[case]
+    bad = good[name].clone().reshape(-1)
+    bad[-1] = value
+    return {**good, name: bad.reshape(good[name].shape)}, f"tensor {name!r} contains NaN or Inf"
+
+
+@pytest.mark.parametrize(
+    "case", ["missing-tensor", "renamed-tensor", "extra-tensor", "wrong-shape", "transposed", "float32", "int64",
+             "nan", "inf", "-inf"],
+)
+async def test_contribution_wrong_tensors(cloud: Cloud, case: str) -> None:
+    run_id, global_ = await running_run(cloud)
+    tensors, fragment = _wrong_tensors(global_, case)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, encode(tensors, contribution_header(run_id)))
+    detail_of(r, 422, fragment)
+    assert await cloud.snapshot(run_id) == before
+    # The refusal does not burn the edge's slot: the correct contribution is still accepted.
+    ok = await cloud.submit(0, contribution(global_, run_id))
+    assert ok.status_code == 202, ok.text
+
+
+async def _chunks(blob: bytes, size: int = 256) -> AsyncIterator[bytes]:
+    for i in range(0, len(blob), size):
+        yield blob[i : i + size]
+
+
+@pytest.mark.parametrize("length", ["honest", "lying", "absent"],
+                         ids=["content-length-honest", "content-length-lies", "chunked-no-content-length"])
+async def test_contribution_oversized(redis_url: str, length: str) -> None:
+    async with running_cloud(redis_url, max_payload_bytes=1000) as cloud:
+        run_id, global_ = await running_run(cloud)
+        blob = contribution(global_, run_id)
+        assert len(blob) > 1000
+        before = await cloud.snapshot(run_id)
+        if length == "honest":
+            r = await cloud.submit(0, blob)
+            assert r.request.headers["content-length"] == str(len(blob))
+            assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of 1000"
+        elif length == "lying":
+            r = await cloud.submit(0, blob, headers={"Content-Length": "100"})
+            assert r.request.headers["content-length"] == "100"
+            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        else:
+            r = await cloud.submit(0, _chunks(blob))
+            assert "content-length" not in r.request.headers
+            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_invalid_content_length(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, run_id), headers={"Content-Length": "lots"})
+    assert detail_of(r, 400) == "invalid Content-Length"
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_stale_base_version(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud)
+    first = await cloud.submit(0, contribution(global_, run_id))
+    assert first.status_code == 202 and first.json()["accepted"], first.text
+    info = await cloud.wait_version(run_id, 1)
+    assert (info["status"], info["version"], info["buffered"]) == ("running", 1, 0)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, run_id, base_version=0, key="a-new-key"))
+    assert detail_of(r, 409) == "stale submission: base_version 0, current version 1"
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.parametrize("base_version", [1, 10**6])
+async def test_contribution_future_base_version(cloud: Cloud, base_version: int) -> None:
+    run_id, global_ = await running_run(cloud)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, run_id, base_version=base_version))
+    assert detail_of(r, 409) == f"base_version {base_version} is newer than the run's version 0"
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_duplicate_idempotency_key(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud, two_edge_config())  # stays buffered: edge 1 never sends
+    blob = contribution(global_, run_id)
+    first = await cloud.submit(0, blob)
+    assert first.status_code == 202, first.text
+    assert first.json() == {"accepted": True, "duplicate": False, "buffered": 1}
+    before = await cloud.snapshot(run_id)
+    again = await cloud.submit(0, blob)
+    assert again.status_code == 202, again.text
+    assert again.json() == {"accepted": True, "duplicate": True, "buffered": 1}
+    assert await cloud.snapshot(run_id) == before
+    info = await cloud.info(run_id)
+    assert (info["version"], info["buffered"]) == (0, 1)
+
+
+async def test_contribution_same_slot_other_key(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud, two_edge_config())
+    first = await cloud.submit(0, contribution(global_, run_id, key="key-1"))
+    assert first.status_code == 202, first.text
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, run_id, key="key-2"))
+    assert detail_of(r, 409) == "edge 0 already submitted for version 0 under another idempotency key"
+    assert await cloud.snapshot(run_id) == before
+
+
+@pytest.mark.parametrize("status", ["created", "stopped"])
+async def test_contribution_run_not_running(cloud: Cloud, status: str) -> None:
+    active, global_ = await running_run(cloud)  # the state an edge would have fetched
+    if status == "created":
+        run_id = await cloud.create_run()
+    else:
+        await cloud.action(active, "stop")
+        run_id = active
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, run_id))
+    assert detail_of(r, 409) == f"run is {status}, not accepting contributions"
+    assert await cloud.snapshot(run_id) == before

@@ -1,0 +1,31 @@
+import torch
+from hypothesis import given, settings, strategies as st
+
+from shared.algorithms import aggregate
+
+
+def test_weighted_mean_by_hand():
+    # weights 1 and 3: mean = (1*[1, 2] + 3*[5, 6]) / 4 = [4, 5]
+    partial = aggregate.reduce([(1.0, {"x": torch.tensor([1.0, 2.0])}), (3.0, {"x": torch.tensor([5.0, 6.0])})])
+    assert partial.weight == 4.0
+    assert torch.equal(aggregate.mean(partial)["x"], torch.tensor([4.0, 5.0], dtype=torch.float64))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.1, 100), st.lists(st.floats(-10, 10), min_size=3, max_size=3)), min_size=2, max_size=8),
+    st.integers(1, 7),
+)
+def test_partials_are_associative(items, cut):
+    """combine([reduce(all)]) == combine([reduce(a), reduce(b)]): hierarchical equals flat."""
+    cut = min(cut, len(items) - 1)
+    items = [(w, {"x": torch.tensor(v)}) for w, v in items]
+    flat = aggregate.mean(aggregate.reduce(items))
+    split = aggregate.mean(aggregate.combine([aggregate.reduce(items[:cut]), aggregate.reduce(items[cut:])]))
+    assert torch.allclose(flat["x"], split["x"], rtol=1e-12, atol=1e-12)
+
+
+def test_add_scaled_keeps_dtype():
+    base = {"w": torch.ones(2)}
+    out = aggregate.add_scaled(base, {"w": torch.tensor([2.0, 4.0], dtype=torch.float64)}, 0.5)
+    assert out["w"].dtype == torch.float32 and torch.equal(out["w"], torch.tensor([2.0, 3.0]))

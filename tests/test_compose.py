@@ -1,0 +1,365 @@
+"""Static checks of docker-compose.yml and docker/Dockerfile.* against the code they run.
+
+No Docker engine is needed: the compose file is parsed with PyYAML and compared with the service
+packages and their settings classes, so a renamed settings field, entry point or package breaks
+these tests instead of a container at start-up.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+from client.config import ClientSettings, parse_ids  # noqa: E402
+from cloud.config import CloudSettings  # noqa: E402
+from edge.config import EdgeSettings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+TORCH_PIN = "torch==2.13.0"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+# package (= Dockerfile suffix) -> (env prefix, settings class)
+SETTINGS = {
+    "cloud": ("FL_CLOUD_", CloudSettings),
+    "edge": ("FL_EDGE_", EdgeSettings),
+    "client": ("FL_CLIENT_", ClientSettings),
+}
+PREFIXES = {prefix: pkg for pkg, (prefix, _) in SETTINGS.items()}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def load_compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+COMPOSE = load_compose()
+SERVICES: dict[str, dict] = COMPOSE["services"]
+BUILT = sorted(name for name, svc in SERVICES.items() if "build" in svc)
+
+_VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}")
+
+
+def interpolate(value: str) -> str:
+    """Compose interpolation with an empty environment: ${VAR:-default} / ${VAR-default} -> default."""
+    def sub(m: re.Match) -> str:
+        op = m.group("op")
+        if op in (":-", "-"):
+            return m.group("arg")
+        if op in (":?", "?"):
+            raise AssertionError(f"{m.group(0)} requires {m.group('name')} to be set")
+        return ""
+    return _VAR.sub(sub, str(value)).replace("$$", "$")
+
+
+def environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def dockerfile_path(service: dict) -> Path:
+    build = service["build"]
+    if isinstance(build, str):
+        return ROOT / build / "Dockerfile"
+    return ROOT / build.get("context", ".") / build.get("dockerfile", "Dockerfile")
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, args = line.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+    return out
+
+
+def cmd_of(dockerfile: Path) -> list[str]:
+    cmds = [args for keyword, args in instructions(dockerfile) if keyword == "CMD"]
+    assert cmds, f"{dockerfile.name} has no CMD"
+    cmd = json.loads(cmds[-1])  # exec form only: no shell in between, signals reach python
+    assert isinstance(cmd, list), cmd
+    return cmd
+
+
+def package_of(service_name: str) -> str:
+    """The service package a built service runs, from its Dockerfile's `python -m <pkg>.main`."""
+    cmd = cmd_of(dockerfile_path(SERVICES[service_name]))
+    assert cmd[:2] == ["python", "-m"] and cmd[2].endswith(".main"), cmd
+    return cmd[2].removesuffix(".main")
+
+
+def services_running(pkg: str) -> list[str]:
+    return [name for name in BUILT if package_of(name) == pkg]
+
+
+def healthcheck_snippets(service: dict) -> list[str]:
+    test = service["healthcheck"]["test"]
+    if isinstance(test, str):
+        test = ["CMD-SHELL", test]
+    if "-c" in test:
+        return [test[test.index("-c") + 1]]
+    return []
+
+
+# --- compose structure -----------------------------------------------------------------------
+
+def test_compose_has_no_version_key_and_expected_services():
+    assert "version" not in COMPOSE  # obsolete in the compose spec
+    assert {"redis", "cloud", "edge0", "edge1"} <= set(SERVICES)
+    assert services_running("cloud") == ["cloud"]
+    assert len(services_running("edge")) >= 1
+    assert len(services_running("client")) >= 1
+    assert set(BUILT) == set(SERVICES) - {"redis"}
+
+
+def test_redis_persists_with_append_only_file():
+    redis = SERVICES["redis"]
+    assert redis["image"].startswith("redis:7")
+    command = redis["command"]
+    args = shlex.split(command) if isinstance(command, str) else list(command)
+    assert args[0] == "redis-server"
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--appendfsync") + 1] == "everysec"
+    volume = next(v for v in redis["volumes"] if v.split(":")[1] == "/data")
+    assert volume.split(":")[0] in (COMPOSE.get("volumes") or {})  # a named volume, not a bind mount
+    assert redis["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
+
+
+def test_every_service_but_clients_has_a_healthcheck():
+    clients = set(services_running("client"))
+    for name, service in SERVICES.items():
+        if name in clients:
+            continue
+        check = service.get("healthcheck")
+        assert check and check.get("test") and not check.get("disable"), f"{name} has no healthcheck"
+
+
+@pytest.mark.parametrize("name", [n for n in BUILT if package_of(n) != "client"])
+def test_http_healthchecks_probe_the_service_port(name):
+    prefix, _ = SETTINGS[package_of(name)]
+    port = environment(SERVICES[name])[f"{prefix}PORT"]
+    snippets = healthcheck_snippets(SERVICES[name])
+    assert snippets, f"{name}: healthcheck is not a python -c probe"
+    for code in snippets:
+        compile(code, f"<{name} healthcheck>", "exec")
+        assert f"127.0.0.1:{port}/health" in code
+
+
+def test_depends_on_points_at_defined_services():
+    for name, service in SERVICES.items():
+        deps = service.get("depends_on") or {}
+        if isinstance(deps, list):
+            deps = {dep: {"condition": "service_started"} for dep in deps}
+        for dep, spec in deps.items():
+            assert dep in SERVICES and dep != name, f"{name} depends on unknown service {dep}"
+            if spec.get("condition") == "service_healthy":
+                assert "healthcheck" in SERVICES[dep], f"{name} waits for {dep} to be healthy; it has no healthcheck"
+    assert "redis" in SERVICES["cloud"]["depends_on"]
+    for edge in services_running("edge"):
+        assert "cloud" in SERVICES[edge]["depends_on"]
+
+
+def test_named_volumes_are_declared():
+    declared = set(COMPOSE.get("volumes") or {})
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes") or []:
+            source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source")
+            if not source.startswith((".", "/", "~")):
+                assert source in declared, f"{name} mounts undeclared volume {source}"
+
+
+def test_published_host_ports_are_unique():
+    host_ports = [str(p).split(":")[-2] for s in SERVICES.values() for p in s.get("ports") or [] if ":" in str(p)]
+    assert len(host_ports) == len(set(host_ports)), host_ports
+
+
+# --- Dockerfiles -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", BUILT)
+def test_dockerfile_runs_an_existing_main(name):
+    dockerfile = dockerfile_path(SERVICES[name])
+    assert dockerfile.is_file(), dockerfile
+    pkg = package_of(name)
+    assert pkg in SETTINGS, f"{name}: unexpected package {pkg}"
+    main_py = ROOT / pkg / "main.py"
+    assert main_py.is_file(), main_py
+    tree = ast.parse(main_py.read_text())
+    defines_main = any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body)
+    assert defines_main, f"{main_py} defines no main()"
+    assert dockerfile.name == f"Dockerfile.{pkg}"
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_dockerfile_copies_only_what_the_service_needs(name):
+    dockerfile = dockerfile_path(SERVICES[name])
+    pkg = package_of(name)
+    ins = instructions(dockerfile)
+    assert ins[0] == ("FROM", "python:3.11-slim")
+    copied = set()
+    for keyword, args in ins:
+        if keyword in ("COPY", "ADD"):
+            parts = [p for p in shlex.split(args) if not p.startswith("--")]
+            copied.update(p.rstrip("/") for p in parts[:-1])
+    assert copied == {"requirements.txt", "shared", pkg}, copied
+    users = [args for keyword, args in ins if keyword == "USER"]
+    assert users and users[-1] not in ("root", "0"), "containers must not run as root"
+    # The USER switch happens before CMD, so the service itself runs unprivileged.
+    keywords = [k for k, _ in ins]
+    assert max(i for i, k in enumerate(keywords) if k == "USER") < keywords.index("CMD")
+
+
+@pytest.mark.parametrize("pkg", sorted(SETTINGS))
+def test_dockerfile_installs_cpu_torch_before_requirements(pkg):
+    dockerfile = ROOT / "docker" / f"Dockerfile.{pkg}"
+    runs = [args for keyword, args in instructions(dockerfile) if keyword == "RUN"]
+    torch_at = next(i for i, r in enumerate(runs) if re.search(r"\btorch==", r))
+    torch_run = shlex.split(runs[torch_at])
+    assert TORCH_PIN in torch_run
+    assert torch_run[torch_run.index("--index-url") + 1] == CPU_INDEX
+    assert "--no-cache-dir" in torch_run
+    reqs_at = next(i for i, r in enumerate(runs) if "-r requirements.txt" in r)
+    assert torch_at < reqs_at, "torch must be installed from the CPU index before requirements.txt"
+    # requirements.txt pins the same version, so pip keeps the CPU build instead of fetching CUDA.
+    assert TORCH_PIN in (ROOT / "requirements.txt").read_text().split()
+
+
+@pytest.mark.parametrize("pkg", ["cloud", "edge"])
+def test_dockerfile_healthcheck_probes_health(pkg):
+    ins = instructions(ROOT / "docker" / f"Dockerfile.{pkg}")
+    checks = [args for keyword, args in ins if keyword == "HEALTHCHECK"]
+    assert checks, f"Dockerfile.{pkg} has no HEALTHCHECK"
+    command = checks[-1].split(" CMD ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "-c"]
+    compile(argv[2], f"<Dockerfile.{pkg} healthcheck>", "exec")
+    assert "urllib" in argv[2] and "/health" in argv[2] and f"{SETTINGS[pkg][0]}PORT" in argv[2]
+
+
+def test_dockerignore_keeps_local_state_out_but_not_the_sources():
+    patterns = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+    assert {".venv", ".git"} <= patterns
+    assert any("__pycache__" in p for p in patterns)
+    for needed in ("requirements.txt", "shared", "cloud", "edge", "client"):
+        assert needed not in patterns and f"{needed}/" not in patterns
+
+
+# --- environment <-> settings classes --------------------------------------------------------
+
+@pytest.mark.parametrize("name", BUILT)
+def test_environment_variables_are_settings_fields(name):
+    pkg = package_of(name)
+    prefix, settings_cls = SETTINGS[pkg]
+    env = environment(SERVICES[name])
+    assert env, f"{name} sets no environment"
+    for key in env:
+        assert key.startswith("FL_"), f"{name}: {key} is not read by any settings class"
+        owner = next((p for p in PREFIXES if key.startswith(p)), None)
+        assert owner is not None, f"{name}: {key} has no known FL_<SERVICE>_ prefix"
+        # The prefix must be the one of the package this image runs: FL_EDGE_* on a cloud is ignored.
+        assert owner == prefix, f"{name} runs {pkg} but sets {key}"
+        field = key[len(prefix):].lower()
+        assert field in settings_cls.model_fields, f"{name}: {key} is not a field of {settings_cls.__name__}"
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_services_bind_all_interfaces(name):
+    pkg = package_of(name)
+    prefix, settings_cls = SETTINGS[pkg]
+    if "host" in settings_cls.model_fields:
+        assert environment(SERVICES[name]).get(f"{prefix}HOST") == "0.0.0.0"
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith(("FL_CLOUD_", "FL_EDGE_", "FL_CLIENT_")):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def settings_from_compose(monkeypatch, name: str):
+    prefix, settings_cls = SETTINGS[package_of(name)]
+    env = {key: interpolate(value) for key, value in environment(SERVICES[name]).items()}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return settings_cls(), env, prefix
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_settings_round_trip(clean_env, name):
+    settings, env, prefix = settings_from_compose(clean_env, name)
+    for key, raw in env.items():
+        value = getattr(settings, key[len(prefix):].lower())
+        assert value == type(value)(raw), f"{key}={raw!r} became {value!r}"
+
+
+def test_cloud_settings_from_compose(clean_env):
+    cloud, _, _ = settings_from_compose(clean_env, "cloud")
+    assert cloud.redis_url == "redis://redis:6379/0"
+    assert (cloud.host, cloud.port) == ("0.0.0.0", 8000)
+    assert cloud.admin_token == "change-me-admin"
+    assert cloud.edge_token == "change-me-edge"
+    assert urlsplit(cloud.redis_url).hostname in SERVICES
+
+
+def test_edges_reach_the_cloud_with_its_token(clean_env):
+    cloud_env = environment(SERVICES["cloud"])
+    edges = services_running("edge")
+    ids = []
+    for name in edges:
+        edge_env = environment(SERVICES[name])
+        assert edge_env["FL_EDGE_EDGE_TOKEN"] == cloud_env["FL_CLOUD_EDGE_TOKEN"]
+        url = urlsplit(interpolate(edge_env["FL_EDGE_CLOUD_URL"]))
+        assert (url.hostname, url.port) == ("cloud", int(cloud_env["FL_CLOUD_PORT"]))
+        public = urlsplit(edge_env["FL_EDGE_PUBLIC_URL"])
+        assert (public.hostname, public.port) == (name, int(edge_env["FL_EDGE_PORT"]))
+        ids.append(int(edge_env["FL_EDGE_EDGE_ID"]))
+    assert sorted(ids) == list(range(len(edges))), "edge ids must be 0..L-1"
+    edge1, _, _ = settings_from_compose(clean_env, "edge1")
+    assert (edge1.edge_id, edge1.cloud_url, edge1.client_token) == (1, "http://cloud:8000", "change-me-client")
+
+
+def test_clients_cover_each_id_once_on_the_edge_that_serves_it(clean_env):
+    """Client k is served by edge k mod L (fedctl/launch.py, RunConfig.clients_of_edge)."""
+    edges = {name: environment(SERVICES[name]) for name in services_running("edge")}
+    num_edges = len(edges)
+    seen: list[int] = []
+    for name in services_running("client"):
+        env = environment(SERVICES[name])
+        url = urlsplit(env["FL_CLIENT_EDGE_URL"])
+        assert url.hostname in edges, f"{name} dials unknown edge {url.hostname}"
+        edge_env = edges[url.hostname]
+        assert url.port == int(edge_env["FL_EDGE_PORT"])
+        assert env["FL_CLIENT_CLIENT_TOKEN"] == edge_env["FL_EDGE_CLIENT_TOKEN"]
+        assert url.hostname in SERVICES[name]["depends_on"]
+        edge_id = int(edge_env["FL_EDGE_EDGE_ID"])
+        ids = parse_ids(env["FL_CLIENT_CLIENTS"])
+        assert all(k % num_edges == edge_id for k in ids), f"{name}: {ids} are not all served by edge {edge_id}"
+        seen += ids
+        # Each client process keeps its state in its own named volume.
+        state = env["FL_CLIENT_STATE_DIR"]
+        assert any(isinstance(v, str) and v.split(":")[1] == state for v in SERVICES[name].get("volumes") or [])
+    assert sorted(seen) == list(range(len(seen))), f"logical client ids overlap or have gaps: {sorted(seen)}"
+    client0, _, _ = settings_from_compose(clean_env, services_running("client")[0])
+    assert str(client0.state_dir) == "/state" and client0.torch_threads == 1
+
+
+def test_interpolate_defaults():
+    assert interpolate("${FL_ADMIN_TOKEN:-change-me-admin}") == "change-me-admin"
+    assert interpolate("a${X-b}c${Y}") == "abc"
