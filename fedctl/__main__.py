@@ -1,0 +1,125 @@
+"""fedctl: `python -m fedctl demo` runs a whole federation on this machine; the other commands drive
+a cloud anywhere through its REST API."""
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from fedctl.api import CloudAPI
+from fedctl.launch import LocalTopology
+from fedctl.report import save_results
+from shared.config import RunConfig
+from shared.schemas import RunInfo
+
+app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
+console = Console()
+
+CLOUD = typer.Option("http://127.0.0.1:8000", envvar="FL_CLOUD_URL", help="cloud base URL")
+TOKEN = typer.Option("dev-admin-token", envvar="FL_ADMIN_TOKEN", help="admin bearer token")
+
+
+def load_config(path: Optional[Path], **overrides) -> RunConfig:
+    data = {}
+    if path is not None:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return RunConfig.model_validate(data)
+
+
+def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:
+    table = Table(title=f"run {info.run_id} · {info.config.algorithm} · {info.status.value} · "
+                        f"version {info.version}/{info.rounds} · buffered {info.buffered} · "
+                        f"{time.monotonic() - started:.1f}s")
+    for col in ("round", "participants", "edges", "train loss", "test loss", "test acc", "elapsed"):
+        table.add_column(col, justify="right")
+    for h in api.history(info.run_id)[-15:]:
+        table.add_row(str(h.version), str(len(h.clients)), ",".join(map(str, h.edges)), f"{h.train_loss:.4f}",
+                      f"{h.test_loss:.4f}", f"{100 * h.test_accuracy:.2f}%", f"{h.elapsed_s:.1f}s")
+    return table
+
+
+def watch_run(api: CloudAPI, run_id: str, timeout_s: float = 3600) -> RunInfo:
+    started = time.monotonic()
+    with Live(console=console, refresh_per_second=4) as live:
+        return api.wait(run_id, timeout_s=timeout_s, poll_s=0.5,
+                        on_poll=lambda info: live.update(progress_table(api, info, started)))
+
+
+def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:
+    console.print()
+    history = api.history(info.run_id)
+    paths = save_results(out, info, history, api.model(info.run_id))
+    final = history[-1].test_accuracy if history else float("nan")
+    console.print(f"[bold]final test accuracy: {100 * final:.2f}%[/] after {len(history)} rounds "
+                  f"({history[-1].elapsed_s:.1f}s)" if history else "no rounds completed")
+    for name, path in paths.items():
+        console.print(f"  {name:13s} {path}")
+
+
+@app.command()
+def demo(
+    config: Optional[Path] = typer.Option(None, help="RunConfig as .json or .toml (defaults: FedAvg, CNN, MNIST 5k)"),
+    rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
+    algorithm: Optional[str] = typer.Option(None, help="override the algorithm"),
+    clients_per_process: int = typer.Option(5, help="logical clients hosted by one client process"),
+    out: Path = typer.Option(Path("results"), help="where results are written"),
+) -> None:
+    """Start Redis, the cloud, the edges and the clients as processes here, train, and save results."""
+    cfg = load_config(config, rounds=rounds, algorithm=algorithm)
+    n, edges = cfg.data.num_clients, cfg.topology.num_edges
+    procs = max(1, -(-n // (edges * clients_per_process)))
+    workdir = out / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.name}"
+    console.print(f"starting redis, cloud, {edges} edge(s), {n} clients in {procs * edges} client processes "
+                  f"(logs in {workdir})")
+    with LocalTopology(num_clients=n, num_edges=edges, procs_per_edge=procs, workdir=workdir / "services") as topo:
+        with CloudAPI(topo.cloud_url, topo.admin_token) as api:
+            info = api.create_run(cfg)
+            api.action(info.run_id, "start")
+            info = watch_run(api, info.run_id)
+            finish(api, info, workdir)
+
+
+@app.command()
+def create(config: Optional[Path] = typer.Argument(None), cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """Create a run from a config file and print its id."""
+    with CloudAPI(cloud, token) as api:
+        console.print(api.create_run(load_config(config)).run_id)
+
+
+@app.command()
+def control(run_id: str, action: str = typer.Argument(..., help="start | pause | resume | stop"),
+            cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """Start, pause, resume or stop a run."""
+    with CloudAPI(cloud, token) as api:
+        console.print(api.action(run_id, action).status.value)
+
+
+@app.command()
+def runs(cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """List runs."""
+    with CloudAPI(cloud, token) as api:
+        for info in api.runs():
+            console.print(f"{info.run_id}  {info.status.value:9s} {info.config.algorithm:8s} "
+                          f"version {info.version}/{info.rounds}  {info.config.name}")
+
+
+@app.command()
+def watch(run_id: str, cloud: str = CLOUD, token: str = TOKEN,
+          out: Path = typer.Option(Path("results"), help="where results are written at the end")) -> None:
+    """Live progress of a run until it ends, then save its results."""
+    with CloudAPI(cloud, token) as api:
+        finish(api, watch_run(api, run_id), out / run_id)
+
+
+if __name__ == "__main__":
+    app()
