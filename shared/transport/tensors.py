@@ -45,6 +45,8 @@ def _metadata(blob: bytes) -> dict[str, str]:
         header = json.loads(blob[8 : 8 + header_len])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PayloadError(f"safetensors header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise PayloadError("safetensors header is not a JSON object")
     meta = header.get("__metadata__") or {}
     if not isinstance(meta, dict):
         raise PayloadError("safetensors __metadata__ is not an object")

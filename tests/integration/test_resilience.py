@@ -1,0 +1,94 @@
+"""Failures and control over real processes: a killed cloud, pause/resume, clients that drop out."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from fedctl.api import CloudAPI
+from fedctl.launch import LocalTopology
+from shared.config import RunConfig
+from shared.reference import run_reference
+from shared.schemas import RunStatus
+
+pytestmark = pytest.mark.slow
+
+# Small and quick, but with E=2, minibatches and partial participation.
+CONFIG = dict(model={"name": "mlp"}, data={"dataset": "digits", "num_clients": 6},
+              local={"epochs": 2, "batch_size": 16, "lr": 0.1}, fraction=0.5)
+
+
+@pytest.fixture(scope="module")
+def topology(tmp_path_factory):
+    with LocalTopology(num_clients=6, num_edges=1, procs_per_edge=2, workdir=tmp_path_factory.mktemp("topo"),
+                       redis_url=os.environ.get("REDIS_URL")) as topo:
+        yield topo
+
+
+@pytest.fixture(scope="module")
+def api(topology):
+    with CloudAPI(topology.cloud_url, topology.admin_token) as api:
+        yield api
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def wait_version(api, run_id, at_least, timeout=120):
+    deadline = time.monotonic() + timeout
+    while (info := api.run(run_id)).version < at_least:
+        assert time.monotonic() < deadline, f"stuck at version {info.version}"
+        time.sleep(0.05)
+    return info
+
+
+def test_pause_holds_the_version_and_resume_finishes(api):
+    config = RunConfig(name="pause", rounds=6, **CONFIG)
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    wait_version(api, run_id, 1)
+    paused = api.action(run_id, "pause")
+    assert paused.status == RunStatus.paused
+    time.sleep(0.5)  # an update already buffered when we paused may still land
+    held = api.run(run_id).version
+    time.sleep(2.0)
+    assert api.run(run_id).version == held and held < config.rounds
+    api.action(run_id, "resume")
+    final = api.wait(run_id, timeout_s=120)
+    assert final.status == RunStatus.finished and final.version == config.rounds
+
+
+def test_a_killed_cloud_loses_nothing_and_counts_nothing_twice(api, topology):
+    config = RunConfig(name="crash", rounds=8, **CONFIG)
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    wait_version(api, run_id, 3)
+    topology.restart_cloud(signal.SIGKILL)  # mid-run: edges and clients keep retrying
+    final = api.wait(run_id, timeout_s=180)
+    assert final.status == RunStatus.finished and final.version == config.rounds
+    history = api.history(run_id)
+    assert [h.version for h in history] == list(range(1, config.rounds + 1))
+    reference = run_reference(config)
+    model = api.model(run_id)
+    for name, value in reference.global_state.items():
+        assert torch.allclose(model[name], value, atol=1e-5), name
+
+
+def test_dropped_clients_round_continues_with_the_quorum(api, topology):
+    config = RunConfig(name="dropout", rounds=2, **{**CONFIG, "fraction": 1.0},
+                       policy={"deadline_s": 2.0, "min_fraction": 0.5})
+    gone = topology.clients[1]
+    # LocalTopology gives client process 1 of edge 0 the ids 1, 3, 5.
+    gone.stop(signal.SIGKILL)
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    final = api.wait(run_id, timeout_s=120)
+    assert final.status == RunStatus.finished
+    for h in api.history(run_id):
+        assert {c.client_id for c in h.clients} == {0, 2, 4}
