@@ -17,6 +17,7 @@ from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs
 from cloud.store import Conflict, NotFound, Store
+from shared.web import BodyLimit
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
@@ -39,6 +40,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             await redis.aclose()
 
     app = FastAPI(title="FL cloud", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=settings.max_payload_bytes)
     app.include_router(health.router)
     app.include_router(runs.router)
     app.include_router(edges.router)

@@ -15,6 +15,7 @@ from edge.round_loop import EdgeRoundLoop
 from edge.routes import clients, health
 from edge.tasks import TaskBoard, TaskConflict, UnknownClient
 from shared.transport.http import make_client
+from shared.web import BodyLimit
 
 
 def create_app(settings: EdgeSettings | None = None) -> FastAPI:
@@ -36,6 +37,7 @@ def create_app(settings: EdgeSettings | None = None) -> FastAPI:
             await cloud.aclose()
 
     app = FastAPI(title="FL edge", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=settings.max_payload_bytes)
     app.include_router(health.router)
     app.include_router(clients.router)
 

@@ -124,23 +124,23 @@ class LocalTopology:
             self.redis_url = self.redis.url
         self.cloud = self._cloud_service(free_port())
         self.cloud.start()
-        for l in range(self.num_edges):
+        for edge_id in range(self.num_edges):
             port = free_port()
-            edge = Service(f"edge{l}", ["-m", "edge.main"], {
-                "FL_EDGE_EDGE_ID": str(l), "FL_EDGE_PORT": str(port), "FL_EDGE_CLOUD_URL": self.cloud.url,
+            edge = Service(f"edge{edge_id}", ["-m", "edge.main"], {
+                "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_PORT": str(port), "FL_EDGE_CLOUD_URL": self.cloud.url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
                 "FL_EDGE_LOG_LEVEL": "warning", **self.extra_env,
-            }, self.workdir / f"edge{l}.log", url=f"http://127.0.0.1:{port}")
+            }, self.workdir / f"edge{edge_id}.log", url=f"http://127.0.0.1:{port}")
             edge.start()
             self.edges.append(edge)
-        for l, edge in enumerate(self.edges):
-            for p, ids in enumerate(split(list(range(l, self.num_clients, self.num_edges)), self.procs_per_edge)):
-                client = Service(f"client{l}.{p}", ["-m", "client.main"], {
+        for edge_id, edge in enumerate(self.edges):
+            for p, ids in enumerate(split(list(range(edge_id, self.num_clients, self.num_edges)), self.procs_per_edge)):
+                client = Service(f"client{edge_id}.{p}", ["-m", "client.main"], {
                     "FL_CLIENT_EDGE_URL": edge.url, "FL_CLIENT_CLIENTS": ids_spec(ids),
                     "FL_CLIENT_CLIENT_TOKEN": self.client_token, "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
                     **self.extra_env,
-                }, self.workdir / f"client{l}.{p}.log")
+                }, self.workdir / f"client{edge_id}.{p}.log")
                 client.start()
                 self.clients.append(client)
         try:
@@ -156,7 +156,7 @@ class LocalTopology:
     def wait_registered(self, timeout: float = 60.0) -> None:
         """Blocks until every edge sees all of its clients, so round 0 starts with everyone present."""
         deadline = time.monotonic() + timeout
-        expected = [len(range(l, self.num_clients, self.num_edges)) for l in range(self.num_edges)]
+        expected = [len(range(e, self.num_clients, self.num_edges)) for e in range(self.num_edges)]
         while time.monotonic() < deadline:
             seen = [httpx.get(f"{e.url}/health", timeout=2.0).json()["clients"] for e in self.edges]
             if seen == expected:

@@ -5,7 +5,7 @@ import secrets
 from typing import Callable
 
 from fastapi import HTTPException, Request, status
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from shared.transport.tensors import InvalidContent, M, PayloadError, Tensors, decode
@@ -29,29 +29,59 @@ def bearer_guard(expected: Callable[[Request], str]):
     return guard
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """Reads at most `limit` bytes; a larger body is refused with 413 before it is all in memory."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: any request body over `limit` bytes gets 413 before it is all in memory.
+
+    It checks the declared Content-Length first and then counts what actually arrives, so a chunked
+    or lying upload is cut off as well; JSON and binary routes are covered alike.
+    """
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and not declared.isdigit():
+            return await _answer(send, 400, "invalid Content-Length")
+        if declared is not None and int(declared) > self.limit:
+            return await _answer(send, 413, f"payload of {int(declared)} bytes exceeds the limit of {self.limit}")
+        received, started = 0, False
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            if int(declared) > limit:
-                raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-                                    f"payload of {declared} bytes exceeds the limit of {limit}")
-        except ValueError:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, "invalid Content-Length") from None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-                                f"payload exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await _answer(send, 413, f"payload exceeds the limit of {self.limit} bytes")
 
 
-async def read_message(request: Request, limit: int, message_type: type[M]) -> tuple[Tensors, M, bytes]:
-    """A binary message from the body: 413 if too large, 400 if unreadable, 422 if the header is invalid."""
-    blob = await read_body(request, limit)
+async def _answer(send, code: int, detail: str) -> None:
+    await JSONResponse({"detail": detail}, status_code=code)({"type": "http"}, None, send)
+
+
+async def read_message(request: Request, message_type: type[M]) -> tuple[Tensors, M, bytes]:
+    """A binary message from the body: 400 if unreadable, 422 if the header is invalid (413: BodyLimit)."""
+    blob = await request.body()
     try:
         tensors, header = decode(blob, message_type)
     except InvalidContent as exc:

@@ -6,7 +6,7 @@ import time
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_edge
-from cloud.store import Conflict, NotFound
+from cloud.store import NotFound
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
 from shared.transport.tensors import InvalidContent, check_tensors, decode
 from shared.web import binary, read_message, reject
@@ -64,7 +64,7 @@ async def submit(
     edge_id: int, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
 ) -> SubmitReceipt:
     """Accepts an edge's contribution into the run's buffer (idempotent per idempotency key)."""
-    tensors, header, blob = await read_message(request, settings.max_payload_bytes, EdgeContributionHeader)
+    tensors, header, blob = await read_message(request, EdgeContributionHeader)
     if header.edge_id != edge_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             f"header edge_id {header.edge_id} does not match the URL's {edge_id}")

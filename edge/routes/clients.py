@@ -27,7 +27,7 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED)
 async def result(client_id: int, request: Request, board: BoardDep, settings: SettingsDep) -> ResultReceipt:
-    tensors, header, _ = await read_message(request, settings.max_payload_bytes, ClientResultHeader)
+    tensors, header, _ = await read_message(request, ClientResultHeader)
     if header.client_id != client_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             f"header client_id {header.client_id} does not match the URL's {client_id}")
