@@ -363,3 +363,18 @@ def test_clients_cover_each_id_once_on_the_edge_that_serves_it(clean_env):
 def test_interpolate_defaults():
     assert interpolate("${FL_ADMIN_TOKEN:-change-me-admin}") == "change-me-admin"
     assert interpolate("a${X-b}c${Y}") == "abc"
+
+
+def test_the_documented_compose_run_config_fits_the_compose_topology():
+    """docker/fedavg-two-edges.json must match the two edges and ten clients the compose file starts."""
+    import json
+
+    from shared.config import RunConfig
+
+    config = RunConfig.model_validate(json.loads((ROOT / "docker" / "fedavg-two-edges.json").read_text()))
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    edges = [s for s in compose["services"] if s.startswith("edge")]
+    assert config.topology.num_edges == len(edges)
+    hosted = sorted(int(i) for name, s in compose["services"].items() if name.startswith("client")
+                    for i in s["environment"]["FL_CLIENT_CLIENTS"].split(","))
+    assert hosted == list(range(config.data.num_clients))
