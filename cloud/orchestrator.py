@@ -46,7 +46,8 @@ class Orchestrator:
     async def wait_for_change(self, timeout: float) -> None:
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
             except TimeoutError:
                 pass
 
@@ -54,7 +55,8 @@ class Orchestrator:
     async def run_forever(self, idle_poll_s: float = 1.0) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), idle_poll_s)
+                async with asyncio.timeout(idle_poll_s):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

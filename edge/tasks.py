@@ -76,7 +76,8 @@ class TaskBoard:
                 if remaining <= 0:
                     break
                 try:
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await self._changed.wait()
                 except TimeoutError:
                     break
         return self.results()
@@ -94,7 +95,8 @@ class TaskBoard:
                 if remaining <= 0:
                     return None
                 try:
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await self._changed.wait()
                 except TimeoutError:
                     return None
 

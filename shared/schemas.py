@@ -38,7 +38,7 @@ class EdgeRegistration(Message):
 class ClientParticipation(Message):
     client_id: int = Id
     num_samples: int = Field(ge=0)
-    loss: float
+    loss: float = Field(allow_inf_nan=False)
 
 
 class EdgeContributionHeader(Message):

@@ -29,8 +29,11 @@ def bearer_guard(expected: Callable[[Request], str]):
     return guard
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    # An HTTPException, so FastAPI's body parsing re-raises it (rather than answering 400) and its
+    # exception handler turns it into the 413 response.
+    def __init__(self, limit: int):
+        super().__init__(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"payload exceeds the limit of {limit} bytes")
 
 
 class BodyLimit:
@@ -60,7 +63,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge(self.limit)
             return message
 
         async def tracking_send(message):
@@ -70,9 +73,9 @@ class BodyLimit:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
+        except _TooLarge as exc:  # raised where no exception handler runs (e.g. in another middleware)
             if not started:
-                await _answer(send, 413, f"payload exceeds the limit of {self.limit} bytes")
+                await _answer(send, exc.status_code, exc.detail)
 
 
 async def _answer(send, code: int, detail: str) -> None:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
+import yaml  # noqa: E402  (requirements-dev.txt)
 
 from client.config import ClientSettings, parse_ids  # noqa: E402
 from cloud.config import CloudSettings  # noqa: E402
