@@ -35,7 +35,7 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Tensors) -
     data = load_client(config.data, config.seed, header.client_id)
     update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
-                                num_samples=update.num_samples, loss=update.loss)
+                                num_samples=update.num_samples, loss=update.loss, metrics=update.metrics)
     blob = encode(update.tensors, result)
     store.save(header.task_id, update.state, blob)
     return blob

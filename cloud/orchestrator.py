@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime
 
 from cloud.store import BufferedContribution, Store, now
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, Contribution
 from shared.config import RunConfig
-from shared.federation import evaluate_global
-from shared.schemas import (
-    ClientRecord,
-    ContributionRecord,
-    GlobalStateHeader,
-    RoundRecord,
-    RunStatus,
-)
+from shared.federation import evaluate_global, round_record
+from shared.schemas import GlobalStateHeader, RunStatus
 from shared.transport.tensors import decode, decode_tensors, encode
 
 log = logging.getLogger("cloud.orchestrator")
@@ -93,7 +86,8 @@ class Orchestrator:
             self._update, algorithm, config, global_blob, state_blob, entries, info.version
         )
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
-        record = _record(info.version, entries, evaluation, started, info.started_at or started)
+        record = round_record(info.version, [e.header for e in entries], evaluation, started,
+                              info.started_at or started, now())
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
         finished = info.version + 1 >= config.rounds
         committed = await self.store.commit_update(
@@ -109,36 +103,9 @@ class Orchestrator:
         global_, _ = decode(global_blob, GlobalStateHeader)
         cloud_state = decode_tensors(state_blob) if state_blob else {}
         contributions = [
-            Contribution(e.header.edge_id, e.header.base_version, decode_tensors(e.blob), e.header.weight)
+            Contribution(e.header.edge_id, e.header.base_version, decode_tensors(e.blob), e.header.weight,
+                         tuple(c.client_id for c in e.header.clients))
             for e in entries
         ]
         new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
         return new_global, new_state, evaluate_global(config, algorithm, new_global)
-
-
-def _record(version: int, entries: list[BufferedContribution], evaluation, started: datetime,
-            run_started: datetime) -> RoundRecord:
-    clients = sorted(
-        (ClientRecord(client_id=c.client_id, edge_id=e.header.edge_id, num_samples=c.num_samples, loss=c.loss)
-         for e in entries for c in e.header.clients),
-        key=lambda c: c.client_id,
-    )
-    samples = sum(c.num_samples for c in clients)
-    finished = now()
-    return RoundRecord(
-        round=version,
-        version=version + 1,
-        edges=sorted({e.header.edge_id for e in entries}),
-        clients=clients,
-        contributions=[
-            ContributionRecord(edge_id=e.header.edge_id, base_version=e.header.base_version,
-                               staleness=version - e.header.base_version, weight=e.header.weight)
-            for e in entries
-        ],
-        train_loss=sum(c.loss * c.num_samples for c in clients) / max(samples, 1),
-        test_loss=evaluation.loss,
-        test_accuracy=evaluation.accuracy,
-        started_at=started,
-        finished_at=finished,
-        elapsed_s=(finished - run_started).total_seconds(),
-    )

@@ -14,9 +14,10 @@ from edge.config import EdgeSettings
 from edge.tasks import Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
-from shared.federation import select_clients
+from shared.edge_round import ClientTask, run_edge_round
+from shared.config import RoundPolicy
+from shared.federation import participation
 from shared.schemas import (
-    ClientParticipation,
     ClientTaskHeader,
     EdgeContributionHeader,
     EdgeRegistration,
@@ -76,22 +77,23 @@ class EdgeRoundLoop:
 
     async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
         self.current = header
-        config, round_ = header.config, header.version
         algorithm = self.algorithm(header)
-        selected = select_clients(config, config.clients_of_edge(self.edge_id), round_, self.edge_id)
-        tasks = []
-        for k in selected:
-            task_tensors = algorithm.client_task(global_, k, round_)
-            task_header = ClientTaskHeader(
-                task_id=f"{header.run_id}-v{round_}-e{self.edge_id}-c{k}", run_id=header.run_id,
-                client_id=k, round=round_, version=header.version, config=config,
-            )
-            tasks.append(Task(task_header, task_tensors, algorithm.result_spec(task_tensors)))
-        results = await self.collect(tasks, config.policy)
-        aggregate, self._edge_state = algorithm.edge_aggregate(results, self._edge_state, round_)
-        await self.submit(header, aggregate.tensors, aggregate.weight, results)
 
-    async def collect(self, tasks: list[Task], policy) -> list[ClientResult]:
+        async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+            return await self.collect([self._task(header, t, algorithm) for t in tasks], header.config.policy)
+
+        outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, self._edge_state, train)
+        self._edge_state = outcome.edge_state
+        await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results)
+
+    def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm) -> Task:
+        message = ClientTaskHeader(
+            task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
+            client_id=task.client_id, round=task.round, version=header.version, config=header.config,
+        )
+        return Task(message, task.tensors, algorithm.result_spec(task.tensors))
+
+    async def collect(self, tasks: list[Task], policy: RoundPolicy) -> list[ClientResult]:
         """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered."""
         quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
@@ -102,7 +104,7 @@ class EdgeRoundLoop:
                     return results
                 log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
                             self.edge_id, len(results), len(tasks), quorum, attempt + 1)
-            while not (results := self.board.results()):
+            while not results:
                 results = await self.board.wait_results(policy.deadline_s)
             log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
             return results
@@ -118,8 +120,7 @@ class EdgeRoundLoop:
             # Deterministic, so a retry after a lost answer (or an edge restart) is counted once.
             idempotency_key=f"{header.run_id}:{self.edge_id}:{header.version}",
             weight=weight,
-            clients=[ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss)
-                     for r in sorted(results, key=lambda r: r.client_id)],
+            clients=participation(results),
         )
         response = await send(self.cloud, "POST", f"/api/v1/edges/{self.edge_id}/contributions",
                               **binary_body(encode(tensors, message)))

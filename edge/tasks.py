@@ -116,5 +116,5 @@ class TaskBoard:
         async with self._changed:
             if task.result is not None:  # lost a race with an identical retry
                 raise TaskConflict(f"duplicate result for task {header.task_id!r}")
-            task.result = ClientResult(client_id, header.num_samples, header.loss, tensors)
+            task.result = ClientResult(client_id, header.num_samples, header.loss, tensors, header.metrics)
             self._changed.notify_all()

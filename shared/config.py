@@ -49,6 +49,7 @@ class LocalTrainingConfig(Strict):
 class TopologyConfig(Strict):
     num_edges: int = Field(1, ge=1, le=1000)
     buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update")
+    edge_rounds: int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
 
 
 class RoundPolicy(Strict):

@@ -5,30 +5,18 @@ once; the edge, the client, the cloud and `shared.reference` all call these func
 """
 from __future__ import annotations
 
-import math
+from datetime import datetime
 from functools import partial
 
 from torch import nn
 
-from shared.algorithms.base import Algorithm, LocalJob
+from shared.algorithms.base import Algorithm, ClientResult, LocalJob
 from shared.config import RunConfig
 from shared.data.datasets import ClientData, load_federated
 from shared.models import build_model
-from shared.seeding import LOCAL_TRAINING, MODEL_INIT, SELECTION, derive_seed, numpy_generator, torch_generator
+from shared.schemas import ClientParticipation, ClientRecord, ContributionRecord, EdgeContributionHeader, RoundRecord
+from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
 from shared.training import Evaluation, evaluate, load_parameters
-
-
-def num_selected(fraction: float, num_clients: int) -> int:
-    """m = max(floor(λ·N), 1)."""
-    return max(math.floor(fraction * num_clients + 1e-9), 1)
-
-
-def select_clients(config: RunConfig, client_ids: list[int], round: int, edge_id: int) -> list[int]:
-    """The m clients an edge trains in `round`, drawn from a generator owned by (seed, round, edge)."""
-    pool = sorted(client_ids)
-    m = num_selected(config.fraction, len(pool))
-    rng = numpy_generator(config.seed, SELECTION, round, edge_id)
-    return sorted(pool[i] for i in rng.choice(len(pool), size=m, replace=False))
 
 
 def model_factory(config: RunConfig) -> partial[nn.Module]:
@@ -40,6 +28,11 @@ def initial_model(config: RunConfig) -> nn.Module:
     return model_factory(config)(seed=derive_seed(config.seed, MODEL_INIT))
 
 
+def client_round(config: RunConfig, version: int, edge_round: int) -> int:
+    """The round index clients see: global version v, edge round e of κ → v·κ + e (κ = 1: just v)."""
+    return version * config.topology.edge_rounds + edge_round
+
+
 def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -> LocalJob:
     return LocalJob(
         client_id=client_id,
@@ -47,6 +40,46 @@ def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -
         data=data,
         model_factory=model_factory(config),
         generator=torch_generator(config.seed, LOCAL_TRAINING, round, client_id),
+    )
+
+
+def participation(results: list[ClientResult]) -> list[ClientParticipation]:
+    return [ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss, metrics=r.metrics)
+            for r in sorted(results, key=lambda r: r.client_id)]
+
+
+def round_record(version: int, contributions: list[EdgeContributionHeader], evaluation: Evaluation,
+                 started: datetime, run_started: datetime, finished: datetime) -> RoundRecord:
+    """The history entry of the cloud update that consumed `contributions` at `version`."""
+    clients = sorted(
+        (ClientRecord(client_id=c.client_id, edge_id=h.edge_id, num_samples=c.num_samples, loss=c.loss,
+                      metrics=c.metrics)
+         for h in contributions for c in h.clients),
+        key=lambda c: (c.client_id, c.edge_id),
+    )
+    samples = max(sum(c.num_samples for c in clients), 1)
+    names = sorted({name for c in clients for name in c.metrics})
+    return RoundRecord(
+        round=version,
+        version=version + 1,
+        edges=sorted({h.edge_id for h in contributions}),
+        clients=clients,
+        contributions=[
+            ContributionRecord(edge_id=h.edge_id, base_version=h.base_version, staleness=version - h.base_version,
+                               weight=h.weight)
+            for h in contributions
+        ],
+        train_loss=sum(c.loss * c.num_samples for c in clients) / samples,
+        test_loss=evaluation.loss,
+        test_accuracy=evaluation.accuracy,
+        client_metrics={
+            name: sum(c.metrics[name] * c.num_samples for c in clients if name in c.metrics)
+            / max(sum(c.num_samples for c in clients if name in c.metrics), 1)
+            for name in names
+        },
+        started_at=started,
+        finished_at=finished,
+        elapsed_s=(finished - run_started).total_seconds(),
     )
 
 

@@ -1,76 +1,75 @@
 """The in-process reference runner: the services' round loop without HTTP, Redis or processes.
 
-It calls the same algorithm hooks, selection and seeds as cloud/edge/client, so for a given config it
-yields the same global model as a distributed run (up to float summation order).
+It runs the same edge round (shared/edge_round.py), the same algorithm hooks, selection and seeds as
+cloud/edge/client, so for a given config it yields the same global model as a distributed run (up to
+float summation order), and the same history records.
 """
 from __future__ import annotations
 
-import time
+import asyncio
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from shared.algorithms import registry
-from shared.algorithms.base import ClientResult, Contribution
+from shared.algorithms.base import Algorithm, ClientResult, Contribution
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
-from shared.federation import evaluate_global, initial_model, local_job, select_clients
+from shared.edge_round import ClientTask, run_edge_round
+from shared.federation import evaluate_global, initial_model, local_job, participation, round_record
+from shared.schemas import EdgeContributionHeader, RoundRecord
 from shared.transport.tensors import Tensors
-
-
-@dataclass
-class RoundRecord:
-    round: int
-    version: int
-    clients: list[int]
-    train_loss: float
-    test_loss: float
-    test_accuracy: float
-    elapsed_s: float
 
 
 @dataclass
 class ReferenceResult:
     global_state: Tensors
     history: list[RoundRecord] = field(default_factory=list)
+    client_states: dict[int, Tensors] = field(default_factory=dict)
+
+
+class _InProcessClients:
+    """Trains tasks by calling local_update directly, keeping each client's state in a dict."""
+
+    def __init__(self, algorithm: Algorithm):
+        self.algorithm = algorithm
+        self.data = load_federated(algorithm.config.data, algorithm.config.seed)
+        self.states: dict[int, Tensors] = {}
+
+    async def train(self, tasks: list[ClientTask]) -> list[ClientResult]:
+        results = []
+        for t in tasks:
+            job = local_job(self.algorithm.config, t.client_id, t.round, self.data.clients[t.client_id])
+            update = self.algorithm.local_update(job, t.tensors, self.states.get(t.client_id, {}))
+            self.states[t.client_id] = update.state
+            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics))
+        return results
 
 
 def run_reference(config: RunConfig, rounds: int | None = None) -> ReferenceResult:
+    return asyncio.run(_run(config, config.rounds if rounds is None else rounds))
+
+
+async def _run(config: RunConfig, rounds: int) -> ReferenceResult:
     algorithm = registry.create(config)
-    data = load_federated(config.data, config.seed)
+    clients = _InProcessClients(algorithm)
     global_ = algorithm.init_global(initial_model(config))
     cloud_state: Tensors = {}
-    client_states: dict[int, Tensors] = {}
     edge_states: dict[int, Tensors] = {e: {} for e in range(config.topology.num_edges)}
-    result = ReferenceResult(global_)
-    start = time.perf_counter()
-    for r in range(config.rounds if rounds is None else rounds):
-        contributions, losses, participants = [], [], []
+    result = ReferenceResult(global_, client_states=clients.states)
+    run_started = started = datetime.now(timezone.utc)
+    for version in range(rounds):
+        contributions, headers = [], []
         for edge_id in range(config.topology.num_edges):
-            chosen = select_clients(config, config.clients_of_edge(edge_id), r, edge_id)
-            results = []
-            for k in chosen:
-                task = algorithm.client_task(global_, k, r)
-                update = algorithm.local_update(
-                    local_job(config, k, r, data.clients[k]), task, client_states.get(k, {})
-                )
-                client_states[k] = update.state
-                results.append(ClientResult(k, update.num_samples, update.loss, update.tensors))
-                losses.append((update.num_samples, update.loss))
-            aggregate, edge_states[edge_id] = algorithm.edge_aggregate(results, edge_states[edge_id], r)
-            contributions.append(Contribution(edge_id, r, aggregate.tensors, aggregate.weight))
-            participants.extend(chosen)
-        global_, cloud_state = algorithm.cloud_update(global_, contributions, cloud_state, r)
-        ev = evaluate_global(config, algorithm, global_)
-        n = sum(w for w, _ in losses)
-        result.history.append(
-            RoundRecord(
-                round=r,
-                version=r + 1,
-                clients=sorted(participants),
-                train_loss=sum(w * loss for w, loss in losses) / n,
-                test_loss=ev.loss,
-                test_accuracy=ev.accuracy,
-                elapsed_s=time.perf_counter() - start,
-            )
-        )
-        result.global_state = global_
+            outcome = await run_edge_round(algorithm, global_, version, edge_id, edge_states[edge_id], clients.train)
+            edge_states[edge_id] = outcome.edge_state
+            ids = tuple(sorted({r.client_id for r in outcome.results}))
+            contributions.append(Contribution(edge_id, version, outcome.aggregate.tensors, outcome.aggregate.weight, ids))
+            headers.append(EdgeContributionHeader(
+                run_id="reference", edge_id=edge_id, base_version=version, idempotency_key=f"{edge_id}:{version}",
+                weight=outcome.aggregate.weight, clients=participation(outcome.results)))
+        global_, cloud_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
+        finished = datetime.now(timezone.utc)
+        evaluation = evaluate_global(config, algorithm, global_)
+        result.history.append(round_record(version, headers, evaluation, started, run_started, finished))
+        result.global_state, started = global_, finished
     return result

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,10 +35,14 @@ class EdgeRegistration(Message):
     url: str | None = Field(None, max_length=500)
 
 
+Metrics = Annotated[dict[str, Annotated[float, Field(allow_inf_nan=False)]], Field(max_length=32)]
+
+
 class ClientParticipation(Message):
     client_id: int = Id
     num_samples: int = Field(ge=0)
     loss: float = Field(allow_inf_nan=False)
+    metrics: Metrics = Field(default_factory=dict)
 
 
 class EdgeContributionHeader(Message):
@@ -75,6 +79,7 @@ class ClientResultHeader(Message):
     client_id: int = Id
     num_samples: int = Field(ge=1)
     loss: float = Field(allow_inf_nan=False)
+    metrics: Metrics = Field(default_factory=dict)
 
 
 # ---- edge -> client ---------------------------------------------------------------------------
@@ -98,6 +103,7 @@ class ClientRecord(Message):
     edge_id: int
     num_samples: int
     loss: float
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class ContributionRecord(Message):
@@ -116,6 +122,8 @@ class RoundRecord(Message):
     train_loss: float
     test_loss: float
     test_accuracy: float
+    # Sample-weighted means of what clients reported (e.g. pFedMe's personalised accuracy).
+    client_metrics: dict[str, float] = Field(default_factory=dict)
     started_at: datetime
     finished_at: datetime
     elapsed_s: float

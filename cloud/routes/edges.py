@@ -78,7 +78,7 @@ async def submit(
     algorithm = orchestrator.algorithm(run_id, config)
     global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
     try:
-        check_tensors(tensors, algorithm.contribution_spec(global_))
+        check_tensors(tensors, algorithm.contribution_spec(global_, [c.client_id for c in header.clients]))
     except InvalidContent as exc:
         raise reject(exc) from exc
     outcome = await store.submit(header, blob, algorithm.synchronous)

@@ -5,9 +5,11 @@ loop lives once in the services (edge/round_loop.py, cloud/orchestrator.py) and 
 reference runner (shared/reference.py), and both call the same hooks in the same order:
 
     cloud:  init_global ............................................. version 0
+    edge:   select(client_ids, round, edge) -> the clients that train this round
     edge:   client_task(global, k) -> task tensors, per selected client   (sub-models go here)
     client: local_update(job, task, client_state) -> ClientUpdate         (persistent state per client)
     edge:   edge_aggregate(results, edge_state) -> EdgeAggregate           (an associative partial)
+    edge:   [κ > 1 edge rounds: edge_round_update, then edge_contribution]
     cloud:  cloud_update(global, contributions, cloud_state) -> new global (server memory goes here)
 
 Everything that crosses a process boundary is a `Tensors` dict (name -> tensor) plus typed metadata,
@@ -26,6 +28,7 @@ from torch import nn
 from shared.algorithms import aggregate
 from shared.config import RunConfig
 from shared.data.datasets import ClientData
+from shared.selection import select_clients
 from shared.transport.tensors import TensorSpec, Tensors, spec_of
 
 
@@ -52,6 +55,8 @@ class ClientUpdate:
     num_samples: int
     loss: float
     state: Tensors = field(default_factory=dict)
+    # Scalars reported with the result and averaged (by samples) into the round's history.
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class ClientResult:
     num_samples: int
     loss: float
     tensors: Tensors
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class Contribution:
     base_version: int
     tensors: Tensors
     weight: float
+    clients: tuple[int, ...] = ()  # the clients behind it, in id order
 
 
 class Algorithm:
@@ -88,6 +95,8 @@ class Algorithm:
     synchronous: ClassVar[bool] = True
     # Algorithms whose server memory spans all clients cannot be split over several edges.
     multi_edge: ClassVar[bool] = True
+    # Whether an edge may run κ > 1 rounds with its own clients before it reports to the cloud.
+    edge_rounds: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig):
         self.config = config
@@ -103,6 +112,8 @@ class Algorithm:
             )
         if not cls.multi_edge and config.topology.num_edges > 1:
             raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
+        if not cls.edge_rounds and config.topology.edge_rounds > 1:
+            raise ValueError(f"{cls.name} does not support topology.edge_rounds > 1")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Tensors:
@@ -112,7 +123,8 @@ class Algorithm:
         """The part of the global state that is the model to evaluate and download."""
         return global_
 
-    def contribution_spec(self, global_: Tensors) -> TensorSpec:
+    def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
+        """What an edge must submit for `global_` on behalf of `clients`: checked before buffering."""
         return {name: (tuple(t.shape), torch.float64) for name, t in global_.items()}
 
     def cloud_update(
@@ -121,6 +133,9 @@ class Algorithm:
         raise NotImplementedError
 
     # ---- edge ----------------------------------------------------------------------------------
+    def select(self, client_ids: list[int], round: int, edge_id: int) -> list[int]:
+        return select_clients(self.config, client_ids, round, edge_id)
+
     def client_task(self, global_: Tensors, client_id: int, round: int) -> Tensors:
         return global_
 
@@ -137,6 +152,14 @@ class Algorithm:
         ordered = sorted(results, key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
         return EdgeAggregate(partial.sums, partial.weight), edge_state
+
+    def edge_round_update(self, edge_global: Tensors, aggregate: EdgeAggregate) -> Tensors:
+        """The edge's own model after one of κ edge rounds (only with edge_rounds = True)."""
+        raise NotImplementedError
+
+    def edge_contribution(self, global_: Tensors, edge_global: Tensors, aggregate: EdgeAggregate) -> EdgeAggregate:
+        """What the edge submits after its last edge round, relative to the cloud's `global_`."""
+        raise NotImplementedError
 
     # ---- client --------------------------------------------------------------------------------
     def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:

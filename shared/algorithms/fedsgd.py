@@ -15,6 +15,7 @@ from shared.transport.tensors import Tensors
 
 class FedSGD(FedAvg):
     name = "fedsgd"
+    edge_rounds = False  # an edge round would need a step size for gradients; not defined by the rule
 
     def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
         model = load_parameters(job.model_factory(), task)

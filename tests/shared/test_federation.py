@@ -1,7 +1,7 @@
 import pytest
 
 from shared.config import RunConfig
-from shared.federation import num_selected, select_clients
+from shared.selection import num_selected, select_clients
 
 
 @pytest.mark.parametrize("fraction, n, m", [(1.0, 10, 10), (0.25, 20, 5), (0.1, 9, 1), (0.01, 5, 1), (0.3, 10, 3)])

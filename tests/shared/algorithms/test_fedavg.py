@@ -56,7 +56,7 @@ def test_reference_is_deterministic_given_the_seed():
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
     assert any(not torch.equal(a.global_state[n], c.global_state[n]) for n in a.global_state)
-    assert [h.clients for h in a.history] == [h.clients for h in b.history]
+    assert [[c.client_id for c in h.clients] for h in a.history] == [[c.client_id for c in h.clients] for h in b.history]
     assert all(len(h.clients) == 3 for h in a.history)
 
 
@@ -71,3 +71,25 @@ def test_two_edges_equal_one_edge_when_everyone_participates():
 def test_fedavg_refuses_an_asynchronous_buffer():
     with pytest.raises(ValueError, match="synchronous"):
         RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 1})
+
+
+def test_hierarchical_edge_rounds_by_hand():
+    """κ = 2: edge model after round 1 is w + mean Δ; the submission is W·(w_l − w) + Σ p̃ Δ of round 2."""
+    algo = FedAvg(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2, "edge_rounds": 2}))
+    w = {"w": torch.tensor([1.0, 1.0])}
+    first = algo.edge_aggregate([ClientResult(0, 1, 0.0, {"w": torch.tensor([1.0, 0.0])}),
+                                 ClientResult(2, 3, 0.0, {"w": torch.tensor([0.0, 1.0])})], {}, 0)[0]
+    edge_model = algo.edge_round_update(w, first)  # [1 + 1/4, 1 + 3/4]
+    assert torch.allclose(edge_model["w"], torch.tensor([1.25, 1.75]))
+    second = algo.edge_aggregate([ClientResult(0, 1, 0.0, {"w": torch.tensor([0.5, 0.5])}),
+                                  ClientResult(2, 3, 0.0, {"w": torch.tensor([0.5, 0.5])})], {}, 1)[0]
+    submitted = algo.edge_contribution(w, edge_model, second)  # weight 4; 4·[.25, .75] + 4·[.5, .5]
+    assert submitted.weight == 4.0
+    assert torch.allclose(submitted.tensors["w"], torch.tensor([3.0, 5.0], dtype=torch.float64))
+
+
+def test_hierarchical_reference_runs_and_learns():
+    config = RunConfig(**SMALL, rounds=3, topology={"num_edges": 2, "buffer_size": 2, "edge_rounds": 2})
+    result = run_reference(config)
+    assert result.history[-1].test_accuracy > 0.8
+    assert all(len(h.clients) == 12 for h in result.history)  # 6 clients × 2 edge rounds
