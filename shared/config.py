@@ -16,13 +16,17 @@ class Strict(BaseModel):
 
 
 class DataConfig(Strict):
-    dataset: Literal["mnist5k", "digits", "npz"] = "mnist5k"
+    dataset: Literal["mnist5k", "digits", "npz", "synthetic", "mnist1d"] = "mnist5k"
     # Only for dataset="npz": a file with x_train, y_train, client_train, x_test, y_test.
     path: str | None = None
-    partition: Literal["iid", "dirichlet", "shards", "file"] = "iid"
+    # "natural": the generator's own devices (synthetic); "file": the npz's client_train index.
+    partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = "iid"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
     shards_per_client: int = Field(2, ge=1)
     num_clients: int = Field(10, ge=1, le=100_000)
+    # FedProx's Synthetic(α, β): α controls how much local models differ, β how much local data differ.
+    synthetic_alpha: float = Field(1.0, ge=0)
+    synthetic_beta: float = Field(1.0, ge=0)
     test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
 
     @model_validator(mode="after")
@@ -31,6 +35,8 @@ class DataConfig(Strict):
             raise ValueError("dataset 'npz' needs a path")
         if self.partition == "file" and self.dataset != "npz":
             raise ValueError("partition 'file' uses the client index stored in an npz dataset")
+        if self.partition == "natural" and self.dataset != "synthetic":
+            raise ValueError("partition 'natural' is the synthetic generator's own devices")
         return self
 
 

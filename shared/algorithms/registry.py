@@ -8,6 +8,13 @@ from shared.algorithms.base import Algorithm
 _MODULES = {
     "fedavg": ("shared.algorithms.fedavg", "FedAvg"),
     "fedsgd": ("shared.algorithms.fedsgd", "FedSGD"),
+    "fedprox": ("shared.algorithms.fedprox", "FedProx"),
+    "scaffold": ("shared.algorithms.scaffold", "Scaffold"),
+    "fedvarp": ("shared.algorithms.fedvarp", "FedVARP"),
+    "clusterfedvarp": ("shared.algorithms.clusterfedvarp", "ClusterFedVARP"),
+    "fedrolex": ("shared.algorithms.fedrolex", "FedRolex"),
+    "fedscavar": ("shared.algorithms.fedscavar", "FedSCAVAR"),
+    "pfedme": ("shared.algorithms.pfedme", "PFedMe"),
 }
 
 

@@ -27,13 +27,13 @@ class LogReg(nn.Module):
 
 
 class MLP(nn.Module):
-    """McMahan et al.'s 2NN: two hidden layers of 200 ReLU units."""
+    """McMahan et al.'s 2NN: two hidden layers of 200 ReLU units (narrower for FedRolex sub-models)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 200):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden1: int = 200, hidden2: int = 200):
         super().__init__()
-        self.fc1 = nn.Linear(math.prod(input_shape), hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-        self.fc3 = nn.Linear(hidden, num_classes)
+        self.fc1 = nn.Linear(math.prod(input_shape), hidden1)
+        self.fc2 = nn.Linear(hidden1, hidden2)
+        self.fc3 = nn.Linear(hidden2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.fc1(x.flatten(1)))
@@ -46,12 +46,13 @@ class CNN(nn.Module):
     Padding keeps spatial sizes divisible by 4, so the same net fits 28x28 MNIST and 8x8 digits.
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 16, hidden: int = 64):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, conv1: int = 16, conv2: int = 32,
+                 hidden: int = 64):
         super().__init__()
-        channels, height, width_px = input_shape
-        self.conv1 = nn.Conv2d(channels, width, 3, padding=1)
-        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
-        self.fc1 = nn.Linear(2 * width * (height // 4) * (width_px // 4), hidden)
+        channels, height, width = input_shape
+        self.conv1 = nn.Conv2d(channels, conv1, 3, padding=1)
+        self.conv2 = nn.Conv2d(conv1, conv2, 3, padding=1)
+        self.fc1 = nn.Linear(conv2 * (height // 4) * (width // 4), hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,13 +61,17 @@ class CNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int = 0) -> nn.Module:
-    """Builds the model with weights drawn from a generator seeded by `seed` (never the global RNG)."""
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int = 0,
+                **widths: int) -> nn.Module:
+    """Builds the model with weights drawn from a generator seeded by `seed` (never the global RNG).
+
+    `widths` narrows hidden layers (MLP: hidden1, hidden2; CNN: conv1, conv2, hidden) for sub-models.
+    """
     if cfg.name == "cnn" and len(input_shape) != 3:
         raise ValueError(f"cnn needs (channels, height, width) inputs, got {input_shape}")
     cls = {"logreg": LogReg, "mlp": MLP, "cnn": CNN}[cfg.name]
     # torch initialisers only draw from the default generator; fork it so the caller's RNG is untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls(input_shape, num_classes)
+        model = cls(input_shape, num_classes, **widths)
     return model
