@@ -34,6 +34,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            orchestrator.stop()
             loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop_task

@@ -19,6 +19,8 @@ class Message(BaseModel):
 
 
 Id = Field(ge=0, le=2**31 - 1)
+# Far above any real data set, and small enough that weights stay finite floats.
+MAX_SAMPLES = 10**12
 
 
 class RunStatus(str, Enum):
@@ -40,7 +42,7 @@ Metrics = Annotated[dict[str, Annotated[float, Field(allow_inf_nan=False)]], Fie
 
 class ClientParticipation(Message):
     client_id: int = Id
-    num_samples: int = Field(ge=0)
+    num_samples: int = Field(ge=0, le=MAX_SAMPLES)
     loss: float = Field(allow_inf_nan=False)
     metrics: Metrics = Field(default_factory=dict)
 
@@ -70,14 +72,14 @@ class SubmitReceipt(Message):
 # ---- client -> edge ---------------------------------------------------------------------------
 class ClientRegistration(Message):
     client_id: int = Id
-    num_samples: int = Field(0, ge=0)
+    num_samples: int = Field(0, ge=0, le=MAX_SAMPLES)
     capabilities: dict[str, str | int | float | bool] = Field(default_factory=dict, max_length=64)
 
 
 class ClientResultHeader(Message):
     task_id: str = Field(min_length=1, max_length=64)
     client_id: int = Id
-    num_samples: int = Field(ge=1)
+    num_samples: int = Field(ge=1, le=MAX_SAMPLES)
     loss: float = Field(allow_inf_nan=False)
     metrics: Metrics = Field(default_factory=dict)
 

@@ -33,7 +33,7 @@ class _TooLarge(HTTPException):
     # An HTTPException, so FastAPI's body parsing re-raises it (rather than answering 400) and its
     # exception handler turns it into the 413 response.
     def __init__(self, limit: int):
-        super().__init__(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"payload exceeds the limit of {limit} bytes")
+        super().__init__(status.HTTP_413_CONTENT_TOO_LARGE, f"payload exceeds the limit of {limit} bytes")
 
 
 class BodyLimit:

@@ -1,0 +1,477 @@
+"""Bad input at every edge (client-facing) endpoint: the exact 4xx code, a clear `detail`, no change of state.
+
+The edge runs in-process (httpx.ASGITransport, lifespan entered by hand). Its round loop dials a cloud
+at an unused port and just keeps retrying in the background; open tasks are put on the board directly
+with `TaskBoard.post`, exactly as the round loop would after fetching a global state.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from edge.config import EdgeSettings
+from edge.main import create_app
+from edge.tasks import Task
+from shared.algorithms import registry
+from shared.config import RunConfig
+from shared.federation import initial_model
+from shared.redis_server import free_port
+from shared.schemas import ClientResultHeader, ClientTaskHeader
+from shared.transport.tensors import Tensors, decode, encode, spec_of
+from shared.web import SAFETENSORS
+
+CLIENT_TOKEN = "test-client-token"
+EDGE_TOKEN = "test-edge-token"  # what this edge presents to the cloud; never valid for clients
+CONFIG = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=2)
+RUN_ID = "edge-test-run"
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def auth(token: str | None = CLIENT_TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def detail_of(response: httpx.Response, status: int, *fragments: str) -> Any:
+    """Asserts the status, a JSON `detail`, and that the detail mentions every fragment."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    detail = response.json()["detail"]
+    assert detail, response.text
+    text = detail if isinstance(detail, str) else json.dumps(detail)
+    for fragment in fragments:
+        assert fragment in text, (fragment, text)
+    return detail
+
+
+_GLOBAL: Tensors | None = None
+
+
+def task_tensors(client_id: int) -> Tensors:
+    """What the round loop hands client `client_id` for round 0 of CONFIG."""
+    global _GLOBAL
+    algorithm = registry.create(CONFIG)
+    if _GLOBAL is None:
+        _GLOBAL = algorithm.init_global(initial_model(CONFIG))
+    return algorithm.client_task(_GLOBAL, client_id, 0)
+
+
+def task_id(client_id: int) -> str:
+    return f"{RUN_ID}-v0-e0-c{client_id}"
+
+
+class Edge:
+    def __init__(self, app, http: httpx.AsyncClient):
+        self.app, self.http = app, http
+        self.board = app.state.board
+
+    async def register(self, client_id: int, num_samples: int = 10) -> None:
+        r = await self.http.post("/api/v1/clients", json={"client_id": client_id, "num_samples": num_samples},
+                                 headers=auth())
+        assert r.status_code == 200, r.text
+
+    async def open_tasks(self, *client_ids: int) -> None:
+        """Registers the clients and posts one open task each, as the round loop does."""
+        tasks = []
+        for k in client_ids:
+            await self.register(k)
+            tensors = task_tensors(k)
+            header = ClientTaskHeader(task_id=task_id(k), run_id=RUN_ID, client_id=k, round=0, version=0,
+                                      config=CONFIG)
+            tasks.append(Task(header, tensors, spec_of(tensors)))
+        await self.board.post(tasks)
+
+    async def send_result(self, client_id: int, body: Any, token: str | None = CLIENT_TOKEN,
+                          headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self.http.post(f"/api/v1/clients/{client_id}/results", content=body,
+                                    headers={**auth(token), "Content-Type": SAFETENSORS, **(headers or {})})
+
+    async def open_task(self, client_id: int) -> str | None:
+        """The id of the task the client would fetch right now (None: nothing open)."""
+        r = await self.http.get(f"/api/v1/clients/{client_id}/task", params={"timeout": 0}, headers=auth())
+        if r.status_code == 204:
+            return None
+        assert r.status_code == 200, r.text
+        _, header = decode(r.content, ClientTaskHeader)
+        return header.task_id
+
+    async def snapshot(self, *client_ids: int) -> dict[str, Any]:
+        """Registered clients, the results received so far, and the open task of each given client."""
+        return {
+            "clients": dict(self.board.clients),
+            "results": [(id(r), r.client_id, r.num_samples, r.loss) for r in self.board.results()],
+            "open": {k: await self.open_task(k) for k in client_ids},
+        }
+
+
+@asynccontextmanager
+async def running_edge(**settings: Any) -> AsyncIterator[Edge]:
+    # Nothing listens on cloud_url: the round loop only retries its registration in the background.
+    app = create_app(EdgeSettings(edge_id=0, cloud_url=f"http://127.0.0.1:{free_port()}", edge_token=EDGE_TOKEN,
+                                  client_token=CLIENT_TOKEN, long_poll_max_s=2.0, **settings))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as http:
+            yield Edge(app, http)
+    finally:
+        with anyio.fail_after(10):  # a shutdown that hangs fails the test instead of the whole suite
+            await lifespan.__aexit__(None, None, None)
+
+
+@pytest.fixture
+async def edge() -> AsyncIterator[Edge]:
+    async with running_edge() as e:
+        yield e
+
+
+def result_header(client_id: int = 0, **overrides: Any) -> ClientResultHeader:
+    return ClientResultHeader(**{"task_id": task_id(client_id), "client_id": client_id, "num_samples": 10,
+                                 "loss": 0.5, **overrides})
+
+
+def zeros_like(tensors: Tensors, dtype: torch.dtype | None = None) -> Tensors:
+    return {k: torch.zeros(v.shape, dtype=dtype or v.dtype) for k, v in tensors.items()}
+
+
+def result(client_id: int = 0, **header: Any) -> bytes:
+    return encode(zeros_like(task_tensors(client_id)), result_header(client_id, **header))
+
+
+def raw_message(tensors: Tensors, message: Any) -> bytes:
+    text = message if isinstance(message, str) else json.dumps(message)
+    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata={"message": text})
+
+
+# =================================================================================================
+# Authentication
+# =================================================================================================
+ENDPOINTS = [("POST", "/api/v1/clients"), ("GET", "/api/v1/clients/0/task"), ("POST", "/api/v1/clients/0/results")]
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [(None, "missing bearer token"), ("not-the-client-token", "invalid bearer token"),
+     (EDGE_TOKEN, "invalid bearer token")],
+    ids=["missing-token", "wrong-token", "edge-token"],
+)
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS, ids=[f"{m} {p[7:]}" for m, p in ENDPOINTS])
+async def test_client_api_refuses_bad_tokens(edge: Edge, method: str, path: str, token: str | None,
+                                             expected: str) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    kwargs: dict[str, Any] = {
+        "POST /api/v1/clients": {"json": {"client_id": 5, "num_samples": 3}},
+        "GET /api/v1/clients/0/task": {"params": {"timeout": 0}},
+        "POST /api/v1/clients/0/results": {"content": result(0), "headers": {"Content-Type": SAFETENSORS}},
+    }[f"{method} {path}"]
+    headers = {**auth(token), **kwargs.pop("headers", {})}
+    r = await edge.http.request(method, path, headers=headers, **kwargs)
+    assert detail_of(r, 401) == expected
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert await edge.snapshot(0) == before
+    assert before["open"] == {0: task_id(0)}
+
+
+# =================================================================================================
+# Register
+# =================================================================================================
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [({}, "missing"), ({"client_id": -1}, "greater than or equal to 0"),
+     ({"client_id": 2**31}, "less than or equal"), ({"client_id": "zero"}, "valid integer"),
+     ({"client_id": 1, "num_samples": -3}, "num_samples"), ({"client_id": 1, "token": "x"}, "Extra inputs"),
+     ({"client_id": 1, "capabilities": {"gpu": {"model": "x"}}}, "capabilities"),
+     ({"client_id": 1, "capabilities": {f"k{i}": i for i in range(65)}}, "capabilities"),
+     (b'{"client_id": 1', "JSON decode error"), ([1], "valid dictionary")],
+    ids=["missing-client-id", "negative", "too-large", "string", "negative-samples", "extra-key",
+         "nested-capability", "too-many-capabilities", "malformed-json", "array"],
+)
+async def test_register_client_bad_body(edge: Edge, body: Any, fragment: str) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    if isinstance(body, bytes):
+        r = await edge.http.post("/api/v1/clients", content=body,
+                                 headers={**auth(), "Content-Type": "application/json"})
+    else:
+        r = await edge.http.post("/api/v1/clients", json=body, headers=auth())
+    detail = detail_of(r, 422, fragment)
+    assert all(e["loc"][0] == "body" for e in detail)
+    assert await edge.snapshot(0) == before
+    assert 1 not in edge.board.clients
+
+
+# =================================================================================================
+# Task long-poll
+# =================================================================================================
+async def test_task_unregistered_client(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    r = await edge.http.get("/api/v1/clients/9/task", params={"timeout": 0}, headers=auth())
+    assert detail_of(r, 404) == "unknown client 9; register first"
+    assert await edge.snapshot(0) == before
+    assert 9 not in edge.board.clients
+
+
+@pytest.mark.parametrize("params", [{"timeout": -1}, {"timeout": "soon"}], ids=["negative-timeout", "not-a-number"])
+async def test_task_bad_query(edge: Edge, params: dict[str, Any]) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    r = await edge.http.get("/api/v1/clients/0/task", params=params, headers=auth())
+    detail = detail_of(r, 422)
+    assert [e["loc"] for e in detail] == [["query", "timeout"]]
+    assert await edge.snapshot(0) == before
+
+
+async def test_task_client_id_not_an_int(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    r = await edge.http.get("/api/v1/clients/zero/task", params={"timeout": 0}, headers=auth())
+    detail = detail_of(r, 422)
+    assert [e["loc"] for e in detail] == [["path", "client_id"]]
+    assert await edge.snapshot(0) == before
+
+
+# =================================================================================================
+# Results
+# =================================================================================================
+def _not_safetensors() -> dict[str, tuple[bytes, str]]:
+    valid = result(0)
+    (header_len,) = struct.unpack("<Q", valid[:8])
+    return {
+        "empty": (b"", "too short"),
+        "short": (b"abc", "too short"),
+        "json-body": (b'{"task_id": "x", "client_id": 0}', "header length exceeds the body"),
+        "header-length-lies": (struct.pack("<Q", 10**6) + b"{}", "header length exceeds the body"),
+        "header-not-json": (struct.pack("<Q", 5) + b"{{{{{", "header is not JSON"),
+        "header-array": (struct.pack("<Q", 2) + b"[]", "header is not a JSON object"),
+        "metadata-not-object": (struct.pack("<Q", 22) + b'{"__metadata__": [1]}\x20', "__metadata__ is not an object"),
+        "truncated-data": (valid[:-8], "malformed safetensors"),
+        "bad-tensor-entry": (valid[:8] + valid[8:8 + header_len].replace(b'"F32"', b'"X32"') + valid[8 + header_len:],
+                             "malformed safetensors"),
+    }
+
+
+NOT_SAFETENSORS = _not_safetensors()
+
+
+@pytest.mark.parametrize("case", NOT_SAFETENSORS)
+async def test_result_not_safetensors(edge: Edge, case: str) -> None:
+    body, fragment = NOT_SAFETENSORS[case]
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    r = await edge.send_result(0, body)
+    detail_of(r, 400, fragment)
+    assert await edge.snapshot(0) == before
+    assert before["open"] == {0: task_id(0)}
+
+
+async def test_result_without_message_metadata(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    r = await edge.send_result(0, encode(zeros_like(task_tensors(0))))
+    assert detail_of(r, 400) == "safetensors metadata has no 'message' header"
+    assert await edge.snapshot(0) == before
+
+
+INVALID_HEADERS = {
+    "zero-samples": ({"num_samples": 0}, "num_samples"),
+    "negative-samples": ({"num_samples": -1}, "num_samples"),
+    "loss-nan": ({"loss": float("nan")}, "loss"),
+    "loss-inf": ({"loss": float("inf")}, "loss"),
+    "missing-task-id": ({"task_id": ...}, "task_id"),
+    "empty-task-id": ({"task_id": ""}, "task_id"),
+    "missing-loss": ({"loss": ...}, "loss"),
+    "negative-client-id": ({"client_id": -1}, "client_id"),
+    "extra-field": ({"round": 0}, "round"),
+    "string-samples": ({"num_samples": "many"}, "num_samples"),
+}
+
+
+@pytest.mark.parametrize("case", [*INVALID_HEADERS, "not-json"])
+async def test_result_invalid_header(edge: Edge, case: str) -> None:
+    await edge.open_tasks(0)
+    if case == "not-json":
+        message, fragment = "{not json", "json_invalid"
+    else:
+        changes, fragment = INVALID_HEADERS[case]
+        message = result_header(0).model_dump(mode="json")
+        for key, value in changes.items():
+            message.pop(key) if value is ... else message.__setitem__(key, value)
+    before = await edge.snapshot(0)
+    r = await edge.send_result(0, raw_message(zeros_like(task_tensors(0)), message))
+    detail_of(r, 422, "invalid ClientResultHeader", fragment)
+    assert await edge.snapshot(0) == before
+    assert before["open"] == {0: task_id(0)}
+
+
+async def test_result_num_samples_beyond_float_range(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    message = {**result_header(0).model_dump(mode="json"), "num_samples": 10**400}
+    r = await edge.send_result(0, raw_message(zeros_like(task_tensors(0)), message))
+    detail_of(r, 422, "num_samples")
+    assert await edge.snapshot(0) == before
+
+
+async def test_result_client_id_differs_from_url(edge: Edge) -> None:
+    await edge.open_tasks(0, 1)
+    before = await edge.snapshot(0, 1)
+    r = await edge.send_result(0, result(1))
+    assert detail_of(r, 422) == "header client_id 1 does not match the URL's 0"
+    assert await edge.snapshot(0, 1) == before
+    assert before["open"] == {0: task_id(0), 1: task_id(1)}
+
+
+async def test_result_unregistered_client(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    r = await edge.send_result(3, result(3))
+    assert detail_of(r, 404) == "unknown client 3; register first"
+    assert await edge.snapshot(0) == before
+    assert 3 not in edge.board.clients
+
+
+@pytest.mark.parametrize("case", ["old-task-id", "other-clients-task", "no-task-posted"])
+async def test_result_for_task_not_open(edge: Edge, case: str) -> None:
+    await edge.open_tasks(0, 1)
+    await edge.register(2)  # registered, but selected for no task this round
+    client_id, stale = {"old-task-id": (0, f"{RUN_ID}-v-1-e0-c0"), "other-clients-task": (0, task_id(1)),
+                        "no-task-posted": (2, task_id(2))}[case]
+    before = await edge.snapshot(0, 1, 2)
+    r = await edge.send_result(client_id, result(client_id, task_id=stale))
+    assert detail_of(r, 409) == f"stale result: task {stale!r} is not open for client {client_id}"
+    assert await edge.snapshot(0, 1, 2) == before
+    assert before["open"] == {0: task_id(0), 1: task_id(1), 2: None}
+
+
+def _wrong_tensors(case: str) -> tuple[Tensors, str]:
+    good = zeros_like(task_tensors(0))
+    name = max(sorted(good), key=lambda k: good[k].dim())
+    if case == "missing-tensor":
+        return {k: v for k, v in good.items() if k != name}, f"missing [{name!r}], unexpected []"
+    if case == "renamed-tensor":
+        return {("renamed" if k == name else k): v for k, v in good.items()}, f"missing [{name!r}], unexpected ['renamed']"
+    if case == "extra-tensor":
+        return {**good, "bonus": torch.zeros(1)}, "missing [], unexpected ['bonus']"
+    if case == "wrong-shape":
+        shape = list(good[name].shape)
+        return {**good, name: torch.zeros(shape[::-1])}, f"has shape {shape[::-1]}, expected {shape}"
+    if case == "flattened":
+        return {**good, name: torch.zeros(good[name].numel())}, f"has shape [{good[name].numel()}]"
+    if case == "float64":
+        return zeros_like(good, torch.float64), "has dtype torch.float64, expected torch.float32"
+    if case == "float16":
+        return {**good, name: torch.zeros(good[name].shape, dtype=torch.float16)}, "has dtype torch.float16"
+    value = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[case]
+    bad = good[name].clone().reshape(-1)
+    bad[0] = value
+    return {**good, name: bad.reshape(good[name].shape)}, f"tensor {name!r} contains NaN or Inf"
+
+
+@pytest.mark.parametrize(
+    "case", ["missing-tensor", "renamed-tensor", "extra-tensor", "wrong-shape", "flattened", "float64", "float16",
+             "nan", "inf", "-inf"],
+)
+async def test_result_wrong_tensors(edge: Edge, case: str) -> None:
+    await edge.open_tasks(0)
+    tensors, fragment = _wrong_tensors(case)
+    before = await edge.snapshot(0)
+    r = await edge.send_result(0, encode(tensors, result_header(0)))
+    detail_of(r, 422, fragment)
+    assert await edge.snapshot(0) == before
+    assert before["open"] == {0: task_id(0)}  # the task is still open ...
+    ok = await edge.send_result(0, result(0))  # ... and the client may still answer it correctly
+    assert ok.status_code == 202 and ok.json() == {"accepted": True, "duplicate": False}, ok.text
+    assert [r.client_id for r in edge.board.results()] == [0]
+
+
+async def _chunks(blob: bytes, size: int = 256) -> AsyncIterator[bytes]:
+    for i in range(0, len(blob), size):
+        yield blob[i : i + size]
+
+
+@pytest.mark.parametrize("length", ["honest", "lying", "absent"],
+                         ids=["content-length-honest", "content-length-lies", "chunked-no-content-length"])
+async def test_result_oversized(length: str) -> None:
+    async with running_edge(max_payload_bytes=1000) as edge:
+        await edge.open_tasks(0)
+        blob = result(0)
+        assert len(blob) > 1000
+        before = await edge.snapshot(0)
+        if length == "honest":
+            r = await edge.send_result(0, blob)
+            assert r.request.headers["content-length"] == str(len(blob))
+            assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of 1000"
+        elif length == "lying":
+            r = await edge.send_result(0, blob, headers={"Content-Length": "100"})
+            assert r.request.headers["content-length"] == "100"
+            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        else:
+            r = await edge.send_result(0, _chunks(blob))
+            assert "content-length" not in r.request.headers
+            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        assert await edge.snapshot(0) == before
+        assert before["open"] == {0: task_id(0)}
+
+
+@pytest.mark.parametrize("length", ["honest", "lying", "absent"],
+                         ids=["content-length-honest", "content-length-lies", "chunked-no-content-length"])
+async def test_register_oversized(length: str) -> None:
+    async with running_edge(max_payload_bytes=1000) as edge:
+        await edge.open_tasks(0)
+        before = await edge.snapshot(0)
+        blob = json.dumps({"client_id": 7, "num_samples": 3}).encode() + b" " * 2000
+        headers = {**auth(), "Content-Type": "application/json"}
+        if length == "honest":
+            r = await edge.http.post("/api/v1/clients", content=blob, headers=headers)
+            assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of 1000"
+        elif length == "lying":
+            r = await edge.http.post("/api/v1/clients", content=blob, headers={**headers, "Content-Length": "100"})
+            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        else:
+            r = await edge.http.post("/api/v1/clients", content=_chunks(blob), headers=headers)
+            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        assert await edge.snapshot(0) == before
+        assert 7 not in edge.board.clients
+
+
+async def test_result_invalid_content_length(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    r = await edge.send_result(0, result(0), headers={"Content-Length": "lots"})
+    assert detail_of(r, 400) == "invalid Content-Length"
+    assert await edge.snapshot(0) == before
+
+
+async def test_result_duplicate(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    blob = result(0)
+    first = await edge.send_result(0, blob)
+    assert first.status_code == 202 and first.json() == {"accepted": True, "duplicate": False}, first.text
+    before = await edge.snapshot(0)
+    assert before["open"] == {0: None} and len(before["results"]) == 1
+    again = await edge.send_result(0, blob)
+    assert detail_of(again, 409) == f"duplicate result for task {task_id(0)!r}"
+    # A retry with different content is refused the same way; the first answer stands.
+    other = await edge.send_result(0, result(0, loss=0.1, num_samples=99))
+    assert detail_of(other, 409) == f"duplicate result for task {task_id(0)!r}"
+    assert await edge.snapshot(0) == before
+    (kept,) = edge.board.results()
+    assert (kept.num_samples, kept.loss) == (10, 0.5)
