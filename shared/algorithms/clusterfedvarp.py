@@ -1,0 +1,71 @@
+"""ClusterFedVARP (Jhunjhunwala et al., UAI 2022): FedVARP with one server-memory slot per cluster of
+clients instead of one per client, so the memory is O(G·d) rather than O(N·d).
+
+With clusters g ∈ [G], client k in cluster c_k, memory y_g = 0 at first:
+
+    v = (1/m) Σ_{k∈S} (Δw_k − y_{c_k}) + (1/N) Σ_{j=1..N} y_{c_j}     (each cluster counted with its size)
+    w ← w + η_s v
+    y_g ← mean of Δw_i over i ∈ S ∩ C_g, unchanged if no client of g took part.
+
+The client→cluster map is a run setting (params):
+- `clusters`: an explicit map, one cluster id in [0, N) per client (length N). Ids need not be
+  contiguous: G = the largest id + 1, and an id nobody has is a slot that stays 0 and never counts.
+- otherwise the default: k-means (k = `num_clusters`, default 4, capped at N) on the clients' label
+  histograms, i.e. each client's share of every class in its training split, computed once per
+  algorithm instance from load_federated(config.data, config.seed) with Lloyd's algorithm from a
+  k-means++ start seeded by the run seed (shared.algorithms.clustering). Clusters are numbered by
+  their first client, so client 0 is in cluster 0; there are fewer than k when clients' histograms
+  coincide exactly (e.g. clients that each hold one and the same class); G is what k-means found.
+
+Everything else (the per-client Δw_k on the wire, m = the clients that answered, one edge only,
+Σ_j y_{c_j} recomputed in float64 every round) is as in FedVARP. The memory is cloud_state
+"y.<param>" of shape (G, *param.shape) in float64, because a cluster mean of float32 deltas is not a
+float32 number. With singleton clusters this is FedVARP exactly.
+"""
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.algorithms.clustering import label_histogram_clusters
+from shared.algorithms.fedvarp import FedVARP
+from shared.config import RunConfig
+
+
+class ClusterParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clusters: list[int] | None = Field(None, description="explicit client→cluster map: length N, ids in [0, N)")
+    num_clusters: int = Field(4, ge=1, le=100_000, description="k of the default label-histogram k-means")
+
+
+class ClusterFedVARP(FedVARP):
+    name = "clusterfedvarp"
+    Params = ClusterParams
+
+    def __init__(self, config: RunConfig):
+        super().__init__(config)
+        self._groups: list[int] | None = None
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        super().check_config(config)
+        clusters = cls.Params.model_validate(config.params).clusters
+        if clusters is None:
+            return
+        if len(clusters) != config.data.num_clients:
+            raise ValueError(f"params.clusters maps {len(clusters)} clients but data.num_clients is "
+                             f"{config.data.num_clients}")
+        # Ids below N suffice for any map and keep the memory (one slot per id up to the largest) small.
+        if min(clusters) < 0 or max(clusters) >= config.data.num_clients:
+            raise ValueError(f"params.clusters must hold cluster ids in [0, {config.data.num_clients})")
+
+    def memory_groups(self) -> list[int]:
+        if self._groups is None:
+            explicit = self.params.clusters
+            self._groups = list(explicit) if explicit is not None else label_histogram_clusters(
+                self.config.data, self.config.seed, self.params.num_clusters)
+        return self._groups
+
+    def memory_dtype(self, param: torch.Tensor) -> torch.dtype:
+        return torch.float64

@@ -1,0 +1,141 @@
+"""FedVARP (Jhunjhunwala et al., UAI 2022): variance reduction for partial client participation.
+
+Client: Δw_k = w_k − w after E epochs of minibatch SGD, exactly as FedAvg (the class reuses its
+local_update). Server, with a memory y_k per client k ∈ [N] (N = data.num_clients), all 0 at first:
+
+    v = (1/m) Σ_{k∈S} (Δw_k − y_k) + (1/N) Σ_{j=1..N} y_j
+    w ← w + η_s v
+    y_k ← Δw_k for k ∈ S, unchanged otherwise.
+
+The paper writes the client's update as (w − w_k)/η_k and steps w ← w − η_s η_k v; the issue's
+Δw_k = w_k − w and w ← w + η_s v is the same rule with the sign and η_k folded into Δw_k and η_s.
+
+Choices the issue leaves open:
+- m is the number of clients whose Δw_k reached the cloud this round, not max(⌊λN⌋, 1): when a
+  straggler misses the deadline, v is the same estimator over the clients that answered (and leaves the
+  straggler's y as it was). The two agree whenever every selected client answers.
+- The rule is unweighted (1/m, 1/N) as in the issue and the paper; `weighting` does not apply.
+- Δw_k crosses the wire per client ("client.<k>.<param>", the model's dtype, float32) rather than as a
+  partial sum: the cloud must see each Δw_k to store it as y_k. Hence one edge only (multi_edge =
+  False) and no edge rounds; the memory is global.
+- The memory is cloud_state "y.<param>" of shape (N, *param.shape) in the model's dtype; storing Δw_k
+  there is exact. Σ_j y_j is recomputed from it every round in float64 instead of kept as a running
+  sum, so no rounding drift accumulates and the state holds nothing but the y's.
+
+The maths is written once for a memory with one slot per *group* of clients (`varp_direction`,
+`updated_memory`); FedVARP is the case where every client is its own group, ClusterFedVARP shares a
+slot per cluster.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+
+from shared.algorithms import aggregate
+from shared.algorithms.base import ClientResult, Contribution, EdgeAggregate
+from shared.algorithms.fedavg import FedAvg
+from shared.transport.tensors import InvalidContent, Tensors, TensorSpec
+
+MEMORY_PREFIX = "y."
+
+
+def client_name(client_id: int, param: str) -> str:
+    return f"client.{client_id}.{param}"
+
+
+def memory_name(param: str) -> str:
+    return f"{MEMORY_PREFIX}{param}"
+
+
+def varp_direction(deltas: torch.Tensor, memory: torch.Tensor, rows: torch.Tensor, sizes: torch.Tensor,
+                   num_clients: int) -> torch.Tensor:
+    """v = (1/m) Σ_i (Δ_i − y_{rows[i]}) + (1/N) Σ_g sizes[g] y_g, in float64.
+
+    deltas: (m, *shape), one Δw per participating client; memory: (G, *shape), one y per group;
+    rows: (m,) the group of each participating client; sizes: (G,) clients per group, so that
+    Σ_g sizes[g] y_g = Σ_{j=1..N} y_{group(j)}.
+    """
+    deltas, memory = deltas.to(torch.float64), memory.to(torch.float64)
+    weights = sizes.to(torch.float64).reshape(-1, *([1] * (memory.dim() - 1)))
+    return (deltas - memory[rows]).mean(0) + (weights * memory).sum(0) / num_clients
+
+
+def updated_memory(memory: torch.Tensor, deltas: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """y_g ← mean of the Δ_i with rows[i] = g for every group that has one; other groups unchanged.
+
+    Sums run in float64 and the result is cast to memory's dtype; a group with a single Δ gets it back
+    exactly."""
+    sums = torch.zeros(memory.shape, dtype=torch.float64).index_add_(0, rows, deltas.to(torch.float64))
+    counts = torch.zeros(memory.shape[0], dtype=torch.float64).index_add_(
+        0, rows, torch.ones(len(rows), dtype=torch.float64))
+    hit = counts > 0
+    new = memory.clone()
+    new[hit] = (sums[hit] / counts[hit].reshape(-1, *([1] * (memory.dim() - 1)))).to(memory.dtype)
+    return new
+
+
+class FedVARP(FedAvg):
+    name = "fedvarp"
+    multi_edge = False  # y spans all N clients
+    edge_rounds = False  # the cloud must see every Δw_k of the round it applies
+
+    # ---- the memory layout; ClusterFedVARP overrides these -------------------------------------
+    def memory_groups(self) -> list[int]:
+        """The memory slot of each client 0..N−1: FedVARP keeps one per client."""
+        return list(range(self.config.data.num_clients))
+
+    def memory_dtype(self, param: torch.Tensor) -> torch.dtype:
+        return param.dtype  # y_k is a copy of a Δw_k, which arrives in the model's dtype
+
+    # ---- edge ----------------------------------------------------------------------------------
+    def edge_aggregate(
+        self, results: list[ClientResult], edge_state: Tensors, round: int
+    ) -> tuple[EdgeAggregate, Tensors]:
+        if not results:
+            raise ValueError("cannot aggregate an empty set of results")
+        tensors = {client_name(r.client_id, name): t.contiguous()
+                   for r in sorted(results, key=lambda r: r.client_id) for name, t in r.tensors.items()}
+        return EdgeAggregate(tensors, float(len(results))), edge_state
+
+    # ---- cloud ---------------------------------------------------------------------------------
+    def _check_clients(self, clients: Sequence[int]) -> None:
+        n = self.config.data.num_clients
+        duplicates = sorted(k for k, c in Counter(clients).items() if c > 1)
+        outside = sorted(k for k in clients if not 0 <= k < n)
+        if duplicates or outside or not clients:
+            raise InvalidContent(f"{self.name} needs distinct client ids in [0, {n}); got duplicates "
+                                 f"{duplicates}, out of range {outside}, {len(clients)} clients")
+
+    def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
+        self._check_clients(clients)
+        return {client_name(k, name): (tuple(t.shape), t.dtype) for k in sorted(clients) for name, t in global_.items()}
+
+    def _memory(self, cloud_state: Tensors, name: str, param: torch.Tensor, num_groups: int) -> torch.Tensor:
+        shape = (num_groups, *param.shape)
+        if memory_name(name) not in cloud_state:
+            return torch.zeros(shape, dtype=self.memory_dtype(param))
+        y = cloud_state[memory_name(name)]
+        if tuple(y.shape) != shape:
+            raise ValueError(f"cloud_state {memory_name(name)!r} has shape {list(y.shape)}, expected {list(shape)}")
+        return y
+
+    def cloud_update(
+        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
+    ) -> tuple[Tensors, Tensors]:
+        clients = sorted(k for c in contributions for k in c.clients)
+        self._check_clients(clients)
+        source = {k: c for c in contributions for k in c.clients}
+        groups = self.memory_groups()
+        num_groups = max(groups) + 1
+        rows = torch.tensor([groups[k] for k in clients], dtype=torch.int64)
+        sizes = torch.bincount(torch.tensor(groups, dtype=torch.int64), minlength=num_groups)
+        step: Tensors = {}
+        new_state: Tensors = {}
+        for name, param in global_.items():
+            memory = self._memory(cloud_state, name, param, num_groups)
+            deltas = torch.stack([source[k].tensors[client_name(k, name)] for k in clients])
+            step[name] = varp_direction(deltas, memory, rows, sizes, len(groups))
+            new_state[memory_name(name)] = updated_memory(memory, deltas, rows).contiguous()
+        return aggregate.add_scaled(global_, step, self.config.server_lr), new_state
