@@ -43,7 +43,7 @@ class LocalJob:
     client_id: int
     round: int
     data: ClientData
-    model_factory: Callable[[], nn.Module]
+    model_factory: Callable[..., nn.Module]  # keywords narrow hidden layers (sub-models)
     generator: torch.Generator
 
 
