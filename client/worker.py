@@ -55,6 +55,9 @@ class Worker:
         self.edge = edge
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.completed = 0
+        # Tasks whose training raised (e.g. diverged to NaN): the same inputs would fail again, so
+        # they are not retried; the edge treats the client as dropped for that round.
+        self.failed: set[str] = set()
 
     async def run(self) -> None:
         await asyncio.gather(*(self.serve(k) for k in self.client_ids))
@@ -76,12 +79,15 @@ class Worker:
                 continue
             response.raise_for_status()
             task, header = decode(response.content, ClientTaskHeader)
+            if header.task_id in self.failed:
+                await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
+                continue
             loop = asyncio.get_running_loop()
             try:
                 blob = await loop.run_in_executor(self.executor, compute, self.settings, header, task)
             except Exception:
-                log.exception("client %d: task %s failed", client_id, header.task_id)
-                await asyncio.sleep(1.0)
+                log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
+                self.failed.add(header.task_id)
                 continue
             await self.upload(client_id, header, blob)
 
