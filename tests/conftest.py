@@ -21,3 +21,18 @@ def redis_url() -> Iterator[str]:
         return
     with RedisServer(appendonly=False) as server:
         yield server.url
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread() -> Iterator[None]:
+    """Every test trains with one torch thread, as each client process does by default.
+
+    The cores are shared with the service processes the integration tests start, and the reference
+    runner only matches a distributed run bit for bit when both sum in the same order.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -45,12 +45,6 @@ def config_for(name: str, overrides: dict, edges: int) -> RunConfig:
     return RunConfig.model_validate({**fields, **overrides})
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def topology_api(tmp_path_factory, edges: int):

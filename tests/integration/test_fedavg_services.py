@@ -36,13 +36,6 @@ def run(api: CloudAPI, config: RunConfig):
     return final, api.history(info.run_id), api.model(info.run_id)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The clients train with one torch thread; kernels may sum in another order with more threads.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def assert_same_model(distributed, reference, atol=1e-5):

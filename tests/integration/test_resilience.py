@@ -32,12 +32,6 @@ def api(topology):
         yield api
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def wait_version(api, run_id, at_least, timeout=120):

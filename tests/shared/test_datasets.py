@@ -232,7 +232,6 @@ def test_logreg_learns_synthetic_0_0() -> None:
     from shared.config import ModelConfig
     from shared.models import build_model
 
-    torch.set_num_threads(1)
     data = load_federated(synthetic(ab=0.0), seed=0)
     x = torch.cat([c.train.x for c in data.clients])
     y = torch.cat([c.train.y for c in data.clients])

@@ -16,13 +16,6 @@ SMALL = {"algorithm": "clusterfedvarp", "model": {"name": "logreg"}, "data": {"d
          "local": {"lr": 0.1}}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The machine's cores are shared; tiny models gain nothing from intra-op threads.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def algo(clusters: list[int] | None, num_clients: int = 4, server_lr: float = 1.0, **params) -> ClusterFedVARP:

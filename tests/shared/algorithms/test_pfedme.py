@@ -172,7 +172,6 @@ REF = RunConfig(**{**SMALL, "local": {"lr": 0.1, "batch_size": 16}}, rounds=2, f
 
 
 def test_reference_runs_every_client_and_reports_personal_accuracy():
-    torch.set_num_threads(1)
     a, b = run_reference(REF), run_reference(REF)
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
@@ -194,7 +193,6 @@ def test_reference_runs_every_client_and_reports_personal_accuracy():
 
 def test_reference_round_equals_the_rule_applied_to_the_hooks():
     """θ_1 = (1 − β)θ_0 + β/|S| Σ_{k∈S} ω_k, with S the edge's sample and ω_k each client's local_update."""
-    torch.set_num_threads(1)
     algo = PFedMe(REF)
     theta0 = algo.init_global(initial_model(REF))
     data = load_federated(REF.data, REF.seed)
@@ -210,7 +208,6 @@ def test_reference_round_equals_the_rule_applied_to_the_hooks():
 
 
 def test_two_edges_equal_one_edge_when_everyone_is_sampled():
-    torch.set_num_threads(1)
     flat = run_reference(REF.model_copy(update={"fraction": 1.0}))
     hier = run_reference(RunConfig(**{**REF.model_dump(), "fraction": 1.0,
                                       "topology": {"num_edges": 2, "buffer_size": 2}}))

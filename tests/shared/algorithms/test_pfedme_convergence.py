@@ -2,7 +2,6 @@
 model θ_k, tested on the client's own held-out split, is more accurate than the global model θ, whether θ
 is tested on the pooled test set or on the same client splits."""
 import pytest
-import torch
 
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
@@ -26,7 +25,6 @@ CONFIG = dict(
 
 @pytest.mark.slow
 def test_personalised_accuracy_beats_global_accuracy_on_shards():
-    torch.set_num_threads(1)
     config = RunConfig(**CONFIG, seed=0)
     result = run_reference(config)
     last = result.history[-1]
