@@ -18,11 +18,6 @@ from shared.training import parameters_of
 SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 6}, "local": {"lr": 0.1}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
 def _job() -> LocalJob:
     data = ArrayDataset(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]))
     return LocalJob(0, 0, ClientData(data, data), partial(build_model, ModelConfig(name="logreg"), (2,), 2),

@@ -14,7 +14,6 @@ from shared.models import build_model
 from shared.reference import run_reference
 from shared.transport.tensors import decode_tensors, encode, spec_of
 
-torch.set_num_threads(1)
 
 SMALL = {"algorithm": "fedscavar", "model": {"name": "mlp"}, "data": {"dataset": "digits", "num_clients": 6},
          "local": {"lr": 0.1, "epochs": 2}}

@@ -20,11 +20,6 @@ W, B = "linear.weight", "linear.bias"
 CW, CB = "control.linear.weight", "control.linear.bias"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
 def _job() -> LocalJob:
     data = ArrayDataset(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]))
     return LocalJob(0, 0, ClientData(data, data), partial(build_model, ModelConfig(name="logreg"), (2,), 2),
