@@ -39,6 +39,24 @@ class ClusterParams(BaseModel):
     num_clusters: int = Field(4, ge=1, le=100_000, description="k of the default label-histogram k-means")
 
 
+def check_cluster_map(clusters: list[int] | None, num_clients: int) -> None:
+    """An explicit client → cluster map must cover every client with ids in [0, N)."""
+    if clusters is None:
+        return
+    if len(clusters) != num_clients:
+        raise ValueError(f"params.clusters maps {len(clusters)} clients but data.num_clients is {num_clients}")
+    # Ids below N suffice for any map and keep the memory (one slot per id up to the largest) small.
+    if min(clusters) < 0 or max(clusters) >= num_clients:
+        raise ValueError(f"params.clusters must hold cluster ids in [0, {num_clients})")
+
+
+def cluster_map(config: RunConfig, params: ClusterParams) -> list[int]:
+    """The cluster of each client 0..N−1: the explicit map, else k-means on label histograms."""
+    if params.clusters is not None:
+        return list(params.clusters)
+    return label_histogram_clusters(config.data, config.seed, params.num_clusters)
+
+
 class ClusterFedVARP(FedVARP):
     name = "clusterfedvarp"
     Params = ClusterParams
@@ -50,21 +68,11 @@ class ClusterFedVARP(FedVARP):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         super().check_config(config)
-        clusters = cls.Params.model_validate(config.params).clusters
-        if clusters is None:
-            return
-        if len(clusters) != config.data.num_clients:
-            raise ValueError(f"params.clusters maps {len(clusters)} clients but data.num_clients is "
-                             f"{config.data.num_clients}")
-        # Ids below N suffice for any map and keep the memory (one slot per id up to the largest) small.
-        if min(clusters) < 0 or max(clusters) >= config.data.num_clients:
-            raise ValueError(f"params.clusters must hold cluster ids in [0, {config.data.num_clients})")
+        check_cluster_map(cls.Params.model_validate(config.params).clusters, config.data.num_clients)
 
     def memory_groups(self) -> list[int]:
         if self._groups is None:
-            explicit = self.params.clusters
-            self._groups = list(explicit) if explicit is not None else label_histogram_clusters(
-                self.config.data, self.config.seed, self.params.num_clusters)
+            self._groups = cluster_map(self.config, self.params)
         return self._groups
 
     def memory_dtype(self, param: torch.Tensor) -> torch.dtype:

@@ -45,8 +45,7 @@ from pydantic import Field
 
 from shared.algorithms import aggregate
 from shared.algorithms.base import ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
-from shared.algorithms.clusterfedvarp import ClusterParams
-from shared.algorithms.clustering import label_histogram_clusters
+from shared.algorithms.clusterfedvarp import ClusterParams, check_cluster_map, cluster_map
 from shared.algorithms.fedprox import proximal_term
 from shared.algorithms.fedrolex import Capacity, FedRolex
 from shared.algorithms.fedvarp import client_name, memory_name
@@ -100,17 +99,12 @@ class FedSCAVAR(FedRolex):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         super().check_config(config)
-        clusters = cls.Params.model_validate(config.params).clusters
-        n = config.data.num_clients
-        if clusters is not None and (len(clusters) != n or min(clusters) < 0 or max(clusters) >= n):
-            raise ValueError(f"params.clusters must map all {n} clients to cluster ids in [0, {n})")
+        check_cluster_map(cls.Params.model_validate(config.params).clusters, config.data.num_clients)
 
     def memory_groups(self) -> list[int]:
         """Cluster of each client 0..N−1, as ClusterFedVARP chooses it."""
         if self._groups is None:
-            explicit = self.params.clusters
-            self._groups = list(explicit) if explicit is not None else label_histogram_clusters(
-                self.config.data, self.config.seed, self.params.num_clusters)
+            self._groups = cluster_map(self.config, self.params)
         return self._groups
 
     # ---- cloud ---------------------------------------------------------------------------------
