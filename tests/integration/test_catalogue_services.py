@@ -3,17 +3,15 @@
 Partial participation (λ = 0.5) and E = 2 local epochs, so selection, client state, server memory and
 sub-models are all exercised across process boundaries; hierarchical runs use two edges.
 """
-import os
-
 import pytest
 import torch
 
 from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
 from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.reference import run_reference
 from shared.schemas import RunStatus
+from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
 
@@ -45,28 +43,16 @@ def config_for(name: str, overrides: dict, edges: int) -> RunConfig:
     return RunConfig.model_validate({**fields, **overrides})
 
 
-
-
-def topology_api(tmp_path_factory, edges: int):
-    topo = LocalTopology(num_clients=6, num_edges=edges, procs_per_edge=2 // edges,
-                         workdir=tmp_path_factory.mktemp(f"topo{edges}"), redis_url=os.environ.get("REDIS_URL"))
-    return topo.start()
-
-
 @pytest.fixture(scope="module")
 def flat(tmp_path_factory):
-    topo = topology_api(tmp_path_factory, 1)
-    with CloudAPI(topo.cloud_url, topo.admin_token) as api:
+    with federation(tmp_path_factory, num_clients=6, num_edges=1, procs_per_edge=2) as (_, api):
         yield api
-    topo.stop()
 
 
 @pytest.fixture(scope="module")
 def two_edges(tmp_path_factory):
-    topo = topology_api(tmp_path_factory, 2)
-    with CloudAPI(topo.cloud_url, topo.admin_token) as api:
+    with federation(tmp_path_factory, num_clients=6, num_edges=2, procs_per_edge=1) as (_, api):
         yield api
-    topo.stop()
 
 
 def check_against_reference(api: CloudAPI, config: RunConfig) -> None:

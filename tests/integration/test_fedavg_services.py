@@ -1,30 +1,31 @@
 """The foundation end to end: cloud + 1 edge + 10 clients (two client processes hosting five each)
 over real HTTP and a real redis-server, against the in-process reference runner."""
-import os
-
 import pytest
 import torch
 
 from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
 from shared.config import RunConfig
 from shared.reference import run_reference
 from shared.schemas import RunStatus
+from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def topology(tmp_path_factory):
-    with LocalTopology(num_clients=10, num_edges=1, procs_per_edge=2, workdir=tmp_path_factory.mktemp("topo"),
-                       redis_url=os.environ.get("REDIS_URL")) as topo:
-        yield topo
+def running(tmp_path_factory):
+    with federation(tmp_path_factory, num_clients=10) as topology_and_api:
+        yield topology_and_api
 
 
 @pytest.fixture(scope="module")
-def api(topology):
-    with CloudAPI(topology.cloud_url, topology.admin_token) as api:
-        yield api
+def topology(running):
+    return running[0]
+
+
+@pytest.fixture(scope="module")
+def api(running):
+    return running[1]
 
 
 def run(api: CloudAPI, config: RunConfig):
@@ -34,8 +35,6 @@ def run(api: CloudAPI, config: RunConfig):
     final = api.wait(info.run_id, timeout_s=600)
     assert final.status == RunStatus.finished and final.version == config.rounds
     return final, api.history(info.run_id), api.model(info.run_id)
-
-
 
 
 def assert_same_model(distributed, reference, atol=1e-5):

@@ -1,16 +1,14 @@
 """Failures and control over real processes: a killed cloud, pause/resume, clients that drop out."""
-import os
 import signal
 import time
 
 import pytest
 import torch
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
 from shared.config import RunConfig
 from shared.reference import run_reference
 from shared.schemas import RunStatus
+from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
 
@@ -20,18 +18,19 @@ CONFIG = dict(model={"name": "mlp"}, data={"dataset": "digits", "num_clients": 6
 
 
 @pytest.fixture(scope="module")
-def topology(tmp_path_factory):
-    with LocalTopology(num_clients=6, num_edges=1, procs_per_edge=2, workdir=tmp_path_factory.mktemp("topo"),
-                       redis_url=os.environ.get("REDIS_URL")) as topo:
-        yield topo
+def running(tmp_path_factory):
+    with federation(tmp_path_factory, num_clients=6) as topology_and_api:
+        yield topology_and_api
 
 
 @pytest.fixture(scope="module")
-def api(topology):
-    with CloudAPI(topology.cloud_url, topology.admin_token) as api:
-        yield api
+def topology(running):
+    return running[0]
 
 
+@pytest.fixture(scope="module")
+def api(running):
+    return running[1]
 
 
 def wait_version(api, run_id, at_least, timeout=120):

@@ -1,0 +1,20 @@
+"""Real processes for the integration tests: Redis, the cloud, edges and client processes."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from fedctl.api import CloudAPI
+from fedctl.launch import LocalTopology
+
+
+@contextmanager
+def federation(tmp_path_factory, num_clients: int, num_edges: int = 1,
+               procs_per_edge: int = 2) -> Iterator[tuple[LocalTopology, CloudAPI]]:
+    """A running topology and an admin client of its cloud; $REDIS_URL, if set, replaces the private Redis."""
+    workdir = tmp_path_factory.mktemp(f"topo{num_edges}")
+    with LocalTopology(num_clients=num_clients, num_edges=num_edges, procs_per_edge=procs_per_edge,
+                       workdir=workdir, redis_url=os.environ.get("REDIS_URL")) as topo, \
+            CloudAPI(topo.cloud_url, topo.admin_token) as api:
+        yield topo, api
