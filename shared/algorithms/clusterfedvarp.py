@@ -57,9 +57,9 @@ def cluster_map(config: RunConfig, params: ClusterParams) -> list[int]:
     return label_histogram_clusters(config.data, config.seed, params.num_clusters)
 
 
-class ClusterFedVARP(FedVARP):
-    name = "clusterfedvarp"
-    Params = ClusterParams
+class ClusterMemory:
+    """Mixin: server memory per cluster of clients (ClusterFedVARP, FedSCAVAR); the map is checked with
+    the config and computed once per algorithm instance."""
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -71,9 +71,15 @@ class ClusterFedVARP(FedVARP):
         check_cluster_map(cls.Params.model_validate(config.params).clusters, config.data.num_clients)
 
     def memory_groups(self) -> list[int]:
+        """Cluster of each client 0..N−1."""
         if self._groups is None:
             self._groups = cluster_map(self.config, self.params)
         return self._groups
+
+
+class ClusterFedVARP(ClusterMemory, FedVARP):
+    name = "clusterfedvarp"
+    Params = ClusterParams
 
     def memory_dtype(self, param: torch.Tensor) -> torch.dtype:
         return torch.float64

@@ -45,15 +45,14 @@ from pydantic import Field
 
 from shared.algorithms import aggregate
 from shared.algorithms.base import ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
-from shared.algorithms.clusterfedvarp import ClusterParams, check_cluster_map, cluster_map
+from shared.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
 from shared.algorithms.fedprox import proximal_term
 from shared.algorithms.fedrolex import Capacity, FedRolex
-from shared.algorithms.fedvarp import client_name, memory_name
+from shared.algorithms.fedvarp import check_client_ids, client_name, memory_name
 from shared.algorithms.scaffold import client_controls, control_name, split_state, step_length
 from shared.algorithms.submodel import Shapes, coverage, embed, extract
-from shared.config import RunConfig
 from shared.training import local_sgd, parameters_of
-from shared.transport.tensors import InvalidContent, Tensors, TensorSpec
+from shared.transport.tensors import Tensors, TensorSpec
 
 
 class FedSCAVARParams(ClusterParams):
@@ -85,27 +84,12 @@ def covered_memory(memory: torch.Tensor, deltas: torch.Tensor, masks: torch.Tens
     return torch.where(hit, sums / torch.where(hit, counts, 1.0), memory.to(torch.float64)).to(memory.dtype)
 
 
-class FedSCAVAR(FedRolex):
+class FedSCAVAR(ClusterMemory, FedRolex):
     name = "fedscavar"
     Params = FedSCAVARParams
     multi_edge = False  # the cluster memory spans all clients
     edge_rounds = False
     has_server_lr: ClassVar[bool] = True
-
-    def __init__(self, config: RunConfig):
-        super().__init__(config)
-        self._groups: list[int] | None = None
-
-    @classmethod
-    def check_config(cls, config: RunConfig) -> None:
-        super().check_config(config)
-        check_cluster_map(cls.Params.model_validate(config.params).clusters, config.data.num_clients)
-
-    def memory_groups(self) -> list[int]:
-        """Cluster of each client 0..N−1, as ClusterFedVARP chooses it."""
-        if self._groups is None:
-            self._groups = cluster_map(self.config, self.params)
-        return self._groups
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: torch.nn.Module) -> Tensors:
@@ -116,9 +100,7 @@ class FedSCAVAR(FedRolex):
         return split_state(global_)[0]
 
     def _check_clients(self, clients: list[int]) -> None:
-        n = self.config.data.num_clients
-        if not clients or len(set(clients)) != len(clients) or not all(0 <= k < n for k in clients):
-            raise InvalidContent(f"{self.name} needs distinct client ids in [0, {n}), got {sorted(clients)}")
+        check_client_ids(self.name, clients, self.config.data.num_clients)
 
     def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
         self._check_clients(clients)

@@ -76,6 +76,15 @@ def updated_memory(memory: torch.Tensor, deltas: torch.Tensor, rows: torch.Tenso
     return new
 
 
+def check_client_ids(algorithm: str, clients: Sequence[int], n: int) -> None:
+    """Per-client payloads need distinct ids in [0, N); anything else is refused before buffering."""
+    duplicates = sorted(k for k, c in Counter(clients).items() if c > 1)
+    outside = sorted(k for k in clients if not 0 <= k < n)
+    if duplicates or outside or not clients:
+        raise InvalidContent(f"{algorithm} needs distinct client ids in [0, {n}); got duplicates "
+                             f"{duplicates}, out of range {outside}, {len(clients)} clients")
+
+
 class FedVARP(FedAvg):
     name = "fedvarp"
     multi_edge = False  # y spans all N clients
@@ -101,12 +110,7 @@ class FedVARP(FedAvg):
 
     # ---- cloud ---------------------------------------------------------------------------------
     def _check_clients(self, clients: Sequence[int]) -> None:
-        n = self.config.data.num_clients
-        duplicates = sorted(k for k, c in Counter(clients).items() if c > 1)
-        outside = sorted(k for k in clients if not 0 <= k < n)
-        if duplicates or outside or not clients:
-            raise InvalidContent(f"{self.name} needs distinct client ids in [0, {n}); got duplicates "
-                                 f"{duplicates}, out of range {outside}, {len(clients)} clients")
+        check_client_ids(self.name, clients, self.config.data.num_clients)
 
     def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
         self._check_clients(clients)
