@@ -38,5 +38,8 @@ class Keys:
     def slots(self, run_id: str) -> str:  # hash "edge:base_version" -> idempotency key
         return f"{self.prefix}:run:{run_id}:slots"
 
+    def pending(self, run_id: str) -> str:  # hash edge_id -> stream entry id of its unconsumed contribution
+        return f"{self.prefix}:run:{run_id}:pending"
+
     def history(self, run_id: str) -> str:  # list of RoundRecord JSON, one per cloud update
         return f"{self.prefix}:run:{run_id}:history"

@@ -10,9 +10,9 @@ import logging
 
 from cloud.store import BufferedContribution, Store, now
 from shared.algorithms import registry
-from shared.algorithms.base import Algorithm, Contribution
+from shared.algorithms.base import Algorithm
 from shared.config import RunConfig
-from shared.federation import evaluate_global, round_record
+from shared.federation import contribution, evaluate_global, round_record
 from shared.schemas import GlobalStateHeader, RunStatus
 from shared.transport.tensors import decode, decode_tensors, encode
 
@@ -109,10 +109,6 @@ class Orchestrator:
     def _update(algorithm, config, global_blob, state_blob, entries: list[BufferedContribution], version):
         global_, _ = decode(global_blob, GlobalStateHeader)
         cloud_state = decode_tensors(state_blob) if state_blob else {}
-        contributions = [
-            Contribution(e.header.edge_id, e.header.base_version, decode_tensors(e.blob), e.header.weight,
-                         tuple(c.client_id for c in e.header.clients))
-            for e in entries
-        ]
+        contributions = [contribution(e.header, decode_tensors(e.blob)) for e in entries]
         new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
-        return new_global, new_state, evaluate_global(config, algorithm, new_global)
+        return new_global, new_state, evaluate_global(config, algorithm, new_global, new_state)

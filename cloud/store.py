@@ -2,7 +2,8 @@
 
 Invariants that make a crash lose nothing and count nothing twice:
 - a contribution is accepted by one Lua script that checks the idempotency key, the run's status and
-  version and the edge's slot, then appends to the buffer stream; either all of that happens or none;
+  version, the edge's slot and that the edge has no contribution still waiting in the buffer, then
+  appends to the buffer stream; either all of that happens or none;
 - an aggregation commits the new global state, the new version, the history record and the deletion
   of the consumed stream entries in one MULTI/EXEC, guarded by WATCH on the run's meta hash.
   Until that EXEC the entries stay in the stream, so a cloud killed mid-aggregation redoes it.
@@ -45,9 +46,11 @@ if base > version then return {'future', tostring(version)} end
 if ARGV[6] == '1' and base ~= version then return {'stale', tostring(version)} end
 local slot = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HEXISTS', KEYS[3], slot) == 1 then return {'conflict', tostring(version)} end
+if redis.call('HEXISTS', KEYS[5], ARGV[2]) == 1 then return {'pending', tostring(version)} end
 local id = redis.call('XADD', KEYS[4], '*', 'blob', ARGV[5], 'header', ARGV[4])
 redis.call('HSET', KEYS[2], ARGV[1], id)
 redis.call('HSET', KEYS[3], slot, ARGV[1])
+redis.call('HSET', KEYS[5], ARGV[2], id)
 return {'accepted', id}
 """
 
@@ -190,7 +193,7 @@ class Store:
     async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome:
         outcome, detail = await self._submit(
             keys=[self.k.meta(header.run_id), self.k.idempotency(header.run_id),
-                  self.k.slots(header.run_id), self.k.buffer(header.run_id)],
+                  self.k.slots(header.run_id), self.k.buffer(header.run_id), self.k.pending(header.run_id)],
             args=[header.idempotency_key, header.edge_id, header.base_version,
                   header.model_dump_json(), blob, "1" if synchronous else "0"],
         )
@@ -206,8 +209,14 @@ class Store:
             "stale": f"stale submission: base_version {header.base_version}, current version {detail}",
             "conflict": f"edge {header.edge_id} already submitted for version {header.base_version} "
                         "under another idempotency key",
+            "pending": f"edge {header.edge_id} already has a contribution waiting in the buffer; "
+                       "it gets a new global state once that one is consumed",
         }
         raise Conflict(messages[outcome])
+
+    async def has_pending(self, run_id: str, edge_id: int) -> bool:
+        """Whether the edge's last contribution is still in the buffer (it must wait for its update)."""
+        return bool(await self.r.hexists(self.k.pending(run_id), str(edge_id)))
 
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:
         entries = await self.r.xrange(self.k.buffer(run_id), count=count)
@@ -241,6 +250,7 @@ class Store:
                 p.hset(meta_key, "version", expected_version + 1)
                 p.rpush(self.k.history(run_id), record.model_dump_json())
                 p.xdel(self.k.buffer(run_id), *[c.entry_id for c in consumed])
+                p.hdel(self.k.pending(run_id), *[str(c.header.edge_id) for c in consumed])
                 if finished:
                     p.hset(meta_key, mapping={"status": RunStatus.finished.value,
                                               "finished_at": now().isoformat()})

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -24,3 +26,9 @@ class EdgeSettings(ServiceSettings):
     max_payload_bytes: int = Field(64 * 2**20, gt=0)
     long_poll_max_s: float = Field(25.0, gt=0)
     log_level: str = "info"
+    # Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run,
+    # so a restarted edge continues where it stopped; None keeps it in memory only.
+    state_dir: Path | None = None
+    # ≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow
+    # site (asynchronous-buffer experiments); 1 means no delay.
+    slowdown: float = Field(1.0, ge=1.0, le=100.0)

@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import time
+from functools import partial
+from pathlib import Path
 
 import httpx
 
@@ -24,7 +28,7 @@ from shared.schemas import (
     GlobalStateHeader,
 )
 from shared.transport.http import binary_body, send
-from shared.transport.tensors import Tensors, decode, encode
+from shared.transport.tensors import Tensors, decode, decode_tensors, encode
 
 log = logging.getLogger("edge.round_loop")
 
@@ -72,8 +76,29 @@ class EdgeRoundLoop:
     def algorithm(self, header: GlobalStateHeader) -> Algorithm:
         if self._algorithm is None or self._algorithm[0] != header.run_id:
             self._algorithm = (header.run_id, registry.create(header.config))
-            self._edge_state = {}
+            self._edge_state = self._load_state(header.run_id)
         return self._algorithm[1]
+
+    def _state_path(self, run_id: str) -> Path | None:
+        if self.settings.state_dir is None:
+            return None
+        return self.settings.state_dir / f"edge{self.edge_id}-{run_id}.safetensors"
+
+    def _load_state(self, run_id: str) -> Tensors:
+        path = self._state_path(run_id)
+        return decode_tensors(path.read_bytes()) if path is not None and path.exists() else {}
+
+    def _save_state(self, run_id: str) -> None:
+        """Atomically, so a crash leaves the previous state or this one. Saved before the submit: an
+        edge that restarts re-runs the round, its clients answer from their saved results, and the
+        incremental aggregation replaces each client's prototype, so nothing is counted twice."""
+        path = self._state_path(run_id)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(encode(self._edge_state))
+        os.replace(tmp, path)
 
     async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
         self.current = header
@@ -82,8 +107,12 @@ class EdgeRoundLoop:
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
             return await self.collect([self._task(header, t, algorithm) for t in tasks], header.config.policy)
 
+        started = time.monotonic()
         outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, self._edge_state, train)
         self._edge_state = outcome.edge_state
+        self._save_state(header.run_id)
+        if self.settings.slowdown > 1:
+            await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
         await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results)
 
     def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm) -> Task:
@@ -91,7 +120,7 @@ class EdgeRoundLoop:
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
         )
-        return Task(message, task.tensors, algorithm.result_spec(task.tensors))
+        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors))
 
     async def collect(self, tasks: list[Task], policy: RoundPolicy) -> list[ClientResult]:
         """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from shared.algorithms.base import ClientResult
 from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
-from shared.transport.tensors import TensorSpec, Tensors, check_tensors, encode
+from shared.transport.tensors import Tensors, encode
 
 
 class TaskConflict(Exception):
@@ -26,7 +27,7 @@ class UnknownClient(Exception):
 class Task:
     header: ClientTaskHeader
     tensors: Tensors
-    spec: TensorSpec
+    check: Callable[[Tensors], None]  # the algorithm's check_result for this task; raises InvalidContent
     result: ClientResult | None = None
     _blob: bytes | None = field(default=None, repr=False)
 
@@ -112,7 +113,7 @@ class TaskBoard:
 
     async def accept(self, client_id: int, header: ClientResultHeader, tensors: Tensors) -> None:
         task = self.task_for(client_id, header)
-        check_tensors(tensors, task.spec)
+        task.check(tensors)
         async with self._changed:
             if task.result is not None:  # lost a race with an identical retry
                 raise TaskConflict(f"duplicate result for task {header.task_id!r}")

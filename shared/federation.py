@@ -10,13 +10,14 @@ from functools import partial
 
 from torch import nn
 
-from shared.algorithms.base import Algorithm, ClientResult, LocalJob
+from shared.algorithms.base import Algorithm, ClientResult, Contribution, LocalJob
 from shared.config import RunConfig
 from shared.data.datasets import ClientData, load_federated
 from shared.models import build_model
 from shared.schemas import ClientParticipation, ClientRecord, ContributionRecord, EdgeContributionHeader, RoundRecord
 from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
 from shared.training import Evaluation, evaluate, load_parameters
+from shared.transport.tensors import Tensors
 
 
 def model_factory(config: RunConfig) -> partial[nn.Module]:
@@ -41,6 +42,13 @@ def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -
         model_factory=model_factory(config),
         generator=torch_generator(config.seed, LOCAL_TRAINING, round, client_id),
     )
+
+
+def contribution(header: EdgeContributionHeader, tensors: Tensors) -> Contribution:
+    """An accepted edge message as the cloud's update sees it."""
+    return Contribution(header.edge_id, header.base_version, tensors, header.weight,
+                        tuple(c.client_id for c in header.clients),
+                        {c.client_id: dict(c.metrics) for c in header.clients})
 
 
 def participation(results: list[ClientResult]) -> list[ClientParticipation]:
@@ -83,7 +91,10 @@ def round_record(version: int, contributions: list[EdgeContributionHeader], eval
     )
 
 
-def evaluate_global(config: RunConfig, algorithm: Algorithm, global_) -> Evaluation:
+def evaluate_global(config: RunConfig, algorithm: Algorithm, global_, cloud_state) -> Evaluation:
+    own = algorithm.evaluate(global_, cloud_state)
+    if own is not None:
+        return own
     data = load_federated(config.data, config.seed)
     model = load_parameters(initial_model(config), algorithm.model_parameters(global_))
     return evaluate(model, data.test)

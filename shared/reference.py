@@ -3,6 +3,13 @@
 It runs the same edge round (shared/edge_round.py), the same algorithm hooks, selection and seeds as
 cloud/edge/client, so for a given config it yields the same global model as a distributed run (up to
 float summation order), and the same history records.
+
+Which edge triples each cloud update consumes is the one thing timing decides. Synchronous algorithms
+(B = L) consume every edge's triple each time. With B < L the runner either replays a `schedule` (the
+(edge, base_version) pairs of each update, e.g. read from a service run's history) or simulates
+virtual time: an edge round of edge l takes `edge_slowdown[l]` units (1 by default), triples enter the
+buffer in order of completion (ties by edge id), and an edge restarts on the version its triple
+produced, as the services' edges do.
 """
 from __future__ import annotations
 
@@ -11,13 +18,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from shared.algorithms import registry
-from shared.algorithms.base import Algorithm, ClientResult, Contribution
+from shared.algorithms.base import Algorithm, ClientResult
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
-from shared.edge_round import ClientTask, run_edge_round
-from shared.federation import evaluate_global, initial_model, local_job, participation, round_record
+from shared.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
+from shared.federation import contribution, evaluate_global, initial_model, local_job, participation, round_record
 from shared.schemas import EdgeContributionHeader, RoundRecord
 from shared.transport.tensors import Tensors
+
+# One cloud update's buffer: (edge_id, base_version) per triple.
+Schedule = list[list[tuple[int, int]]]
 
 
 @dataclass
@@ -25,6 +35,7 @@ class ReferenceResult:
     global_state: Tensors
     history: list[RoundRecord] = field(default_factory=list)
     client_states: dict[int, Tensors] = field(default_factory=dict)
+    cloud_state: Tensors = field(default_factory=dict)
 
 
 class _InProcessClients:
@@ -45,31 +56,72 @@ class _InProcessClients:
         return results
 
 
-def run_reference(config: RunConfig, rounds: int | None = None) -> ReferenceResult:
-    return asyncio.run(_run(config, config.rounds if rounds is None else rounds))
+@dataclass
+class _Pending:
+    base_version: int
+    outcome: EdgeRoundOutcome
+    done_at: float
 
 
-async def _run(config: RunConfig, rounds: int) -> ReferenceResult:
+def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Schedule | None = None,
+                  edge_slowdown: dict[int, float] | None = None) -> ReferenceResult:
+    rounds = config.rounds if rounds is None else rounds
+    if schedule is not None and len(schedule) < rounds:
+        raise ValueError(f"the schedule covers {len(schedule)} updates, not {rounds}")
+    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}))
+
+
+def schedule_of(history: list[RoundRecord]) -> Schedule:
+    """The buffers a (service) run consumed, in its order, for `run_reference(schedule=...)`."""
+    return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
+
+
+async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdown: dict[int, float]) -> ReferenceResult:
     algorithm = registry.create(config)
     clients = _InProcessClients(algorithm)
-    global_ = algorithm.init_global(initial_model(config))
+    globals_ = [algorithm.init_global(initial_model(config))]
     cloud_state: Tensors = {}
     edge_states: dict[int, Tensors] = {e: {} for e in range(config.topology.num_edges)}
-    result = ReferenceResult(global_, client_states=clients.states)
+    pending: dict[int, _Pending] = {}
+
+    async def start(edge_id: int, version: int, now: float) -> None:
+        outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
+                                       clients.train)
+        edge_states[edge_id] = outcome.edge_state
+        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0))
+
+    result = ReferenceResult(globals_[0], client_states=clients.states)
     run_started = started = datetime.now(timezone.utc)
-    for version in range(rounds):
-        contributions, headers = [], []
+    now = 0.0
+    if schedule is None:
         for edge_id in range(config.topology.num_edges):
-            outcome = await run_edge_round(algorithm, global_, version, edge_id, edge_states[edge_id], clients.train)
-            edge_states[edge_id] = outcome.edge_state
-            ids = tuple(sorted({r.client_id for r in outcome.results}))
-            contributions.append(Contribution(edge_id, version, outcome.aggregate.tensors, outcome.aggregate.weight, ids))
-            headers.append(EdgeContributionHeader(
-                run_id="reference", edge_id=edge_id, base_version=version, idempotency_key=f"{edge_id}:{version}",
-                weight=outcome.aggregate.weight, clients=participation(outcome.results)))
-        global_, cloud_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
+            await start(edge_id, 0, now)
+    for version in range(rounds):
+        if schedule is None:
+            arrived = sorted(pending, key=lambda e: (pending[e].done_at, e))[: config.topology.buffer_size]
+        else:
+            arrived = [edge_id for edge_id, _ in schedule[version]]
+            for edge_id, base in schedule[version]:
+                if edge_id not in pending or pending[edge_id].base_version != base:
+                    if base > version:
+                        raise ValueError(f"update {version} cannot consume a triple computed on version {base}")
+                    await start(edge_id, base, now)
+        consumed = [pending.pop(e) for e in arrived]
+        now = max([now, *(p.done_at for p in consumed)])
+        headers = [
+            EdgeContributionHeader(
+                run_id="reference", edge_id=e, base_version=p.base_version, idempotency_key=f"{e}:{p.base_version}",
+                weight=p.outcome.aggregate.weight, clients=participation(p.outcome.results))
+            for e, p in zip(arrived, consumed)
+        ]
+        contributions = [contribution(h, p.outcome.aggregate.tensors) for h, p in zip(headers, consumed)]
+        new_global, cloud_state = algorithm.cloud_update(globals_[version], contributions, cloud_state, version)
+        globals_.append(new_global)
         finished = datetime.now(timezone.utc)
-        evaluation = evaluate_global(config, algorithm, global_)
+        evaluation = evaluate_global(config, algorithm, new_global, cloud_state)
         result.history.append(round_record(version, headers, evaluation, started, run_started, finished))
-        result.global_state, started = global_, finished
+        result.global_state, result.cloud_state, started = new_global, cloud_state, finished
+        if schedule is None and version + 1 < rounds:
+            for e in arrived:
+                await start(e, version + 1, now)
     return result

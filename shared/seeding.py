@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 # Tags keep streams of different owners apart even when the other coordinates coincide.
-SELECTION, LOCAL_TRAINING, MODEL_INIT = 1, 2, 3
+SELECTION, LOCAL_TRAINING, MODEL_INIT, CLASSIFIER = 1, 2, 3, 4
 
 
 def derive_seed(*entropy: int) -> int:

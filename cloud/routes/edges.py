@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_edge
 from cloud.store import NotFound
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
-from shared.transport.tensors import InvalidContent, check_tensors, decode
+from shared.transport.tensors import InvalidContent, decode
 from shared.web import binary, read_message, reject
 
 router = APIRouter(prefix="/api/v1", tags=["edges"], dependencies=[require_edge])
@@ -30,6 +30,9 @@ async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes |
     if run_status != RunStatus.running or edge_id >= config.topology.num_edges:
         return None
     if active == run_id and version <= after:
+        return None
+    # An edge re-executes on the version its own triple went into, never while that triple waits.
+    if await store.has_pending(active, edge_id):
         return None
     return await store.global_blob(active)
 
@@ -78,7 +81,7 @@ async def submit(
     algorithm = orchestrator.algorithm(run_id, config)
     global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
     try:
-        check_tensors(tensors, algorithm.contribution_spec(global_, [c.client_id for c in header.clients]))
+        algorithm.check_contribution(global_, [c.client_id for c in header.clients], tensors)
     except InvalidContent as exc:
         raise reject(exc) from exc
     outcome = await store.submit(header, blob, algorithm.synchronous)

@@ -29,7 +29,8 @@ from shared.algorithms import aggregate
 from shared.config import RunConfig
 from shared.data.datasets import ClientData
 from shared.selection import select_clients
-from shared.transport.tensors import TensorSpec, Tensors, spec_of
+from shared.training import Evaluation
+from shared.transport.tensors import TensorSpec, Tensors, check_tensors, spec_of
 
 
 class NoParams(BaseModel):
@@ -85,6 +86,8 @@ class Contribution:
     tensors: Tensors
     weight: float
     clients: tuple[int, ...] = ()  # the clients behind it, in id order
+    # What each of those clients reported with its result (e.g. its held-out accuracy).
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 class Algorithm:
@@ -97,6 +100,8 @@ class Algorithm:
     multi_edge: ClassVar[bool] = True
     # Whether an edge may run κ > 1 rounds with its own clients before it reports to the cloud.
     edge_rounds: ClassVar[bool] = False
+    # Whether clients train the run's `model`; prototype learning brings its own client models.
+    uses_run_model: ClassVar[bool] = True
 
     def __init__(self, config: RunConfig):
         self.config = config
@@ -110,6 +115,9 @@ class Algorithm:
                 f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
                 f"({config.topology.num_edges}), got {config.topology.buffer_size}"
             )
+        if config.topology.buffer_size > config.topology.num_edges:
+            raise ValueError(f"topology.buffer_size ({config.topology.buffer_size}) cannot exceed num_edges "
+                             f"({config.topology.num_edges}): an edge has one contribution in the buffer at a time")
         if not cls.multi_edge and config.topology.num_edges > 1:
             raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
         if not cls.edge_rounds and config.topology.edge_rounds > 1:
@@ -127,10 +135,19 @@ class Algorithm:
         """What an edge must submit for `global_` on behalf of `clients`: checked before buffering."""
         return {name: (tuple(t.shape), torch.float64) for name, t in global_.items()}
 
+    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors) -> None:
+        """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution; names, shapes,
+        dtypes and finiteness by default, value checks where an algorithm needs them."""
+        check_tensors(tensors, self.contribution_spec(global_, clients))
+
     def cloud_update(
         self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
     ) -> tuple[Tensors, Tensors]:
         raise NotImplementedError
+
+    def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
+        """The round's figures when the global state is not one model to test centrally (None: it is)."""
+        return None
 
     # ---- edge ----------------------------------------------------------------------------------
     def select(self, client_ids: list[int], round: int, edge_id: int) -> list[int]:
@@ -142,6 +159,10 @@ class Algorithm:
     def result_spec(self, task: Tensors) -> TensorSpec:
         """What a client must send back for `task`: checked by the edge before it accepts a result."""
         return spec_of(task)
+
+    def check_result(self, task: Tensors, tensors: Tensors) -> None:
+        """Raises InvalidContent unless `tensors` is a valid answer to `task` (checked by the edge)."""
+        check_tensors(tensors, self.result_spec(task))
 
     def client_weight(self, num_samples: int) -> float:
         return float(num_samples) if self.config.weighting == "samples" else 1.0

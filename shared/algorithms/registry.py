@@ -15,6 +15,7 @@ _MODULES = {
     "fedrolex": ("shared.algorithms.fedrolex", "FedRolex"),
     "fedscavar": ("shared.algorithms.fedscavar", "FedSCAVAR"),
     "pfedme": ("shared.algorithms.pfedme", "PFedMe"),
+    "hfpl": ("shared.algorithms.hfpl", "HFPL"),
 }
 
 

@@ -75,3 +75,56 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         torch.manual_seed(seed)
         model = cls(input_shape, num_classes, **widths)
     return model
+
+
+# ---- feature extractors f_i: x -> R^d, for prototype learning with heterogeneous clients ------------
+
+class MLPFeatures(nn.Module):
+    """Two hidden ReLU layers, then a linear map to the shared feature space."""
+
+    def __init__(self, input_shape: tuple[int, ...], dim: int, hidden: int = 200):
+        super().__init__()
+        self.fc1 = nn.Linear(math.prod(input_shape), hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+class ConvFeatures(nn.Module):
+    """`depth` conv blocks of 3x3 convolutions with 2x2 max-pooling after the first two, then dense."""
+
+    def __init__(self, input_shape: tuple[int, ...], dim: int, channels: tuple[int, ...], hidden: int):
+        super().__init__()
+        c, h, w = input_shape
+        layers: list[nn.Module] = []
+        for i, out in enumerate(channels):
+            layers += [nn.Conv2d(c, out, 3, padding=1), nn.ReLU()]
+            if i < 2:
+                layers.append(nn.MaxPool2d(2))
+                h, w = h // 2, w // 2
+            c = out
+        self.conv = nn.Sequential(*layers)
+        self.fc = nn.Linear(c * h * w, hidden)
+        self.out = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.fc(self.conv(x).flatten(1))))
+
+
+# The families a prototype-learning run may mix; their parameter names differ, only d is shared.
+FEATURE_FAMILIES = {
+    "mlp": lambda shape, dim: MLPFeatures(shape, dim),
+    "cnn": lambda shape, dim: ConvFeatures(shape, dim, channels=(16, 32), hidden=128),
+    "cnn_deep": lambda shape, dim: ConvFeatures(shape, dim, channels=(32, 64, 64), hidden=128),
+}
+IMAGE_FAMILIES = {"cnn", "cnn_deep"}
+
+
+def build_feature_extractor(family: str, input_shape: tuple[int, ...], dim: int, seed: int) -> nn.Module:
+    if family in IMAGE_FAMILIES and len(input_shape) != 3:
+        raise ValueError(f"{family} needs (channels, height, width) inputs, got {input_shape}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return FEATURE_FAMILIES[family](input_shape, dim)

@@ -6,6 +6,7 @@ binary document: no JSON float lists, and nothing is ever unpickled.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import struct
 from typing import TypeVar
 
@@ -72,7 +73,18 @@ def decode_tensors(blob: bytes) -> Tensors:
         raise PayloadError(f"malformed safetensors: {exc}") from exc
 
 
-TensorSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+@dataclass(frozen=True)
+class Dim:
+    """A named dimension of variable size (0..max): every tensor using the name must agree on it.
+
+    E.g. features (Dim("n", 200), 64) and labels (Dim("n", 200),): up to 200 rows, as many labels.
+    """
+
+    name: str
+    max: int
+
+
+TensorSpec = dict[str, tuple[tuple["int | Dim", ...], torch.dtype]]
 
 
 def spec_of(tensors: Tensors) -> TensorSpec:
@@ -85,11 +97,29 @@ def check_tensors(tensors: Tensors, expected: TensorSpec) -> None:
     extra = sorted(tensors.keys() - expected.keys())
     if missing or extra:
         raise InvalidContent(f"tensor names differ: missing {missing}, unexpected {extra}")
+    bound: dict[str, int] = {}
     for name, (shape, dtype) in expected.items():
         t = tensors[name]
-        if tuple(t.shape) != shape:
-            raise InvalidContent(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+        if not _shape_matches(tuple(t.shape), shape, bound):
+            raise InvalidContent(f"tensor {name!r} has shape {list(t.shape)}, expected {_show(shape, bound)}")
         if t.dtype != dtype:
             raise InvalidContent(f"tensor {name!r} has dtype {t.dtype}, expected {dtype}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise InvalidContent(f"tensor {name!r} contains NaN or Inf")
+
+
+def _shape_matches(actual: tuple[int, ...], expected: tuple, bound: dict[str, int]) -> bool:
+    if len(actual) != len(expected):
+        return False
+    for size, want in zip(actual, expected):
+        if isinstance(want, Dim):
+            if size > want.max or bound.setdefault(want.name, size) != size:
+                return False
+        elif size != want:
+            return False
+    return True
+
+
+def _show(shape: tuple, bound: dict[str, int]) -> list:
+    return [f"{d.name}={bound[d.name]}" if isinstance(d, Dim) and d.name in bound
+            else f"{d.name}<={d.max}" if isinstance(d, Dim) else d for d in shape]

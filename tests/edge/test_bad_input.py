@@ -11,6 +11,7 @@ import math
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -27,7 +28,7 @@ from shared.config import RunConfig
 from shared.federation import initial_model
 from shared.redis_server import free_port
 from shared.schemas import ClientResultHeader, ClientTaskHeader
-from shared.transport.tensors import Tensors, decode, encode, spec_of
+from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
 from shared.web import SAFETENSORS
 
 CLIENT_TOKEN = "test-client-token"
@@ -93,7 +94,7 @@ class Edge:
             tensors = task_tensors(k)
             header = ClientTaskHeader(task_id=task_id(k), run_id=RUN_ID, client_id=k, round=0, version=0,
                                       config=CONFIG)
-            tasks.append(Task(header, tensors, spec_of(tensors)))
+            tasks.append(Task(header, tensors, partial(check_tensors, expected=spec_of(tensors))))
         await self.board.post(tasks)
 
     async def send_result(self, client_id: int, body: Any, token: str | None = CLIENT_TOKEN,

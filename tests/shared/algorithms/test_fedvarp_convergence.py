@@ -41,10 +41,10 @@ def training_losses(config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> list[
     pool, losses = pooled_training_data(config), []
     evaluate_global = shared.reference.evaluate_global
 
-    def recording(cfg, algorithm, global_):
+    def recording(cfg, algorithm, global_, *rest):
         model = load_parameters(initial_model(cfg), algorithm.model_parameters(global_))
         losses.append(evaluate(model, pool).loss)
-        return evaluate_global(cfg, algorithm, global_)
+        return evaluate_global(cfg, algorithm, global_, *rest)
 
     with monkeypatch.context() as patch:
         patch.setattr(shared.reference, "evaluate_global", recording)

@@ -1,0 +1,316 @@
+"""Hierarchical Federated Prototype Learning, the asynchronous baseline (seeds/003).
+
+Clients keep their own feature extractors f_i: x → R^d, of different architectures (families); only
+class prototypes, counts and a sample of features travel. Edges aggregate prototypes incrementally;
+the cloud consumes a buffer of B edge triples (C^l, N^l, X^l), updates the global prototypes C̄ and
+trains a global linear classifier G on the union of the latest features of every edge.
+
+Wire names (all tensors; J classes, d = feature_dim):
+    global / task   prototypes (J, d) f64 · prototype_counts (J,) f64 · classifier.weight (J, d) · classifier.bias (J,)
+    client result   prototypes (J, d) f64 · class_counts (J,) i64 · features (n, d) · labels (n,) i64
+    edge triple     prototypes (J, d) f64 · counts (J,) f64 · features (n, d) · labels (n,) i64
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from shared.algorithms.base import Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
+from shared.algorithms.prototypes import (
+    ClientPrototypes,
+    EdgePrototypes,
+    cloud_update_prototypes,
+    edge_aggregate_prototypes,
+)
+from shared.config import RunConfig
+from shared.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
+from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, torch_generator
+from shared.training import Evaluation, batches, make_optimizer
+from shared.transport.tensors import Dim, InvalidContent, TensorSpec, Tensors, check_tensors
+
+PROTOTYPES, PROTOTYPE_COUNTS = "prototypes", "prototype_counts"
+WEIGHT, BIAS = "classifier.weight", "classifier.bias"
+CLASS_COUNTS, COUNTS, FEATURES, LABELS = "class_counts", "counts", "features", "labels"
+EXTRACTOR = "f."  # prefix of the client's own feature-extractor parameters in its state
+# Per-client evaluation the cloud keeps (latest report of each client; NaN until it reports).
+EVAL_METRICS = ("accuracy", "proto_accuracy", "test_loss")
+
+
+class HFPLParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    feature_dim: int = Field(64, ge=1, le=4096, description="d: the feature space every client maps into")
+    proto_weight: float = Field(1.0, ge=0, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
+    families: list[str] = Field(["mlp", "cnn", "cnn_deep"], min_length=1,
+                                description="feature-extractor families, assigned to clients in turn")
+    client_families: list[str] | None = Field(None, description="explicit family per client id")
+    feature_cap: int = Field(100, ge=1, le=100_000, description="features a client sends (a seeded subsample)")
+    classifier_epochs: int = Field(5, ge=1, le=1000)
+    classifier_lr: float = Field(0.1, gt=0)
+    classifier_batch_size: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _known(self) -> "HFPLParams":
+        unknown = sorted(set(self.families + (self.client_families or [])) - FEATURE_FAMILIES.keys())
+        if unknown:
+            raise ValueError(f"unknown feature families {unknown}; known: {sorted(FEATURE_FAMILIES)}")
+        return self
+
+
+class HFPL(Algorithm):
+    name = "hfpl"
+    Params = HFPLParams
+    params: HFPLParams
+    synchronous: ClassVar[bool] = False
+    uses_run_model: ClassVar[bool] = False
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        super().check_config(config)
+        params = HFPLParams.model_validate(config.params)
+        if params.client_families is not None and len(params.client_families) != config.data.num_clients:
+            raise ValueError(f"client_families names {len(params.client_families)} families for "
+                             f"{config.data.num_clients} clients")
+        used = set(params.client_families or params.families)
+        if used & IMAGE_FAMILIES and config.data.dataset in ("synthetic", "mnist1d"):
+            raise ValueError(f"families {sorted(used & IMAGE_FAMILIES)} need images; "
+                             f"{config.data.dataset} has 1-D features")
+
+    # ---- who runs what ---------------------------------------------------------------------------
+    def family_of(self, client_id: int) -> str:
+        """Family of client i: explicit, or the families in turn over i // L, so every edge mixes them."""
+        if self.params.client_families is not None:
+            return self.params.client_families[client_id]
+        families = self.params.families
+        return families[(client_id // self.config.topology.num_edges) % len(families)]
+
+    def feature_extractor(self, client_id: int, input_shape: tuple[int, ...]) -> nn.Module:
+        seed = derive_seed(self.config.seed, MODEL_INIT, client_id + 1)
+        return build_feature_extractor(self.family_of(client_id), input_shape, self.params.feature_dim, seed)
+
+    # ---- cloud ---------------------------------------------------------------------------------
+    def init_global(self, model: nn.Module) -> Tensors:
+        # The run's own model only tells J (its last layer's width); the clients bring their own models.
+        num_classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
+        d = self.params.feature_dim
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.config.seed, MODEL_INIT, CLASSIFIER))
+            g = nn.Linear(d, num_classes)
+        return {
+            PROTOTYPES: torch.zeros(num_classes, d, dtype=torch.float64),
+            PROTOTYPE_COUNTS: torch.zeros(num_classes, dtype=torch.float64),
+            WEIGHT: g.weight.detach().clone(),
+            BIAS: g.bias.detach().clone(),
+        }
+
+    def model_parameters(self, global_: Tensors) -> Tensors:
+        return global_
+
+    def _max_features(self) -> int:
+        return self.params.feature_cap * self.config.data.num_clients
+
+    def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
+        num_classes, d = global_[PROTOTYPES].shape
+        n = Dim("n", self._max_features())
+        return {PROTOTYPES: ((num_classes, d), torch.float64), COUNTS: ((num_classes,), torch.float64),
+                FEATURES: ((n, d), torch.float32), LABELS: ((n,), torch.int64)}
+
+    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors) -> None:
+        check_tensors(tensors, self.contribution_spec(global_, clients))
+        num_classes = global_[PROTOTYPES].shape[0]
+        _check_labels(tensors[LABELS], num_classes)
+        counts = tensors[COUNTS]
+        if bool((counts < 0).any()) or bool((counts != counts.round()).any()) \
+                or bool((counts > self.config.data.num_clients).any()):
+            raise InvalidContent(f"counts must be whole numbers in [0, {self.config.data.num_clients}]")
+
+    def cloud_update(
+        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
+    ) -> tuple[Tensors, Tensors]:
+        edges = sorted(c.edge_id for c in contributions)
+        if len(set(edges)) != len(edges):
+            raise ValueError(f"the buffer holds two triples of one edge: {edges}")
+        previous = {l: EdgePrototypes(cloud_state[f"edge{l}.{PROTOTYPES}"], cloud_state[f"edge{l}.{COUNTS}"])
+                    for l in _indices(cloud_state, "edge")}
+        buffer = {c.edge_id: EdgePrototypes(c.tensors[PROTOTYPES], c.tensors[COUNTS]) for c in contributions}
+        means, total, previous = cloud_update_prototypes(global_[PROTOTYPES], previous, buffer)
+
+        state = {k: v.clone() for k, v in cloud_state.items()}  # nothing aliases the caller's tensors
+        for c in contributions:  # X^{l,cloud} ← X^l for the edges in the buffer
+            l = c.edge_id
+            state[f"edge{l}.{PROTOTYPES}"], state[f"edge{l}.{COUNTS}"] = previous[l].means, previous[l].counts
+            state[f"edge{l}.{FEATURES}"], state[f"edge{l}.{LABELS}"] = c.tensors[FEATURES], c.tensors[LABELS]
+            for client, metrics in c.metrics.items():
+                for name in EVAL_METRICS:
+                    if name in metrics:
+                        state.setdefault(f"eval.{name}", _nan(self.config.data.num_clients))[client] = metrics[name]
+        ids = _indices(state, "edge")
+        x = torch.cat([state[f"edge{l}.{FEATURES}"] for l in ids])
+        y = torch.cat([state[f"edge{l}.{LABELS}"] for l in ids])
+        weight, bias = self.train_classifier(global_[WEIGHT], global_[BIAS], x, y, round)
+        return {PROTOTYPES: means, PROTOTYPE_COUNTS: total, WEIGHT: weight, BIAS: bias}, state
+
+    def train_classifier(self, weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                         round: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G."""
+        g = _classifier(weight, bias, trainable=True)
+        opt = torch.optim.SGD(g.parameters(), lr=self.params.classifier_lr)
+        generator = torch_generator(self.config.seed, CLASSIFIER, round)
+        for _ in range(self.params.classifier_epochs):
+            for idx in batches(len(y), self.params.classifier_batch_size, generator):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(g(x[idx]), y[idx]).backward()
+                opt.step()
+        return g.weight.detach().clone(), g.bias.detach().clone()
+
+    def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
+        """The mean over clients of each one's latest held-out figures (own f_i with G)."""
+        if "eval.accuracy" not in cloud_state:
+            return Evaluation(float("nan"), 0.0, 0)
+        seen = ~torch.isnan(cloud_state["eval.accuracy"])
+        loss = cloud_state.get("eval.test_loss", _nan(len(seen)))[seen]
+        return Evaluation(float(loss.mean()), float(cloud_state["eval.accuracy"][seen].mean()), int(seen.sum()))
+
+    # ---- edge ----------------------------------------------------------------------------------
+    def result_spec(self, task: Tensors) -> TensorSpec:
+        num_classes, d = task[PROTOTYPES].shape
+        n = Dim("n", self.params.feature_cap)
+        return {PROTOTYPES: ((num_classes, d), torch.float64), CLASS_COUNTS: ((num_classes,), torch.int64),
+                FEATURES: ((n, d), torch.float32), LABELS: ((n,), torch.int64)}
+
+    def check_result(self, task: Tensors, tensors: Tensors) -> None:
+        check_tensors(tensors, self.result_spec(task))
+        _check_labels(tensors[LABELS], task[PROTOTYPES].shape[0])
+        if bool((tensors[CLASS_COUNTS] < 0).any()):
+            raise InvalidContent("class_counts must not be negative")
+
+    def client_weight(self, num_samples: int) -> float:
+        return 1.0
+
+    def edge_aggregate(
+        self, results: list[ClientResult], edge_state: Tensors, round: int
+    ) -> tuple[EdgeAggregate, Tensors]:
+        """EdgeAggregate (incremental): see prototypes.edge_aggregate_prototypes; X^l = ∪_i X_i^{l,edge}."""
+        if not results:
+            raise ValueError("no client results to aggregate")
+        num_classes, d = results[0].tensors[PROTOTYPES].shape
+        current = EdgePrototypes(edge_state.get(PROTOTYPES, torch.zeros(num_classes, d, dtype=torch.float64)),
+                                 edge_state.get(COUNTS, torch.zeros(num_classes, dtype=torch.float64)))
+        previous = {i: ClientPrototypes(edge_state[f"client{i}.{PROTOTYPES}"], edge_state[f"client{i}.present"])
+                    for i in _indices(edge_state, "client")}
+        updates = {r.client_id: ClientPrototypes(r.tensors[PROTOTYPES], r.tensors[CLASS_COUNTS] > 0) for r in results}
+        new, previous = edge_aggregate_prototypes(current, previous, updates)
+
+        state = {k: v for k, v in edge_state.items()}
+        state[PROTOTYPES], state[COUNTS] = new.means, new.counts
+        for i, c in previous.items():
+            state[f"client{i}.{PROTOTYPES}"], state[f"client{i}.present"] = c.means, c.present
+        for r in results:  # X_i^{l,edge} ← X_i^l
+            state[f"client{r.client_id}.{FEATURES}"] = r.tensors[FEATURES]
+            state[f"client{r.client_id}.{LABELS}"] = r.tensors[LABELS]
+        ids = _indices(state, "client")
+        triple = {
+            PROTOTYPES: new.means,
+            COUNTS: new.counts,
+            FEATURES: torch.cat([state[f"client{i}.{FEATURES}"] for i in ids]),
+            LABELS: torch.cat([state[f"client{i}.{LABELS}"] for i in ids]),
+        }
+        return EdgeAggregate(triple, float(len(results))), state
+
+    # ---- client --------------------------------------------------------------------------------
+    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
+        """ClientUpdate(i, C̄, G): K epochs of minibatch SGD on f_i with G frozen, minimising
+
+            ℓ(batch) = 1/|batch| · Σ_{(x,y) ∈ batch} [ −log softmax(G(f_i(x)))_y
+                                                       + λ_p · 1[C̄_y exists] · ‖f_i(x) − C̄_y‖²₂ ]
+
+        (C̄_y exists once some client anywhere has reported class y). Returns c_i (class means of
+        f_i(x) over the client's training samples, after training), up to feature_cap features with
+        their labels, and f_i as the client's state. Metrics: the held-out accuracy of G∘f_i, of
+        nearest-C̄ classification, and G∘f_i's held-out loss, all with the (C̄, G) it received.
+        """
+        train, test = job.data.train, job.data.test
+        f = self.feature_extractor(job.client_id, tuple(train.x.shape[1:]))
+        if state:
+            f.load_state_dict({k[len(EXTRACTOR):]: v for k, v in state.items() if k.startswith(EXTRACTOR)})
+        g = _classifier(task[WEIGHT], task[BIAS], trainable=False)
+        centres = task[PROTOTYPES].to(torch.float32)
+        exists = task[PROTOTYPE_COUNTS] > 0
+        lam = self.params.proto_weight
+
+        f.train()
+        opt = make_optimizer(f.parameters(), self.config.local)
+        steps, loss_sum = 0, 0.0
+        for _ in range(self.config.local.epochs):
+            for idx in batches(len(train), self.config.local.batch_size, job.generator):
+                x, y = train.x[idx], train.y[idx]
+                opt.zero_grad(set_to_none=True)
+                z = f(x)
+                pull = ((z - centres[y]) ** 2).sum(1) * exists[y]
+                loss = F.cross_entropy(g(z), y) + lam * pull.mean()
+                loss.backward()
+                opt.step()
+                loss_sum, steps = loss_sum + loss.item(), steps + 1
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(f"client {job.client_id}: local loss diverged")
+
+        num_classes = centres.shape[0]
+        with torch.no_grad():
+            f.eval()
+            z = f(train.x).to(torch.float64)
+            counts = torch.bincount(train.y, minlength=num_classes)
+            sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64).index_add_(0, train.y, z)
+            means = sums / counts.clamp(min=1)[:, None].to(torch.float64)
+            keep = torch.randperm(len(train), generator=job.generator)[: self.params.feature_cap].sort().values
+            metrics = _evaluate(f, g, task[PROTOTYPES], exists, test)
+        return ClientUpdate(
+            tensors={PROTOTYPES: means, CLASS_COUNTS: counts, FEATURES: z[keep].to(torch.float32).contiguous(),
+                     LABELS: train.y[keep].clone()},
+            num_samples=len(train),
+            loss=loss_sum / max(steps, 1),
+            state={EXTRACTOR + k: v.detach().clone() for k, v in f.state_dict().items()},
+            metrics=metrics,
+        )
+
+
+def _classifier(weight: torch.Tensor, bias: torch.Tensor, trainable: bool) -> nn.Linear:
+    g = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        g.weight.copy_(weight)
+        g.bias.copy_(bias)
+    g.requires_grad_(trainable)
+    return g
+
+
+@torch.no_grad()
+def _evaluate(f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torch.Tensor, test) -> dict[str, float]:
+    if len(test) == 0:
+        return {}
+    z = f(test.x)
+    logits = g(z)
+    metrics = {"accuracy": float((logits.argmax(1) == test.y).float().mean()),
+               "test_loss": float(F.cross_entropy(logits, test.y))}
+    if bool(exists.any()):
+        distance = torch.cdist(z.to(torch.float64), prototypes)
+        distance[:, ~exists] = math.inf
+        metrics["proto_accuracy"] = float((distance.argmin(1) == test.y).float().mean())
+    return metrics
+
+
+def _check_labels(labels: torch.Tensor, num_classes: int) -> None:
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise InvalidContent(f"labels must lie in [0, {num_classes})")
+
+
+def _indices(state: Tensors, kind: str) -> list[int]:
+    """The ids i of keys '<kind><i>.*' in a state dict, sorted."""
+    return sorted({int(k[len(kind):].split(".", 1)[0]) for k in state if k.startswith(kind) and k[len(kind)].isdigit()})
+
+
+def _nan(n: int) -> torch.Tensor:
+    return torch.full((n,), math.nan, dtype=torch.float64)
