@@ -97,6 +97,8 @@ class LocalTopology:
     client_token: str = "dev-client-token"
     key_prefix: str = field(default_factory=lambda: f"fl{os.getpid()}x{time.monotonic_ns() % 10**6}")
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Per-edge settings on top of extra_env, e.g. {2: {"FL_EDGE_SLOWDOWN": "3"}} for one slow edge.
+    edge_env: dict[int, dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="fl-"))
@@ -129,7 +131,8 @@ class LocalTopology:
             edge = Service(f"edge{edge_id}", ["-m", "edge.main"], {
                 "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_PORT": str(port), "FL_EDGE_CLOUD_URL": self.cloud.url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
-                "FL_EDGE_LOG_LEVEL": "warning", **self.extra_env,
+                "FL_EDGE_LOG_LEVEL": "warning", "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"),
+                **self.extra_env, **self.edge_env.get(edge_id, {}),
             }, self.workdir / f"edge{edge_id}.log", url=f"http://127.0.0.1:{port}")
             edge.start()
             self.edges.append(edge)

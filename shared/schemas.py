@@ -15,7 +15,8 @@ from shared.config import RunConfig
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN stays NaN in JSON (a round nobody evaluated), instead of a null that would not read back.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 Id = Field(ge=0, le=2**31 - 1)

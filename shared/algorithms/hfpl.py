@@ -171,7 +171,7 @@ class HFPL(Algorithm):
     def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
         """The mean over clients of each one's latest held-out figures (own f_i with G)."""
         if "eval.accuracy" not in cloud_state:
-            return Evaluation(float("nan"), 0.0, 0)
+            return Evaluation(math.nan, math.nan, 0)
         seen = ~torch.isnan(cloud_state["eval.accuracy"])
         loss = cloud_state.get("eval.test_loss", _nan(len(seen)))[seen]
         return Evaluation(float(loss.mean()), float(cloud_state["eval.accuracy"][seen].mean()), int(seen.sum()))
