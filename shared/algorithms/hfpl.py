@@ -45,7 +45,8 @@ class HFPLParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     feature_dim: int = Field(64, ge=1, le=4096, description="d: the feature space every client maps into")
-    proto_weight: float = Field(1.0, ge=0, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
+    # The squared norm sums over d dimensions, so λ_p is small: at 1 the pull overshoots at lr 0.05.
+    proto_weight: float = Field(0.05, ge=0, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
     families: list[str] = Field(["mlp", "cnn", "cnn_deep"], min_length=1,
                                 description="feature-extractor families, assigned to clients in turn")
     client_families: list[str] | None = Field(None, description="explicit family per client id")

@@ -1,0 +1,352 @@
+"""HFPL's hooks: the client's prototypes and regulariser, the edge's and cloud's incremental means, the
+checks on what crosses the wire, and the reference runner's determinism with stale edges."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from shared.algorithms.base import ClientResult, Contribution
+from shared.algorithms.hfpl import HFPL
+from shared.config import RunConfig
+from shared.data.datasets import load_federated
+from shared.federation import initial_model, local_job
+from shared.reference import run_reference, schedule_of
+from shared.training import Evaluation
+from shared.transport.tensors import InvalidContent
+
+F64, F32, I64 = torch.float64, torch.float32, torch.int64
+SMALL = dict(algorithm="hfpl", rounds=3, seed=0,
+             data=dict(dataset="digits", partition="dirichlet", alpha=0.3, num_clients=6),
+             local=dict(epochs=1, lr=0.05, batch_size=32), topology=dict(num_edges=3, buffer_size=2),
+             params=dict(proto_weight=0.05))
+# Client 2 of SMALL: an mlp (2 // L = 0 → families[0]), 132 training samples, classes 2 and 3 absent.
+CLIENT = 2
+
+
+def config(local: dict | None = None, **params) -> RunConfig:
+    return RunConfig.model_validate({**SMALL, "local": {**SMALL["local"], **(local or {})},
+                                     "params": {**SMALL["params"], **params}})
+
+
+def hfpl(local: dict | None = None, **params) -> HFPL:
+    return HFPL(config(local, **params))
+
+
+def train_data(a: HFPL):
+    return load_federated(a.config.data, a.config.seed).clients[CLIENT]
+
+
+def update(a: HFPL, task, state=None):
+    job = local_job(a.config, CLIENT, 0, train_data(a))
+    return a.local_update(job, task, state or {})
+
+
+def task_of(a: HFPL, prototypes: torch.Tensor | None = None, counts: torch.Tensor | None = None):
+    task = a.init_global(initial_model(a.config))
+    if prototypes is not None:
+        task = {**task, "prototypes": prototypes, "prototype_counts": counts}
+    return task
+
+
+def features(a: HFPL, state, x: torch.Tensor) -> torch.Tensor:
+    """f_i(x) recomputed by a fresh extractor of client i's family loaded with its returned state."""
+    f = a.feature_extractor(CLIENT, tuple(x.shape[1:]))
+    f.load_state_dict({k.removeprefix("f."): v for k, v in state.items()})
+    f.eval()
+    with torch.no_grad():
+        return f(x)
+
+
+# ---- client ---------------------------------------------------------------------------------------
+
+def test_local_update_sends_class_means_of_its_own_features_and_a_capped_sample():
+    a = hfpl(feature_cap=20)
+    task = task_of(a)
+    u = update(a, task)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in u.tensors.items()} == {
+        "prototypes": ((10, 64), F64), "class_counts": ((10,), I64),
+        "features": ((20, 64), F32), "labels": ((20,), I64)}
+    a.check_result(task, u.tensors)
+    train = train_data(a).train
+    assert u.num_samples == len(train) == 132
+    counts = torch.bincount(train.y, minlength=10)
+    assert torch.equal(u.tensors["class_counts"], counts)
+    z = features(a, u.state, train.x)
+    for j in counts.nonzero().flatten().tolist():
+        torch.testing.assert_close(u.tensors["prototypes"][j], z[train.y == j].double().mean(0), rtol=0, atol=1e-9)
+    # Every sent row is f_i(x) of a distinct training sample, sent with that sample's label.
+    match = (u.tensors["features"][:, None, :] == z[None]).all(-1)  # (20, 132)
+    rows = match.float().argmax(1)
+    assert match.any(1).all() and len(set(rows.tolist())) == 20
+    assert torch.equal(u.tensors["labels"], train.y[rows])
+
+
+def test_the_state_is_the_extractor_and_the_next_call_starts_from_it():
+    # lr = 1e-30 moves no float32 weight: the returned extractor is exactly the one training began with.
+    a = hfpl(local={"lr": 1e-30})
+    task = task_of(a)
+    first = update(a, task)
+    fresh = a.feature_extractor(CLIENT, (1, 8, 8)).state_dict()
+    assert set(first.state) == {"f." + k for k in fresh}
+    assert all(torch.equal(first.state["f." + k], v) for k, v in fresh.items())
+    moved = {k: v + 1.0 for k, v in first.state.items()}
+    second = update(a, task, moved)
+    assert all(torch.equal(second.state[k], v) for k, v in moved.items())
+
+
+def test_the_regulariser_pulls_features_towards_the_global_prototype():
+    # Every class's C̄_y at 3·e_0; λ_p = 0.5 (1.0 already overshoots at lr 0.05). Same seed, same batches.
+    a0, a1 = hfpl(proto_weight=0.0), hfpl(proto_weight=0.5)
+    centre = torch.zeros(10, 64, dtype=F64)
+    centre[:, 0] = 3.0
+    counts = torch.ones(10, dtype=F64)
+    train = train_data(a0).train
+
+    def distance(a: HFPL) -> float:
+        u = update(a, task_of(a, centre, counts))
+        return float((features(a, u.state, train.x).double() - centre[train.y]).norm(dim=1).mean())
+
+    # Measured: ≈ 3.25 without the pull, ≈ 0.65 with it.
+    assert distance(a1) < distance(a0) / 2
+
+
+@pytest.mark.parametrize("which", ["none", "only classes the client lacks"])
+def test_classes_without_a_global_prototype_are_not_pulled(which):
+    train = train_data(hfpl()).train
+    counts = torch.zeros(10, dtype=F64)
+    if which != "none":
+        lacks = torch.bincount(train.y, minlength=10) == 0
+        assert lacks.any()
+        counts[lacks] = 3.0
+    prototypes = torch.full((10, 64), 50.0, dtype=F64)
+    plain, pulled = hfpl(proto_weight=0.0), hfpl(proto_weight=1e6)
+    u0, u1 = update(plain, task_of(plain, prototypes, counts)), update(pulled, task_of(pulled, prototypes, counts))
+    assert u0.state.keys() == u1.state.keys()
+    assert all(torch.equal(u0.state[k], u1.state[k]) for k in u0.state)
+    assert all(torch.equal(u0.tensors[k], u1.tensors[k]) for k in u0.tensors)
+    assert u0.loss == u1.loss
+
+
+# ---- families and configs -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_clients, per_edge", [(9, ["mlp", "cnn", "cnn_deep"]), (6, ["mlp", "cnn"])])
+def test_default_families_mix_within_every_edge(num_clients, per_edge):
+    # Edge l serves l, l + L, l + 2L, ...: the families taken in turn over k // L.
+    c = RunConfig.model_validate({**SMALL, "data": {**SMALL["data"], "num_clients": num_clients}})
+    a = HFPL(c)
+    for edge in range(3):
+        assert [a.family_of(k) for k in c.clients_of_edge(edge)] == per_edge
+
+
+def test_client_families_are_honoured_and_build_their_architecture():
+    chosen = ["cnn_deep", "mlp", "mlp", "cnn", "cnn_deep", "cnn"]
+    a = hfpl(client_families=chosen, feature_dim=7)
+    convs = {"mlp": 0, "cnn": 2, "cnn_deep": 3}
+    for k, family in enumerate(chosen):
+        assert a.family_of(k) == family
+        f = a.feature_extractor(k, (1, 8, 8))
+        assert sum(isinstance(m, nn.Conv2d) for m in f.modules()) == convs[family]
+        assert f(torch.zeros(2, 1, 8, 8)).shape == (2, 7)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"data": {"dataset": "synthetic", "num_clients": 6}}, "need images"),
+    ({"data": {"dataset": "mnist1d", "num_clients": 6},
+      "params": {"families": ["mlp"], "client_families": ["mlp"] * 5 + ["cnn_deep"]}}, "need images"),
+    ({"params": {"families": ["mlp", "resnet"]}}, "unknown feature families"),
+    ({"params": {"client_families": ["mlp"] * 5}}, "client_families names 5 families for 6 clients"),
+    ({"topology": {"num_edges": 3, "buffer_size": 4}}, "cannot exceed"),
+])
+def test_check_config_refuses(change, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig.model_validate({**SMALL, **change})
+
+
+def test_check_config_accepts_mlp_only_on_flat_data():
+    RunConfig.model_validate({**SMALL, "data": {"dataset": "synthetic", "num_clients": 6},
+                              "params": {"families": ["mlp"]}})
+
+
+# ---- edge -----------------------------------------------------------------------------------------
+
+def result(k: int, prototypes, counts, rows, labels) -> ClientResult:
+    return ClientResult(k, 10, 0.0, {"prototypes": torch.tensor(prototypes, dtype=F64),
+                                     "class_counts": torch.tensor(counts),
+                                     "features": torch.tensor(rows, dtype=F32), "labels": torch.tensor(labels)})
+
+
+def rows_of(triple) -> list:
+    return sorted(zip(triple["features"].tolist(), triple["labels"].tolist()))
+
+
+def test_edge_aggregate_over_two_rounds_keeps_the_latest_of_every_client():
+    a = hfpl(feature_dim=2, feature_cap=4)
+    # J = 3, d = 2. Round 0: clients 0 and 3. C_0 = ([1,1] + [3,3])/2 = [2,2], C_1 = [2,2], C_2 = [6,6].
+    agg, state = a.edge_aggregate([
+        result(3, [[3, 3], [0, 0], [6, 6]], [2, 0, 5], [[30, 0], [31, 0], [32, 0]], [0, 2, 2]),
+        result(0, [[1, 1], [2, 2], [0, 0]], [3, 1, 0], [[0, 0], [1, 0]], [0, 1]),
+    ], {}, 0)
+    assert torch.equal(agg.tensors["prototypes"], torch.tensor([[2.0, 2], [2, 2], [6, 6]], dtype=F64))
+    assert torch.equal(agg.tensors["counts"], torch.tensor([2.0, 1, 1], dtype=F64))
+    assert rows_of(agg.tensors) == [([0, 0], 0), ([1, 0], 1), ([30, 0], 0), ([31, 0], 2), ([32, 0], 2)]
+    # Round 1: client 0 again, class 0 at [5,5], class 1 at [4,4]: C_0 = (5 + 3)/2 = 4, C_1 = 4, N unchanged;
+    # its two old rows give way to its one new row, client 3's rows stay.
+    agg, state = a.edge_aggregate([result(0, [[5, 5], [4, 4], [0, 0]], [1, 2, 0], [[2, 0]], [1])], state, 1)
+    assert torch.equal(agg.tensors["prototypes"], torch.tensor([[4.0, 4], [4, 4], [6, 6]], dtype=F64))
+    assert torch.equal(agg.tensors["counts"], torch.tensor([2.0, 1, 1], dtype=F64))
+    assert rows_of(agg.tensors) == [([2, 0], 1), ([30, 0], 0), ([31, 0], 2), ([32, 0], 2)]
+    a.check_contribution(a.init_global(nn.Linear(1, 3)), [0, 3], agg.tensors)
+    with pytest.raises(ValueError):
+        a.edge_aggregate([], state, 2)
+
+
+# ---- cloud ----------------------------------------------------------------------------------------
+
+CENTRES = torch.tensor([[4.0, 0.0], [0.0, 4.0], [-4.0, -4.0]])
+
+
+def triple(prototypes, counts, seed: int) -> dict:
+    """(C^l, N^l, X^l) with 30 features around three well-separated class centres."""
+    labels = torch.arange(30) % 3
+    noise = 0.5 * torch.randn(30, 2, generator=torch.Generator().manual_seed(seed))
+    return {"prototypes": torch.tensor(prototypes, dtype=F64), "counts": torch.tensor(counts, dtype=F64),
+            "features": CENTRES[labels] + noise, "labels": labels}
+
+
+def contribution(edge: int, tensors: dict, metrics: dict | None = None) -> Contribution:
+    return Contribution(edge, 0, tensors, 1.0, tuple(sorted(metrics or {})), metrics or {})
+
+
+def accuracy(global_, x, y) -> float:
+    return float(((x @ global_["classifier.weight"].T + global_["classifier.bias"]).argmax(1) == y).float().mean())
+
+
+def test_cloud_update_by_hand_over_two_buffers():
+    a = hfpl(feature_dim=2)
+    g0 = a.init_global(nn.Linear(1, 3))  # J = 3 from the model's last layer, d = 2
+    e0 = triple([[1, 0], [0, 3], [0, 0]], [2, 1, 0], seed=0)
+    e1 = triple([[4, 0], [0, 0], [5, 5]], [1, 0, 2], seed=1)
+    g1, s1 = a.cloud_update(g0, [contribution(1, e1, {1: {"accuracy": 0.0, "test_loss": 2.0}}),
+                                 contribution(0, e0, {0: {"accuracy": 0.5, "test_loss": 1.0, "proto_accuracy": 0.25},
+                                                      3: {"accuracy": 1.0, "test_loss": 3.0}})], {}, 0)
+    # C̄_0 = (2·1 + 1·4)/3 = 2; C̄_1 = edge 0's [0,3] alone; C̄_2 = edge 1's [5,5] alone.
+    assert torch.equal(g1["prototypes"], torch.tensor([[2.0, 0], [0, 3], [5, 5]], dtype=F64))
+    assert torch.equal(g1["prototype_counts"], torch.tensor([3.0, 1, 2], dtype=F64))
+    x, y = torch.cat([e0["features"], e1["features"]]), torch.cat([e0["labels"], e1["labels"]])
+    assert not torch.equal(g1["classifier.weight"], g0["classifier.weight"])
+    # Measured: the seeded initial G gets a third of these right; 5 epochs separate the clusters.
+    assert accuracy(g0, x, y) < accuracy(g1, x, y) == 1.0
+    # Latest figures per client of 6; the evaluation is their plain mean over the 3 clients seen.
+    nan = math.nan
+    torch.testing.assert_close(s1["eval.accuracy"], torch.tensor([0.5, 0.0, nan, 1.0, nan, nan], dtype=F64),
+                               equal_nan=True)
+    torch.testing.assert_close(s1["eval.proto_accuracy"], torch.tensor([0.25, nan, nan, nan, nan, nan], dtype=F64),
+                               equal_nan=True)
+    assert a.evaluate(g1, s1) == Evaluation(2.0, 0.5, 3)  # loss (1 + 2 + 3)/3, accuracy (0.5 + 0 + 1)/3
+
+    e2 = triple([[0, 0], [0, 9], [0, 0]], [0, 1, 0], seed=2)
+    e0b = triple([[7, 0], [0, 3], [1, 1]], [1, 1, 2], seed=3)
+    g2, s2 = a.cloud_update(g1, [contribution(0, e0b, {0: {"accuracy": 0.8, "test_loss": 0.5}}),
+                                 contribution(2, e2)], s1, 1)
+    # Latest: edge 0 (e0b), edge 1 (e1), edge 2 (e2). C̄_0 = (1·7 + 1·4)/2 = 5.5; C̄_1 = (1·3 + 1·9)/2 = 6
+    # in its second coordinate; C̄_2 = (2·[1,1] + 2·[5,5])/4 = [3,3].
+    torch.testing.assert_close(g2["prototypes"], torch.tensor([[5.5, 0], [0, 6], [3, 3]], dtype=F64),
+                               rtol=0, atol=1e-12)
+    assert torch.equal(g2["prototype_counts"], torch.tensor([2.0, 2, 4], dtype=F64))
+    for l, sent in [(0, e0b), (1, e1), (2, e2)]:  # edge 1 was not in the buffer: its X^{l,cloud} stays
+        assert torch.equal(s2[f"edge{l}.features"], sent["features"])
+        assert torch.equal(s2[f"edge{l}.labels"], sent["labels"])
+    assert torch.equal(s1["edge0.features"], e0["features"])  # the previous state is not mutated
+    # Client 0's 0.8 and 0.5 replace its 0.5 and 1: accuracy (0.8 + 0 + 1)/3, loss (0.5 + 2 + 3)/3.
+    e = a.evaluate(g2, s2)
+    assert (e.loss, e.accuracy, e.samples) == (pytest.approx(11 / 6), pytest.approx(0.6), 3)
+
+
+def test_cloud_update_refuses_two_triples_of_one_edge():
+    a = hfpl(feature_dim=2)
+    t = triple([[1, 0], [0, 3], [0, 0]], [2, 1, 0], seed=0)
+    with pytest.raises(ValueError, match="two triples of one edge"):
+        a.cloud_update(a.init_global(nn.Linear(1, 3)), [contribution(1, t), contribution(1, t)], {}, 0)
+
+
+# ---- wire checks ----------------------------------------------------------------------------------
+
+def good_result() -> dict:
+    # J = 3, d = 2, feature_cap = 4.
+    return {"prototypes": torch.zeros(3, 2, dtype=F64), "class_counts": torch.tensor([2, 0, 1]),
+            "features": torch.zeros(3, 2), "labels": torch.tensor([0, 2, 0])}
+
+
+def good_triple() -> dict:
+    # 6 clients × cap 4 = at most 24 features.
+    return {"prototypes": torch.zeros(3, 2, dtype=F64), "counts": torch.tensor([6.0, 0, 1], dtype=F64),
+            "features": torch.zeros(24, 2), "labels": torch.full((24,), 2)}
+
+
+BAD_RESULTS = {
+    "label -1": {"labels": torch.tensor([0, -1, 0])},
+    "label J": {"labels": torch.tensor([0, 3, 0])},
+    "lengths differ": {"labels": torch.tensor([0, 2])},
+    "over the cap": {"features": torch.zeros(5, 2), "labels": torch.zeros(5, dtype=I64)},
+    "negative count": {"class_counts": torch.tensor([2, -1, 1])},
+    "float counts": {"class_counts": torch.tensor([2.0, 0.5, 1.0])},
+    "NaN prototype": {"prototypes": torch.tensor([[0.0, math.nan], [0, 0], [0, 0]], dtype=F64)},
+    "NaN feature": {"features": torch.tensor([[0.0, 0], [math.nan, 0], [0, 0]])},
+}
+BAD_TRIPLES = {
+    "label -1": {"labels": torch.full((24,), -1)},
+    "label J": {"labels": torch.full((24,), 3)},
+    "lengths differ": {"labels": torch.full((23,), 2)},
+    "over the cap": {"features": torch.zeros(25, 2), "labels": torch.full((25,), 2)},
+    "negative count": {"counts": torch.tensor([6.0, -1, 1], dtype=F64)},
+    "fractional count": {"counts": torch.tensor([6.0, 0.5, 1], dtype=F64)},
+    "more than the clients": {"counts": torch.tensor([7.0, 0, 1], dtype=F64)},
+    "NaN prototype": {"prototypes": torch.tensor([[0.0, math.nan], [0, 0], [0, 0]], dtype=F64)},
+}
+
+
+@pytest.mark.parametrize("bad", BAD_RESULTS)
+def test_check_result_refuses(bad):
+    a = hfpl(feature_dim=2, feature_cap=4)
+    task = a.init_global(nn.Linear(1, 3))
+    a.check_result(task, good_result())
+    with pytest.raises(InvalidContent):
+        a.check_result(task, {**good_result(), **BAD_RESULTS[bad]})
+
+
+@pytest.mark.parametrize("bad", BAD_TRIPLES)
+def test_check_contribution_refuses(bad):
+    a = hfpl(feature_dim=2, feature_cap=4)
+    global_ = a.init_global(nn.Linear(1, 3))
+    a.check_contribution(global_, [0, 3], good_triple())
+    with pytest.raises(InvalidContent):
+        a.check_contribution(global_, [0, 3], {**good_triple(), **BAD_TRIPLES[bad]})
+
+
+# ---- the reference runner -------------------------------------------------------------------------
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_reference_is_deterministic_per_seed():
+    c = config()
+    first, second, other = run_reference(c), run_reference(c), run_reference(c.model_copy(update={"seed": 1}))
+    assert same(first.global_state, second.global_state)
+    assert not same(first.global_state, other.global_state)
+
+
+def test_a_slow_edge_arrives_stale_and_replaying_the_schedule_reproduces_the_run():
+    c = config().model_copy(update={"rounds": 4})
+    run = run_reference(c, edge_slowdown={2: 3.0})
+    # Edges 0 and 1 finish at t = 1, 2, 3, 4 (one unit per round); edge 2's first round ends at t = 3 and
+    # loses the tie at t = 3 to edges 0 and 1 (ties by id), so update 3 takes it (base 0) and edge 0 (base 3).
+    assert schedule_of(run.history) == [[(0, 0), (1, 0)], [(0, 1), (1, 1)], [(0, 2), (1, 2)], [(2, 0), (0, 3)]]
+    assert [[x.staleness for x in h.contributions] for h in run.history] == [[0, 0], [0, 0], [0, 0], [3, 0]]
+    assert all(len({x.edge_id for x in h.contributions}) == 2 for h in run.history)
+    replay = run_reference(c, schedule=schedule_of(run.history))
+    assert same(replay.global_state, run.global_state)
+    assert replay.cloud_state.keys() == run.cloud_state.keys()
+    for k in run.cloud_state:  # eval.* hold NaN for clients never seen, and NaN != NaN
+        assert torch.equal(replay.cloud_state[k].nan_to_num(-1.0), run.cloud_state[k].nan_to_num(-1.0)), k
