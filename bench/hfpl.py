@@ -1,0 +1,226 @@
+"""Asynchronous hierarchical prototype learning through the services, against sync and local-only.
+
+Task: MNIST 5k, Dirichlet(0.3) over 12 clients under 3 edges (4 each), feature extractors of three
+families (mlp, cnn, cnn_deep, mixed within every edge), K = 1 local epoch, B = 32, lr 0.1, λ_p = 0.05,
+d = 64, seed 0. Edge 2 is made 3× slower (FL_EDGE_SLOWDOWN=3). Two runs on one running topology
+(private redis-server, cloud, 3 edges, 3 client processes):
+  async: buffer B = 2 — an update as soon as two edges have reported;
+  sync:  buffer B = L = 3 — every update waits for the slow edge.
+Accuracy is each client's held-out accuracy with its own f_i and the G it last received, averaged over
+clients (their latest reports). The local-only baseline trains each client's f_i with a private linear
+head on its own data alone, for as many epochs as that client trained in the async run, and tests it on
+the same held-out split. Writes docs/hfpl.{md,json,png}.
+
+    ./fl bench/hfpl.py [--async-rounds 45] [--sync-rounds 18] [--target 0.9]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedctl.api import CloudAPI
+from fedctl.launch import LocalTopology
+from shared.algorithms import registry
+from shared.algorithms.hfpl import HFPL
+from shared.config import RunConfig
+from shared.data.datasets import load_federated
+from shared.schemas import RoundRecord
+from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
+from shared.training import batches, make_optimizer
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+SLOW_EDGE, SLOWDOWN = 2, 3.0
+
+
+def config_for(name: str, buffer_size: int, rounds: int) -> RunConfig:
+    return RunConfig.model_validate({
+        "name": name, "algorithm": "hfpl", "rounds": rounds, "seed": 0,
+        "data": {"dataset": "mnist5k", "partition": "dirichlet", "alpha": 0.3, "num_clients": 12},
+        "local": {"epochs": 1, "batch_size": 32, "lr": 0.1},
+        "topology": {"num_edges": 3, "buffer_size": buffer_size},
+        "params": {"proto_weight": 0.05, "feature_dim": 64, "feature_cap": 100},
+        "policy": {"deadline_s": 120},
+    })
+
+
+def latest_per_client(history: list[RoundRecord]) -> dict[int, dict[str, float]]:
+    """Each client's last report: its held-out metrics and how many rounds it trained."""
+    latest: dict[int, dict[str, float]] = {}
+    for h in history:
+        for c in h.clients:
+            rounds = latest.get(c.client_id, {}).get("rounds", 0) + 1
+            latest[c.client_id] = {**c.metrics, "rounds": rounds}
+    return latest
+
+
+def train_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int) -> float:
+    """The client's own f_i (same family and initial weights) and a private linear head, trained on
+    its data alone with the run's local settings; accuracy on its held-out split."""
+    data = load_federated(config.data, config.seed).clients[client_id]
+    f = algorithm.feature_extractor(client_id, tuple(data.train.x.shape[1:]))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(config.seed, MODEL_INIT, 10_000 + client_id))
+        head = nn.Linear(algorithm.params.feature_dim, load_federated(config.data, config.seed).num_classes)
+    model = nn.Sequential(f, head)
+    opt = make_optimizer(model.parameters(), config.local)
+    model.train()
+    for epoch in range(epochs):
+        generator = torch_generator(config.seed, LOCAL_TRAINING, epoch, client_id)
+        for idx in batches(len(data.train), config.local.batch_size, generator):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
+            opt.step()
+    model.eval()
+    with torch.no_grad():
+        return float((model(data.test.x).argmax(1) == data.test.y).float().mean())
+
+
+def time_to(history: list[RoundRecord], target: float) -> float | None:
+    return next((h.elapsed_s for h in history if h.test_accuracy >= target), None)
+
+
+def time_stable(history: list[RoundRecord], target: float) -> float | None:
+    """From when on the accuracy never falls below the target again (first reports of late clients dip it)."""
+    below = [i for i, h in enumerate(history) if h.test_accuracy < target]
+    start = below[-1] + 1 if below else 0
+    return history[start].elapsed_s if start < len(history) else None
+
+
+def spread(values: list[float]) -> str:
+    sd = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f}%"
+
+
+def plot(curves: dict[str, list[RoundRecord]], local_mean: float, target: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, history in curves.items():
+        ax.plot([h.elapsed_s for h in history], [100 * h.test_accuracy for h in history], marker="o", ms=3,
+                label=label)
+    ax.axhline(100 * local_mean, color="grey", ls="--", lw=1, label="local only (same epochs as async)")
+    ax.axhline(100 * target, color="black", ls=":", lw=1, label=f"target {100 * target:.0f}%")
+    ax.set_xlabel("wall-clock time since start (s)")
+    ax.set_ylabel("mean client held-out accuracy (%)")
+    ax.set_title(f"HFPL, MNIST 5k Dirichlet(0.3), 12 clients / 3 edges, edge {SLOW_EDGE} {SLOWDOWN:.0f}× slower")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--async-rounds", type=int, default=45)
+    parser.add_argument("--sync-rounds", type=int, default=18)
+    parser.add_argument("--target", type=float, default=0.90)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    runs = {"async (B = 2)": config_for("hfpl-async", 2, args.async_rounds),
+            "sync (B = L = 3)": config_for("hfpl-sync", 3, args.sync_rounds)}
+    curves: dict[str, list[RoundRecord]] = {}
+    with LocalTopology(num_clients=12, num_edges=3, procs_per_edge=1,
+                       edge_env={SLOW_EDGE: {"FL_EDGE_SLOWDOWN": str(SLOWDOWN)}}) as topo, \
+            CloudAPI(topo.cloud_url, topo.admin_token) as api:
+        for label, config in runs.items():
+            run_id = api.create_run(config).run_id
+            api.action(run_id, "start")
+            api.wait(run_id, timeout_s=3600)
+            curves[label] = api.history(run_id)
+            last = curves[label][-1]
+            print(f"{label:18s} {len(curves[label])} updates in {last.elapsed_s:6.1f}s  final "
+                  f"{100 * last.test_accuracy:.1f}%  to {100 * args.target:.0f}%: "
+                  f"{time_to(curves[label], args.target)}", flush=True)
+
+    async_label = next(iter(runs))
+    config = runs[async_label]
+    algorithm = registry.create(config)
+    latest = latest_per_client(curves[async_label])
+    clients = []
+    for k in sorted(latest):
+        epochs = int(latest[k]["rounds"]) * config.local.epochs
+        clients.append({"client": k, "edge": k % config.topology.num_edges, "family": algorithm.family_of(k),
+                        "epochs": epochs, "federated": latest[k]["accuracy"],
+                        "nearest_prototype": latest[k].get("proto_accuracy"),
+                        "local_only": train_alone(algorithm, config, k, epochs)})
+    fed = [c["federated"] for c in clients]
+    alone = [c["local_only"] for c in clients]
+    gap = statistics.mean(fed) - statistics.mean(alone)
+    print(f"federated {spread(fed)} vs local only {spread(alone)}: +{100 * gap:.1f} points")
+
+    # The same comparison after fewer updates: the gap depends on the epoch budget.
+    budgets = ["| async updates | epochs per client | federated | local only, same epochs | difference |",
+               "|---|---|---|---|---|"]
+    budget_rows = []
+    total = len(curves[async_label])
+    for n in sorted(({5, 10, 20, 30} & set(range(1, total))) | {total}):
+        early = latest_per_client(curves[async_label][:n])
+        f_acc = [early[k]["accuracy"] for k in sorted(early)]
+        epochs = [int(early[k]["rounds"]) * config.local.epochs for k in sorted(early)]
+        a_acc = [train_alone(algorithm, config, k, e) for k, e in zip(sorted(early), epochs)]
+        diff = statistics.mean(f_acc) - statistics.mean(a_acc)
+        budget_rows.append({"updates": n, "clients": len(early), "federated": statistics.mean(f_acc),
+                            "local_only": statistics.mean(a_acc), "epochs": epochs})
+        budgets.append(f"| {n} | {min(epochs)}–{max(epochs)} | {spread(f_acc)} | {spread(a_acc)} | "
+                       f"{100 * diff:+.1f} points |")
+        print(budgets[-1], flush=True)
+
+    rows = ["| family | clients | federated (G∘f_i) | nearest prototype (C̄) | local only, same epochs |",
+            "|---|---|---|---|---|"]
+    for family in config.params.get("families", ["mlp", "cnn", "cnn_deep"]):
+        group = [c for c in clients if c["family"] == family]
+        if group:
+            rows.append(f"| {family} | {len(group)} | {spread([c['federated'] for c in group])} | "
+                        f"{spread([c['nearest_prototype'] for c in group])} | "
+                        f"{spread([c['local_only'] for c in group])} |")
+    rows.append(f"| all | {len(clients)} | {spread(fed)} | {spread([c['nearest_prototype'] for c in clients])} | "
+                f"{spread(alone)} |")
+    timing = ["| run | updates | wall time | final accuracy | first at target | at or above target from |",
+              "|---|---|---|---|---|---|"]
+    for label, history in curves.items():
+        reached, stable = time_to(history, args.target), time_stable(history, args.target)
+        timing.append(f"| {label} | {len(history)} | {history[-1].elapsed_s:.0f} s | "
+                      f"{100 * history[-1].test_accuracy:.1f}% | {f'{reached:.1f} s' if reached else 'not reached'} | "
+                      f"{f'{stable:.1f} s' if stable else 'not reached'} |")
+
+    DOCS.mkdir(exist_ok=True)
+    plot(curves, statistics.mean(alone), args.target, DOCS / "hfpl.png")
+    (DOCS / "hfpl.json").write_text(json.dumps({
+        "target": args.target, "clients": clients, "budgets": budget_rows,
+        "runs": {label: {"config": runs[label].model_dump(mode="json"),
+                         "history": [h.model_dump(mode="json") for h in history]}
+                 for label, history in curves.items()},
+    }, indent=1))
+    text = (
+        f"# Asynchronous hierarchical prototype learning\n\n"
+        f"Produced by `./fl bench/hfpl.py` through the services (private redis-server, cloud, 3 edges, "
+        f"3 client processes). MNIST 5k, Dirichlet(0.3) over 12 clients under 3 edges, families mlp / cnn / "
+        f"cnn_deep mixed within every edge, K = 1, B = 32, lr 0.1, λ_p = 0.05, d = 64, seed 0; edge "
+        f"{SLOW_EDGE} is {SLOWDOWN:.0f}× slower.\n\n"
+        f"## Wall-clock time to {100 * args.target:.0f}% mean client accuracy\n\n" + "\n".join(timing) +
+        f"\n\n## Per client, at the end of the async run (mean ± spread over clients)\n\n" + "\n".join(rows) +
+        f"\n\nFederated minus local only: {100 * gap:+.1f} points. Local only trains each client's own f_i "
+        f"with a private head for as many epochs as that client trained in the async run "
+        f"({min(c['epochs'] for c in clients)}–{max(c['epochs'] for c in clients)}; the slow edge's clients "
+        f"train less often).\n\n## Federated against local only, by budget\n\n"
+        f"The same comparison after the first n updates of the async run (clients that had trained by then; "
+        f"local only with each one's epochs up to that point):\n\n" + "\n".join(budgets) +
+        f"\n\n![accuracy over wall-clock time](hfpl.png)\n"
+    )
+    (DOCS / "hfpl.md").write_text(text)
+    print("\n".join(timing + [""] + rows))
+
+
+if __name__ == "__main__":
+    main()
