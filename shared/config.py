@@ -91,7 +91,7 @@ class RunConfig(Strict):
         cls = get_algorithm_class(self.algorithm)  # raises ValueError on unknown names
         cls.Params.model_validate(self.params)
         cls.check_config(self)
-        if cls.uses_run_model and self.model.name == "cnn" and self.data.dataset in ("synthetic", "mnist1d"):
+        if self.model.name == "cnn" and self.data.dataset in ("synthetic", "mnist1d"):
             raise ValueError(f"the cnn needs images; {self.data.dataset} has 1-D features (use logreg or mlp)")
         if self.data.num_clients < self.topology.num_edges:
             raise ValueError("every edge needs at least one client")

@@ -100,8 +100,6 @@ class Algorithm:
     multi_edge: ClassVar[bool] = True
     # Whether an edge may run κ > 1 rounds with its own clients before it reports to the cloud.
     edge_rounds: ClassVar[bool] = False
-    # Whether clients train the run's `model`; prototype learning brings its own client models.
-    uses_run_model: ClassVar[bool] = True
 
     def __init__(self, config: RunConfig):
         self.config = config

@@ -68,7 +68,6 @@ class HFPL(Algorithm):
     Params = HFPLParams
     params: HFPLParams
     synchronous: ClassVar[bool] = False
-    uses_run_model: ClassVar[bool] = False
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -96,7 +95,8 @@ class HFPL(Algorithm):
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Tensors:
-        # The run's own model only tells J (its last layer's width); the clients bring their own models.
+        # The run's `model` only tells J (its last layer's width): clients bring their own extractors.
+        # (On 1-D data the config still needs a model that fits it, e.g. "mlp", as for every algorithm.)
         num_classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
         d = self.params.feature_dim
         with torch.random.fork_rng(devices=[]):

@@ -1,0 +1,20 @@
+"""Every run config shipped under examples/ and docker/ is a valid RunConfig (a typo would be a 422)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from shared.config import RunConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted([*ROOT.glob("examples/*.json"), *ROOT.glob("docker/*.json")])
+
+
+def test_there_are_examples():
+    assert any(p.parent.name == "examples" for p in CONFIGS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_example_config_is_valid(path):
+    config = RunConfig.model_validate(json.loads(path.read_text()))
+    assert config.name == path.stem
