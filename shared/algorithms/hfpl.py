@@ -224,6 +224,20 @@ class HFPL(Algorithm):
         return EdgeAggregate(triple, float(len(results))), state
 
     # ---- client --------------------------------------------------------------------------------
+    def client_model(self, client_id: int, state: Tensors, input_shape: tuple[int, ...]) -> nn.Module:
+        """f_i as the client keeps it: its family's extractor with the state's weights (or initial ones)."""
+        f = self.feature_extractor(client_id, input_shape)
+        if state:
+            f.load_state_dict({k[len(EXTRACTOR):]: v for k, v in state.items() if k.startswith(EXTRACTOR)})
+        return f
+
+    def evaluate_client(self, client_id: int, state: Tensors, global_: Tensors, data) -> dict[str, float]:
+        """Client i's f_i with the global (C̄, G) on `data`: accuracy, nearest-prototype accuracy, loss."""
+        f = self.client_model(client_id, state, tuple(data.x.shape[1:]))
+        g = _classifier(global_[WEIGHT], global_[BIAS], trainable=False)
+        f.eval()
+        return _evaluate(f, g, global_[PROTOTYPES], global_[PROTOTYPE_COUNTS] > 0, data)
+
     def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
         """ClientUpdate(i, C̄, G): K epochs of minibatch SGD on f_i with G frozen, minimising
 
@@ -236,9 +250,7 @@ class HFPL(Algorithm):
         nearest-C̄ classification, and G∘f_i's held-out loss, all with the (C̄, G) it received.
         """
         train, test = job.data.train, job.data.test
-        f = self.feature_extractor(job.client_id, tuple(train.x.shape[1:]))
-        if state:
-            f.load_state_dict({k[len(EXTRACTOR):]: v for k, v in state.items() if k.startswith(EXTRACTOR)})
+        f = self.client_model(job.client_id, state, tuple(train.x.shape[1:]))
         g = _classifier(task[WEIGHT], task[BIAS], trainable=False)
         centres = task[PROTOTYPES].to(torch.float32)
         exists = task[PROTOTYPE_COUNTS] > 0

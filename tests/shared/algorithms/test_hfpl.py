@@ -164,8 +164,9 @@ def test_check_config_refuses(change, message):
 
 
 def test_check_config_accepts_mlp_only_on_flat_data():
+    # The run's model only tells J; on 1-D data it must fit them too, as for every algorithm.
     RunConfig.model_validate({**SMALL, "data": {"dataset": "synthetic", "num_clients": 6},
-                              "params": {"families": ["mlp"]}})
+                              "model": {"name": "mlp"}, "params": {"families": ["mlp"]}})
 
 
 # ---- edge -----------------------------------------------------------------------------------------
