@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from client.state import ClientStateStore
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
 from shared.algorithms import registry
@@ -63,6 +65,11 @@ def latest_per_client(history: list[RoundRecord]) -> dict[int, dict[str, float]]
 def train_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int) -> float:
     """The client's own f_i (same family and initial weights) and a private linear head, trained on
     its data alone with the run's local settings; accuracy on its held-out split."""
+    return accuracies_alone(algorithm, config, client_id, epochs)[0]
+
+
+def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int) -> tuple[float, float]:
+    """train_alone's model: accuracy on the client's held-out split and on the pooled test set."""
     data = load_federated(config.data, config.seed).clients[client_id]
     f = algorithm.feature_extractor(client_id, tuple(data.train.x.shape[1:]))
     with torch.random.fork_rng(devices=[]):
@@ -78,8 +85,24 @@ def train_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int)
             F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
             opt.step()
     model.eval()
+    pooled = load_federated(config.data, config.seed).test
     with torch.no_grad():
-        return float((model(data.test.x).argmax(1) == data.test.y).float().mean())
+        return tuple(float((model(d.x).argmax(1) == d.y).float().mean()) for d in (data.test, pooled))
+
+
+def final_evaluation(algorithm: HFPL, config: RunConfig, state_dir: Path, run_id: str,
+                     global_: dict) -> dict[int, dict[str, float]]:
+    """Every client's last f_i (read from its state on disk) with the run's final (C̄, G): on its own
+    held-out split and on the pooled test set of all classes."""
+    data = load_federated(config.data, config.seed)
+    out = {}
+    for k in range(config.data.num_clients):
+        state = ClientStateStore(state_dir, run_id, k).load()
+        own = algorithm.evaluate_client(k, state, global_, data.clients[k].test)
+        pooled = algorithm.evaluate_client(k, state, global_, data.test)
+        out[k] = {"accuracy": own["accuracy"], "proto_accuracy": own.get("proto_accuracy", float("nan")),
+                  "pooled_accuracy": pooled["accuracy"]}
+    return out
 
 
 def time_to(history: list[RoundRecord], target: float) -> float | None:
@@ -93,21 +116,33 @@ def time_stable(history: list[RoundRecord], target: float) -> float | None:
     return history[start].elapsed_s if start < len(history) else None
 
 
+def median(values: list[float | None]) -> float | None:
+    """None (not reached) counts as later than any time."""
+    ordered = sorted(values, key=lambda v: math.inf if v is None else v)
+    return ordered[len(ordered) // 2]
+
+
+def seconds(value: float | None) -> str:
+    return f"{value:.1f} s" if value is not None else "not reached"
+
+
 def spread(values: list[float]) -> str:
     sd = statistics.pstdev(values) if len(values) > 1 else 0.0
     return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f}%"
 
 
-def plot(curves: dict[str, list[RoundRecord]], local_mean: float, target: float, path: Path) -> None:
+def plot(curves: dict[str, list[list[RoundRecord]]], local_mean: float, target: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, history in curves.items():
-        ax.plot([h.elapsed_s for h in history], [100 * h.test_accuracy for h in history], marker="o", ms=3,
-                label=label)
+    for (label, repeats), colour in zip(curves.items(), ("tab:blue", "tab:orange")):
+        for i, history in enumerate(repeats):
+            ax.plot([h.elapsed_s for h in history], [100 * h.test_accuracy for h in history], marker="o", ms=2,
+                    color=colour, alpha=1.0 if i == 0 else 0.35, lw=1.2 if i == 0 else 0.8,
+                    label=f"{label} ({len(repeats)} runs)" if i == 0 else None)
     ax.axhline(100 * local_mean, color="grey", ls="--", lw=1, label="local only (same epochs as async)")
     ax.axhline(100 * target, color="black", ls=":", lw=1, label=f"target {100 * target:.0f}%")
     ax.set_xlabel("wall-clock time since start (s)")
@@ -125,35 +160,46 @@ def main() -> None:
     parser.add_argument("--async-rounds", type=int, default=45)
     parser.add_argument("--sync-rounds", type=int, default=18)
     parser.add_argument("--target", type=float, default=0.90)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each mode, alternating; the arrival order (so the async result) varies")
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = {"async (B = 2)": config_for("hfpl-async", 2, args.async_rounds),
             "sync (B = L = 3)": config_for("hfpl-sync", 3, args.sync_rounds)}
-    curves: dict[str, list[RoundRecord]] = {}
+    repeats: dict[str, list[list[RoundRecord]]] = {label: [] for label in runs}
+    finals: dict[str, dict[int, dict[str, float]]] = {}
     with LocalTopology(num_clients=12, num_edges=3, procs_per_edge=1,
                        edge_env={SLOW_EDGE: {"FL_EDGE_SLOWDOWN": str(SLOWDOWN)}}) as topo, \
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
-        for label, config in runs.items():
-            run_id = api.create_run(config).run_id
-            api.action(run_id, "start")
-            api.wait(run_id, timeout_s=3600)
-            curves[label] = api.history(run_id)
-            last = curves[label][-1]
-            print(f"{label:18s} {len(curves[label])} updates in {last.elapsed_s:6.1f}s  final "
-                  f"{100 * last.test_accuracy:.1f}%  to {100 * args.target:.0f}%: "
-                  f"{time_to(curves[label], args.target)}", flush=True)
+        for r in range(args.repeats):
+            for label, config in runs.items():
+                run_id = api.create_run(config.model_copy(update={"name": f"{config.name}-{r}"})).run_id
+                api.action(run_id, "start")
+                api.wait(run_id, timeout_s=3600)
+                history = api.history(run_id)
+                repeats[label].append(history)
+                if r == 0:
+                    finals[label] = final_evaluation(registry.create(config), config,
+                                                     topo.workdir / "client-state", run_id, api.model(run_id))
+                print(f"{label:18s} run {r}: {len(history)} updates in {history[-1].elapsed_s:6.1f}s  final "
+                      f"{100 * history[-1].test_accuracy:.1f}%  to {100 * args.target:.0f}%: first "
+                      f"{time_to(history, args.target)}, stays from {time_stable(history, args.target)}", flush=True)
+    curves = {label: runs_[0] for label, runs_ in repeats.items()}
 
     async_label = next(iter(runs))
     config = runs[async_label]
     algorithm = registry.create(config)
     latest = latest_per_client(curves[async_label])
     clients = []
+    final = finals[async_label]
     for k in sorted(latest):
         epochs = int(latest[k]["rounds"]) * config.local.epochs
+        alone_own, alone_pooled = accuracies_alone(algorithm, config, k, epochs)
         clients.append({"client": k, "edge": k % config.topology.num_edges, "family": algorithm.family_of(k),
-                        "epochs": epochs, "federated": latest[k]["accuracy"],
-                        "nearest_prototype": latest[k].get("proto_accuracy"),
-                        "local_only": train_alone(algorithm, config, k, epochs)})
+                        "epochs": epochs, "federated": final[k]["accuracy"],
+                        "nearest_prototype": final[k]["proto_accuracy"], "local_only": alone_own,
+                        "federated_pooled": final[k]["pooled_accuracy"], "local_only_pooled": alone_pooled,
+                        "last_report": latest[k]["accuracy"]})
     fed = [c["federated"] for c in clients]
     alone = [c["local_only"] for c in clients]
     gap = statistics.mean(fed) - statistics.mean(alone)
@@ -176,31 +222,38 @@ def main() -> None:
                        f"{100 * diff:+.1f} points |")
         print(budgets[-1], flush=True)
 
-    rows = ["| family | clients | federated (G∘f_i) | nearest prototype (C̄) | local only, same epochs |",
-            "|---|---|---|---|---|"]
-    for family in config.params.get("families", ["mlp", "cnn", "cnn_deep"]):
-        group = [c for c in clients if c["family"] == family]
+    rows = ["| family | clients | federated (G∘f_i) | nearest prototype (C̄) | local only, same epochs "
+            "| federated, pooled test | local only, pooled test |", "|---|---|---|---|---|---|---|"]
+    for family in [*config.params.get("families", ["mlp", "cnn", "cnn_deep"]), None]:
+        group = [c for c in clients if family is None or c["family"] == family]
         if group:
-            rows.append(f"| {family} | {len(group)} | {spread([c['federated'] for c in group])} | "
-                        f"{spread([c['nearest_prototype'] for c in group])} | "
-                        f"{spread([c['local_only'] for c in group])} |")
-    rows.append(f"| all | {len(clients)} | {spread(fed)} | {spread([c['nearest_prototype'] for c in clients])} | "
-                f"{spread(alone)} |")
+            rows.append(f"| {family or 'all'} | {len(group)} | " + " | ".join(
+                spread([c[key] for c in group]) for key in
+                ("federated", "nearest_prototype", "local_only", "federated_pooled", "local_only_pooled")) + " |")
     timing = ["| run | updates | wall time | final accuracy | first at target | at or above target from |",
               "|---|---|---|---|---|---|"]
-    for label, history in curves.items():
-        reached, stable = time_to(history, args.target), time_stable(history, args.target)
-        timing.append(f"| {label} | {len(history)} | {history[-1].elapsed_s:.0f} s | "
-                      f"{100 * history[-1].test_accuracy:.1f}% | {f'{reached:.1f} s' if reached else 'not reached'} | "
-                      f"{f'{stable:.1f} s' if stable else 'not reached'} |")
+    medians = {}
+    for label, runs_ in repeats.items():
+        firsts = [time_to(h, args.target) for h in runs_]
+        stables = [time_stable(h, args.target) for h in runs_]
+        for i, history in enumerate(runs_):
+            timing.append(f"| {label} #{i + 1} | {len(history)} | {history[-1].elapsed_s:.0f} s | "
+                          f"{100 * history[-1].test_accuracy:.1f}% | {seconds(firsts[i])} | {seconds(stables[i])} |")
+        medians[label] = (median(firsts), median(stables))
+        timing.append(f"| **{label}, median** | | | | **{seconds(medians[label][0])}** | "
+                      f"**{seconds(medians[label][1])}** |")
+    (a_first, a_stable), (s_first, s_stable) = medians.values()
+    speedup = (f"Median time to {100 * args.target:.0f}%: async {seconds(a_first)} against sync {seconds(s_first)} "
+               f"(first reached), {seconds(a_stable)} against {seconds(s_stable)} (for good).")
+    print(speedup)
 
     DOCS.mkdir(exist_ok=True)
-    plot(curves, statistics.mean(alone), args.target, DOCS / "hfpl.png")
+    plot(repeats, statistics.mean(alone), args.target, DOCS / "hfpl.png")
     (DOCS / "hfpl.json").write_text(json.dumps({
         "target": args.target, "clients": clients, "budgets": budget_rows,
         "runs": {label: {"config": runs[label].model_dump(mode="json"),
-                         "history": [h.model_dump(mode="json") for h in history]}
-                 for label, history in curves.items()},
+                         "histories": [[h.model_dump(mode="json") for h in history] for history in runs_]}
+                 for label, runs_ in repeats.items()},
     }, indent=1))
     text = (
         f"# Asynchronous hierarchical prototype learning\n\n"
@@ -208,8 +261,14 @@ def main() -> None:
         f"3 client processes). MNIST 5k, Dirichlet(0.3) over 12 clients under 3 edges, families mlp / cnn / "
         f"cnn_deep mixed within every edge, K = 1, B = 32, lr 0.1, λ_p = 0.05, d = 64, seed 0; edge "
         f"{SLOW_EDGE} is {SLOWDOWN:.0f}× slower.\n\n"
-        f"## Wall-clock time to {100 * args.target:.0f}% mean client accuracy\n\n" + "\n".join(timing) +
-        f"\n\n## Per client, at the end of the async run (mean ± spread over clients)\n\n" + "\n".join(rows) +
+        f"## Wall-clock time to {100 * args.target:.0f}% mean client accuracy\n\n"
+        f"{args.repeats} runs of each mode, alternating, on one running topology. The accuracy of an update is "
+        f"the mean over clients of each one's latest report, so it dips when stale triples of the slow edge "
+        f"arrive; \"for good\" is the time from which it stays at or above the target.\n\n"
+        + "\n".join(timing) + f"\n\n{speedup}" +
+        f"\n\n## Per client, at the end of the first async run (mean ± spread over clients)\n\n"
+        f"Each client's last f_i (from its state on disk) with the final (C̄, G), on its own held-out split "
+        f"(skewed like its training data) and on the pooled test set of all classes:\n\n" + "\n".join(rows) +
         f"\n\nFederated minus local only: {100 * gap:+.1f} points. Local only trains each client's own f_i "
         f"with a private head for as many epochs as that client trained in the async run "
         f"({min(c['epochs'] for c in clients)}–{max(c['epochs'] for c in clients)}; the slow edge's clients "

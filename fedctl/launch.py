@@ -177,6 +177,13 @@ class LocalTopology:
         self.cloud.start()
         self.cloud.wait_healthy()
 
+    def restart_edge(self, edge_id: int, sig: int = signal.SIGKILL) -> None:
+        """Kills an edge and starts it again with the same settings (port, state directory)."""
+        edge = self.edges[edge_id]
+        edge.stop(sig)
+        edge.start()
+        edge.wait_healthy()
+
     def stop(self) -> None:
         for service in [*self.clients, *self.edges, *([self.cloud] if self.cloud else [])]:
             service.stop()

@@ -97,6 +97,45 @@ def test_async_buffer_consumes_every_triple_once_across_a_cloud_crash(three_edge
         assert torch.allclose(model[name].to(value.dtype), value, atol=1e-4), name
 
 
+def test_a_killed_edge_restarts_with_its_client_memory(three_edges):
+    """An edge keeps every client's last prototype and features on disk: killed and started again, it
+    continues the same incremental means, so the run still equals the replayed reference. (A kill that
+    cuts a round also loses nothing, but the clients' extractors advanced in a round that was never
+    submitted, so a replay of the consumed buffers could not reproduce it.)"""
+    topology, api = three_edges
+    # Half of each edge's clients per round: a client that sits out after the restart is only in the
+    # edge's means through the memory on disk (with everyone every round, a forgetful edge would
+    # rebuild the same means in one round and this test could not fail).
+    config = RunConfig(name="hfpl-edge-crash", rounds=10, fraction=0.5,
+                       topology={"num_edges": 3, "buffer_size": 2}, **CONFIG)
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    # Kill edge 0 while it waits for its buffered triple to be consumed: idle, with its memory only on
+    # disk. Paused first, so that no new state reaches it and edges 1 and 2 do not finish the run
+    # alone while it is down (rounds on digits take a fraction of a second).
+    deadline = time.monotonic() + 180
+    while True:
+        assert time.monotonic() < deadline, "edge 0 never had a triple waiting after version 3"
+        if api.run(run_id).version >= 3:
+            api.action(run_id, "pause")
+            if any(edge == 0 for edge, _ in buffered_triples(topology, run_id)):
+                break
+            api.action(run_id, "resume")
+        time.sleep(0.05)
+    topology.restart_edge(0, signal.SIGKILL)
+    topology.wait_registered()
+    resumed_at = api.run(run_id).version
+    api.action(run_id, "resume")
+    final = api.wait(run_id, timeout_s=300)
+    assert final.status == RunStatus.finished and final.version == config.rounds
+    history = api.history(run_id)
+    assert any(c.edge_id == 0 and c.base_version >= resumed_at for h in history for c in h.contributions)
+    reference = run_reference(config, schedule=schedule_of(history))
+    model = api.model(run_id)
+    for name, value in reference.global_state.items():
+        assert torch.allclose(model[name].to(value.dtype), value, atol=1e-4), name
+
+
 def test_single_edge_buffer_of_one_runs_synchronously_and_equals_the_reference(tmp_path_factory):
     config = RunConfig(name="hfpl-flat", rounds=4, topology={"num_edges": 1, "buffer_size": 1},
                        **{**CONFIG, "data": {**CONFIG["data"], "num_clients": 4}})
