@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from pydantic import Field
@@ -27,8 +28,10 @@ class EdgeSettings(ServiceSettings):
     long_poll_max_s: float = Field(25.0, gt=0)
     log_level: str = "info"
     # Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run,
-    # so a restarted edge continues where it stopped; None keeps it in memory only.
-    state_dir: Path | None = None
+    # so a restarted edge continues where it stopped. On by default: an edge that forgets reports only
+    # the clients of its next round, and the others silently drop out of the global prototypes.
+    # Point it at durable storage in production (docker-compose mounts a volume); None: memory only.
+    state_dir: Path | None = Path(tempfile.gettempdir()) / "fl-edge-state"
     # ≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow
     # site (asynchronous-buffer experiments); 1 means no delay.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)

@@ -28,7 +28,7 @@ from shared.schemas import (
     GlobalStateHeader,
 )
 from shared.transport.http import binary_body, send
-from shared.transport.tensors import Tensors, decode, decode_tensors, encode
+from shared.transport.tensors import PayloadError, Tensors, decode, decode_tensors, encode
 
 log = logging.getLogger("edge.round_loop")
 
@@ -75,8 +75,9 @@ class EdgeRoundLoop:
 
     def algorithm(self, header: GlobalStateHeader) -> Algorithm:
         if self._algorithm is None or self._algorithm[0] != header.run_id:
+            state = self._load_state(header.run_id)
             self._algorithm = (header.run_id, registry.create(header.config))
-            self._edge_state = self._load_state(header.run_id)
+            self._edge_state = state
         return self._algorithm[1]
 
     def _state_path(self, run_id: str) -> Path | None:
@@ -86,7 +87,15 @@ class EdgeRoundLoop:
 
     def _load_state(self, run_id: str) -> Tensors:
         path = self._state_path(run_id)
-        return decode_tensors(path.read_bytes()) if path is not None and path.exists() else {}
+        if path is None or not path.exists():
+            return {}
+        try:
+            return decode_tensors(path.read_bytes())
+        except PayloadError:
+            # Unreadable (e.g. a disk that lost its last write): start afresh, loudly, and keep the file.
+            log.error("edge %d: state file %s is unreadable; starting run %s without it", self.edge_id, path, run_id)
+            os.replace(path, path.with_suffix(".corrupt"))
+            return {}
 
     def _save_state(self, run_id: str) -> None:
         """Atomically, so a crash leaves the previous state or this one. Saved before the submit: an
@@ -97,7 +106,10 @@ class EdgeRoundLoop:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(encode(self._edge_state))
+        with open(tmp, "wb") as f:
+            f.write(encode(self._edge_state))
+            f.flush()
+            os.fsync(f.fileno())  # the rename must not reach the disk before the data
         os.replace(tmp, path)
 
     async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:

@@ -31,7 +31,8 @@ async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes |
         return None
     if active == run_id and version <= after:
         return None
-    # An edge re-executes on the version its own triple went into, never while that triple waits.
+    # An edge re-executes only once its own triple has been consumed (on the newest version then),
+    # never while that triple waits in the buffer.
     if await store.has_pending(active, edge_id):
         return None
     return await store.global_blob(active)
@@ -86,7 +87,7 @@ async def submit(
     algorithm = orchestrator.algorithm(run_id, config)
     global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
     try:
-        algorithm.check_contribution(global_, [c.client_id for c in header.clients], tensors)
+        algorithm.check_contribution(global_, ids, tensors, edge_id)
     except InvalidContent as exc:
         raise reject(exc) from exc
     outcome = await store.submit(header, blob, algorithm.synchronous)

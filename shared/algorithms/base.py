@@ -133,9 +133,10 @@ class Algorithm:
         """What an edge must submit for `global_` on behalf of `clients`: checked before buffering."""
         return {name: (tuple(t.shape), torch.float64) for name, t in global_.items()}
 
-    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors) -> None:
-        """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution; names, shapes,
-        dtypes and finiteness by default, value checks where an algorithm needs them."""
+    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors,
+                           edge_id: int | None = None) -> None:
+        """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution of edge `edge_id`;
+        names, shapes, dtypes and finiteness by default, value checks where an algorithm needs them."""
         check_tensors(tensors, self.contribution_spec(global_, clients))
 
     def cloud_update(

@@ -112,23 +112,29 @@ class HFPL(Algorithm):
     def model_parameters(self, global_: Tensors) -> Tensors:
         return global_
 
-    def _max_features(self) -> int:
-        return self.params.feature_cap * self.config.data.num_clients
-
-    def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
+    def contribution_spec(self, global_: Tensors, clients: list[int], edge_id: int | None = None) -> TensorSpec:
+        """Edge l's triple: at most feature_cap features per client of edge l (of any edge if None)."""
         num_classes, d = global_[PROTOTYPES].shape
-        n = Dim("n", self._max_features())
+        population = self._population(edge_id)
+        n = Dim("n", self.params.feature_cap * population)
         return {PROTOTYPES: ((num_classes, d), torch.float64), COUNTS: ((num_classes,), torch.float64),
                 FEATURES: ((n, d), torch.float32), LABELS: ((n,), torch.int64)}
 
-    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors) -> None:
-        check_tensors(tensors, self.contribution_spec(global_, clients))
+    def _population(self, edge_id: int | None) -> int:
+        if edge_id is None:
+            return self.config.data.num_clients
+        return len(self.config.clients_of_edge(edge_id))
+
+    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors,
+                           edge_id: int | None = None) -> None:
+        # Bounded by the edge's own clients: an edge must not weigh in C̄ or in G's data as more than it is.
+        check_tensors(tensors, self.contribution_spec(global_, clients, edge_id))
         num_classes = global_[PROTOTYPES].shape[0]
         _check_labels(tensors[LABELS], num_classes)
-        counts = tensors[COUNTS]
-        if bool((counts < 0).any()) or bool((counts != counts.round()).any()) \
-                or bool((counts > self.config.data.num_clients).any()):
-            raise InvalidContent(f"counts must be whole numbers in [0, {self.config.data.num_clients}]")
+        _check_magnitude(tensors, (PROTOTYPES, FEATURES))
+        counts, population = tensors[COUNTS], self._population(edge_id)
+        if bool((counts < 0).any()) or bool((counts != counts.round()).any()) or bool((counts > population).any()):
+            raise InvalidContent(f"counts must be whole numbers in [0, {population}] (the edge's clients)")
 
     def cloud_update(
         self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
@@ -187,6 +193,7 @@ class HFPL(Algorithm):
     def check_result(self, task: Tensors, tensors: Tensors) -> None:
         check_tensors(tensors, self.result_spec(task))
         _check_labels(tensors[LABELS], task[PROTOTYPES].shape[0])
+        _check_magnitude(tensors, (PROTOTYPES, FEATURES))
         if bool((tensors[CLASS_COUNTS] < 0).any()):
             raise InvalidContent("class_counts must not be negative")
 
@@ -313,6 +320,18 @@ def _evaluate(f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torc
         distance[:, ~exists] = math.inf
         metrics["proto_accuracy"] = float((distance.argmin(1) == test.y).float().mean())
     return metrics
+
+
+# Far beyond any feature a trained extractor produces; a finite 1e20 would pass the NaN check, overflow
+# float32 on the clients (‖f − C̄‖²) and stall every client of that class for good.
+MAX_ABS = 1e6
+
+
+def _check_magnitude(tensors: Tensors, names: tuple[str, ...]) -> None:
+    for name in names:
+        t = tensors[name]
+        if t.numel() and float(t.abs().max()) > MAX_ABS:
+            raise InvalidContent(f"tensor {name!r} has values beyond ±{MAX_ABS:g}")
 
 
 def _check_labels(labels: torch.Tensor, num_classes: int) -> None:

@@ -27,7 +27,8 @@ from tests.cloud.test_bad_input import (  # noqa: F401  (anyio_backend, cloud: f
 pytestmark = pytest.mark.anyio
 
 NUM_CLIENTS, NUM_CLASSES, DIM, CAP = 6, 10, 8, 5  # digits has 10 classes
-MAX_ROWS = CAP * NUM_CLIENTS  # the cloud's row limit: feature_cap · num_clients
+PER_EDGE = NUM_CLIENTS // 3  # clients k ≡ l (mod 3): edge 0 serves clients 0 and 3
+MAX_ROWS = CAP * PER_EDGE  # an edge's row limit: feature_cap · its clients
 CONFIG = small_config(
     algorithm="hfpl", rounds=20,
     data={"dataset": "digits", "partition": "dirichlet", "alpha": 0.3, "num_clients": NUM_CLIENTS},
@@ -36,7 +37,7 @@ CONFIG = small_config(
 EDGES = (0, 1, 2)
 
 
-def triple(n: int = 7, **replace: torch.Tensor) -> Tensors:
+def triple(n: int = 7, **replace: torch.Tensor) -> Tensors:  # n ≤ MAX_ROWS = 10
     """A valid edge triple (C^l, N^l, X^l) with n feature rows; `replace` swaps single tensors."""
     good = {
         "prototypes": torch.arange(NUM_CLASSES * DIM, dtype=torch.float64).reshape(NUM_CLASSES, DIM) / 10,
@@ -82,7 +83,7 @@ async def stream_length(cloud: Cloud, run_id: str) -> int:
 # =================================================================================================
 # Accepted triples, idempotency, the one-triple-per-edge rule
 # =================================================================================================
-@pytest.mark.parametrize("n", [0, 13, MAX_ROWS], ids=["no-rows", "some-rows", "at-the-cap"])
+@pytest.mark.parametrize("n", [0, 6, MAX_ROWS], ids=["no-rows", "some-rows", "at-the-cap"])
 async def test_valid_triple_accepted_once(cloud: Cloud, n: int) -> None:
     run_id = await hfpl_run(cloud)
     blob = message(run_id, 0, 0, tensors=triple(n))
@@ -153,7 +154,7 @@ def _bad(case: str) -> tuple[Tensors, str]:
     labels = torch.arange(7, dtype=torch.int64) % NUM_CLASSES
     counts = triple()["counts"]
     prototypes = triple()["prototypes"]
-    whole = f"counts must be whole numbers in [0, {NUM_CLIENTS}]"
+    whole = f"counts must be whole numbers in [0, {PER_EDGE}] (the edge's clients)"
     if case == "negative-label":
         return triple(labels=torch.cat([labels[:-1], torch.tensor([-1])])), f"labels must lie in [0, {NUM_CLASSES})"
     if case == "label-equals-J":
@@ -168,8 +169,10 @@ def _bad(case: str) -> tuple[Tensors, str]:
     if case == "fractional-count":
         return triple(counts=torch.cat([counts[:-1], torch.tensor([0.5], dtype=torch.float64)])), whole
     if case == "count-above-clients":
-        return triple(counts=torch.cat([counts[:-1], torch.tensor([NUM_CLIENTS + 1.0], dtype=torch.float64)])), \
+        return triple(counts=torch.cat([counts[:-1], torch.tensor([PER_EDGE + 1.0], dtype=torch.float64)])), \
             whole
+    if case == "huge-feature":
+        return triple(features=torch.full((7, DIM), 1e20)), "tensor 'features' has values beyond ±1e+06"
     if case == "nan-prototype":
         bad = prototypes.clone()
         bad[3, 4] = math.nan
@@ -185,7 +188,7 @@ def _bad(case: str) -> tuple[Tensors, str]:
 
 
 BAD_CASES = ["negative-label", "label-equals-J", "labels-shorter", "above-the-cap", "negative-count",
-             "fractional-count", "count-above-clients", "nan-prototype", "wrong-d", "float64-features",
+             "fractional-count", "count-above-clients", "huge-feature", "nan-prototype", "wrong-d", "float64-features",
              "missing-counts"]
 
 

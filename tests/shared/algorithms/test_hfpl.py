@@ -197,7 +197,7 @@ def test_edge_aggregate_over_two_rounds_keeps_the_latest_of_every_client():
     assert torch.equal(agg.tensors["prototypes"], torch.tensor([[4.0, 4], [4, 4], [6, 6]], dtype=F64))
     assert torch.equal(agg.tensors["counts"], torch.tensor([2.0, 1, 1], dtype=F64))
     assert rows_of(agg.tensors) == [([2, 0], 1), ([30, 0], 0), ([31, 0], 2), ([32, 0], 2)]
-    a.check_contribution(a.init_global(nn.Linear(1, 3)), [0, 3], agg.tensors)
+    a.check_contribution(a.init_global(nn.Linear(1, 3)), [0, 3], agg.tensors, edge_id=0)
     with pytest.raises(ValueError):
         a.edge_aggregate([], state, 2)
 
@@ -280,9 +280,9 @@ def good_result() -> dict:
 
 
 def good_triple() -> dict:
-    # 6 clients × cap 4 = at most 24 features.
-    return {"prototypes": torch.zeros(3, 2, dtype=F64), "counts": torch.tensor([6.0, 0, 1], dtype=F64),
-            "features": torch.zeros(24, 2), "labels": torch.full((24,), 2)}
+    # Edge 0 of 6 clients over 3 edges serves clients 0 and 3: 2 clients × cap 4 = at most 8 features.
+    return {"prototypes": torch.zeros(3, 2, dtype=F64), "counts": torch.tensor([2.0, 0, 1], dtype=F64),
+            "features": torch.zeros(8, 2), "labels": torch.full((8,), 2)}
 
 
 BAD_RESULTS = {
@@ -294,16 +294,19 @@ BAD_RESULTS = {
     "float counts": {"class_counts": torch.tensor([2.0, 0.5, 1.0])},
     "NaN prototype": {"prototypes": torch.tensor([[0.0, math.nan], [0, 0], [0, 0]], dtype=F64)},
     "NaN feature": {"features": torch.tensor([[0.0, 0], [math.nan, 0], [0, 0]])},
+    "huge prototype": {"prototypes": torch.tensor([[0.0, 1e20], [0, 0], [0, 0]], dtype=F64)},
 }
 BAD_TRIPLES = {
-    "label -1": {"labels": torch.full((24,), -1)},
-    "label J": {"labels": torch.full((24,), 3)},
-    "lengths differ": {"labels": torch.full((23,), 2)},
-    "over the cap": {"features": torch.zeros(25, 2), "labels": torch.full((25,), 2)},
-    "negative count": {"counts": torch.tensor([6.0, -1, 1], dtype=F64)},
-    "fractional count": {"counts": torch.tensor([6.0, 0.5, 1], dtype=F64)},
-    "more than the clients": {"counts": torch.tensor([7.0, 0, 1], dtype=F64)},
+    "label -1": {"labels": torch.full((8,), -1)},
+    "label J": {"labels": torch.full((8,), 3)},
+    "lengths differ": {"labels": torch.full((7,), 2)},
+    "over the edge's cap": {"features": torch.zeros(9, 2), "labels": torch.full((9,), 2)},
+    "negative count": {"counts": torch.tensor([2.0, -1, 1], dtype=F64)},
+    "fractional count": {"counts": torch.tensor([2.0, 0.5, 1], dtype=F64)},
+    "more than the edge's clients": {"counts": torch.tensor([3.0, 0, 1], dtype=F64)},
     "NaN prototype": {"prototypes": torch.tensor([[0.0, math.nan], [0, 0], [0, 0]], dtype=F64)},
+    "huge prototype": {"prototypes": torch.tensor([[0.0, 1e20], [0, 0], [0, 0]], dtype=F64)},
+    "huge feature": {"features": torch.full((8, 2), -1e7)},
 }
 
 
@@ -320,9 +323,20 @@ def test_check_result_refuses(bad):
 def test_check_contribution_refuses(bad):
     a = hfpl(feature_dim=2, feature_cap=4)
     global_ = a.init_global(nn.Linear(1, 3))
-    a.check_contribution(global_, [0, 3], good_triple())
+    a.check_contribution(global_, [0, 3], good_triple(), edge_id=0)
     with pytest.raises(InvalidContent):
-        a.check_contribution(global_, [0, 3], {**good_triple(), **BAD_TRIPLES[bad]})
+        a.check_contribution(global_, [0, 3], {**good_triple(), **BAD_TRIPLES[bad]}, edge_id=0)
+
+
+def test_contribution_bounds_follow_the_edge():
+    """Edge 0 serves 2 of the 6 clients: 8 features and counts of 2 are its limit, not the run's 24 and 6."""
+    a = hfpl(feature_dim=2, feature_cap=4)
+    global_ = a.init_global(nn.Linear(1, 3))
+    wide = {**good_triple(), "features": torch.zeros(24, 2), "labels": torch.full((24,), 2),
+            "counts": torch.tensor([6.0, 0, 1], dtype=F64)}
+    a.check_contribution(global_, [0, 3], wide)  # no edge named: the run's bound
+    with pytest.raises(InvalidContent, match="n<=8"):
+        a.check_contribution(global_, [0, 3], wide, edge_id=0)
 
 
 # ---- the reference runner -------------------------------------------------------------------------

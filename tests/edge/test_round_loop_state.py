@@ -1,0 +1,29 @@
+"""The edge's algorithm state on disk: written atomically, read back on restart, a broken file survived."""
+import torch
+
+from edge.config import EdgeSettings
+from edge.round_loop import EdgeRoundLoop
+
+
+def loop(tmp_path) -> EdgeRoundLoop:
+    return EdgeRoundLoop(EdgeSettings(edge_id=2, state_dir=tmp_path), cloud=None, board=None)
+
+
+def test_state_round_trips_per_run(tmp_path):
+    first = loop(tmp_path)
+    first._edge_state = {"client3.prototypes": torch.arange(6, dtype=torch.float64).reshape(2, 3)}
+    first._save_state("run-a")
+    again = loop(tmp_path)  # a restarted edge
+    assert torch.equal(again._load_state("run-a")["client3.prototypes"], first._edge_state["client3.prototypes"])
+    assert again._load_state("run-b") == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors"]  # no temporary left
+
+
+def test_an_unreadable_state_file_starts_afresh_and_is_kept_aside(tmp_path):
+    (tmp_path / "edge2-run-a.safetensors").write_bytes(b"\x00\x01 torn write")
+    assert loop(tmp_path)._load_state("run-a") == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.corrupt"]
+
+
+def test_the_state_is_kept_on_disk_by_default():
+    assert EdgeSettings().state_dir is not None
