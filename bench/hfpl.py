@@ -29,6 +29,7 @@ from torch import nn
 from client.state import ClientStateStore
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
+from fedctl.report import client_reports
 from shared.algorithms import registry
 from shared.algorithms.hfpl import HFPL
 from shared.config import RunConfig
@@ -50,16 +51,6 @@ def config_for(name: str, buffer_size: int, rounds: int) -> RunConfig:
         "params": {"proto_weight": 0.05, "feature_dim": 64, "feature_cap": 100},
         "policy": {"deadline_s": 120},
     })
-
-
-def latest_per_client(history: list[RoundRecord]) -> dict[int, dict[str, float]]:
-    """Each client's last report: its held-out metrics and how many rounds it trained."""
-    latest: dict[int, dict[str, float]] = {}
-    for h in history:
-        for c in h.clients:
-            rounds = latest.get(c.client_id, {}).get("rounds", 0) + 1
-            latest[c.client_id] = {**c.metrics, "rounds": rounds}
-    return latest
 
 
 def train_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int) -> float:
@@ -189,7 +180,7 @@ def main() -> None:
     async_label = next(iter(runs))
     config = runs[async_label]
     algorithm = registry.create(config)
-    latest = latest_per_client(curves[async_label])
+    latest = client_reports(curves[async_label])
     clients = []
     final = finals[async_label]
     for k in sorted(latest):
@@ -211,7 +202,7 @@ def main() -> None:
     budget_rows = []
     total = len(curves[async_label])
     for n in sorted(({5, 10, 20, 30} & set(range(1, total))) | {total}):
-        early = latest_per_client(curves[async_label][:n])
+        early = client_reports(curves[async_label][:n])
         f_acc = [early[k]["accuracy"] for k in sorted(early)]
         epochs = [int(early[k]["rounds"]) * config.local.epochs for k in sorted(early)]
         a_acc = [train_alone(algorithm, config, k, e) for k, e in zip(sorted(early), epochs)]

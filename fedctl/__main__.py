@@ -16,7 +16,7 @@ from rich.table import Table
 
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
-from fedctl.report import save_results
+from fedctl.report import client_reports, group_summary, save_results
 from shared.config import RunConfig
 from shared.schemas import RunInfo
 
@@ -62,6 +62,16 @@ def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:
     final = history[-1].test_accuracy if history else float("nan")
     console.print(f"[bold]final test accuracy: {100 * final:.2f}%[/] after {len(history)} rounds "
                   f"({history[-1].elapsed_s:.1f}s)" if history else "no rounds completed")
+    summary = group_summary(info.config, client_reports(history))
+    if any(summary.values()):
+        table = Table(title="clients' latest reports: mean ± spread over clients")
+        names = sorted({n for metrics in summary.values() for n in metrics})
+        for col in ("group", *names):
+            table.add_column(col, justify="right")
+        for group, metrics in summary.items():
+            table.add_row(group, *(f"{metrics[n][0]:.4f} ± {metrics[n][1]:.4f}" if n in metrics else "–"
+                                   for n in names))
+        console.print(table)
     for name, path in paths.items():
         console.print(f"  {name:13s} {path}")
 

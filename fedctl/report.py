@@ -1,12 +1,43 @@
-"""Run results on disk: history as JSON and CSV, an accuracy-per-round plot, the final model."""
+"""Run results on disk: history as JSON and CSV, per-client reports, an accuracy plot, the final model."""
 from __future__ import annotations
 
 import csv
 import json
+import statistics
 from pathlib import Path
 
+from shared.algorithms import registry
+from shared.config import RunConfig
 from shared.schemas import RoundRecord, RunInfo
 from shared.transport.tensors import Tensors, encode
+
+
+def client_reports(history: list[RoundRecord]) -> dict[int, dict[str, float]]:
+    """Each client's last report (the metrics it sent with its latest consumed result), its edge and
+    how many of its results the run consumed."""
+    latest: dict[int, dict[str, float]] = {}
+    for h in history:
+        for c in h.clients:
+            rounds = latest.get(c.client_id, {}).get("rounds", 0) + 1
+            latest[c.client_id] = {**c.metrics, "edge": c.edge_id, "rounds": rounds}
+    return latest
+
+
+def group_summary(config: RunConfig, reports: dict[int, dict[str, float]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Mean and spread (population std) over clients of every reported metric, per client group
+    (model family for prototype learning) and for "all"."""
+    algorithm = registry.create(config)
+    groups: dict[str, list[dict[str, float]]] = {}
+    for k, report in sorted(reports.items()):
+        groups.setdefault(algorithm.client_group(k), []).append(report)
+    if len(groups) > 1:
+        groups["all"] = [r for k, r in sorted(reports.items())]
+    names = sorted({n for r in reports.values() for n in r} - {"edge", "rounds"})
+    return {
+        group: {n: (statistics.mean(v), statistics.pstdev(v))
+                for n in names if (v := [r[n] for r in members if n in r])}
+        for group, members in groups.items()
+    }
 
 
 def save_results(out_dir: Path, info: RunInfo, history: list[RoundRecord], model: Tensors) -> dict[str, Path]:
@@ -28,6 +59,17 @@ def save_results(out_dir: Path, info: RunInfo, history: list[RoundRecord], model
             writer.writerow([h.round, h.version, len(h.clients), " ".join(map(str, h.edges)), f"{h.train_loss:.6f}",
                              f"{h.test_loss:.6f}", f"{h.test_accuracy:.6f}", f"{h.elapsed_s:.3f}",
                              " ".join(str(c.client_id) for c in h.clients)])
+    reports = client_reports(history)
+    if any(len(r) > 2 for r in reports.values()):  # clients reported metrics of their own
+        algorithm = registry.create(info.config)
+        paths["clients_csv"] = out_dir / "clients.csv"
+        names = sorted({n for r in reports.values() for n in r} - {"edge", "rounds"})
+        with paths["clients_csv"].open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["client", "group", "edge", "results_consumed", *names])
+            for k, r in sorted(reports.items()):
+                writer.writerow([k, algorithm.client_group(k), int(r["edge"]), int(r["rounds"]),
+                                 *(f"{r[n]:.6f}" if n in r else "" for n in names)])
     plot_accuracy({info.config.name: history}, paths["plot"])
     paths["model"].write_bytes(encode(model))
     return paths

@@ -163,6 +163,10 @@ class Algorithm:
         """Raises InvalidContent unless `tensors` is a valid answer to `task` (checked by the edge)."""
         check_tensors(tensors, self.result_spec(task))
 
+    def client_group(self, client_id: int) -> str:
+        """How reports group clients (prototype learning: the client's model family)."""
+        return "all"
+
     def client_weight(self, num_samples: int) -> float:
         return float(num_samples) if self.config.weighting == "samples" else 1.0
 

@@ -89,6 +89,9 @@ class HFPL(Algorithm):
         families = self.params.families
         return families[(client_id // self.config.topology.num_edges) % len(families)]
 
+    def client_group(self, client_id: int) -> str:
+        return self.family_of(client_id)
+
     def feature_extractor(self, client_id: int, input_shape: tuple[int, ...]) -> nn.Module:
         seed = derive_seed(self.config.seed, MODEL_INIT, client_id + 1)
         return build_feature_extractor(self.family_of(client_id), input_shape, self.params.feature_dim, seed)
