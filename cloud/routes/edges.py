@@ -79,11 +79,12 @@ async def submit(
     if header.edge_id >= config.topology.num_edges:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             f"edge {header.edge_id} is not part of this run ({config.topology.num_edges} edges)")
+    # A client may appear once per edge round (κ > 1), but only clients of this edge may appear.
     ids = [c.client_id for c in header.clients]
     foreign = sorted(set(ids) - set(config.clients_of_edge(edge_id)))
-    if foreign or len(set(ids)) != len(ids):
+    if foreign:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"clients must be distinct clients of edge {edge_id}; not its clients: {foreign}")
+                            f"clients must be clients of edge {edge_id}; not its clients: {foreign}")
     algorithm = orchestrator.algorithm(run_id, config)
     global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
     try:

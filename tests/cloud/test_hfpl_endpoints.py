@@ -203,16 +203,17 @@ async def test_invalid_triple_refused(cloud: Cloud, case: str) -> None:
     await accepted(cloud, 0, message(run_id, 0, 0), buffered=1)  # the refusal took no slot
 
 
-@pytest.mark.parametrize("ids", [[1], [99], [0, 0]], ids=["other-edges-client", "unknown-client", "twice"])
-async def test_clients_must_be_distinct_clients_of_the_edge(cloud: Cloud, ids: list[int]) -> None:
+@pytest.mark.parametrize("ids", [[1], [99], [0, 3, 5]], ids=["other-edges-client", "unknown-client", "one-foreign"])
+async def test_clients_must_be_clients_of_the_edge(cloud: Cloud, ids: list[int]) -> None:
     """The cloud files each client's report under its id (hfpl keeps the latest per client): a header
-    naming another edge's client, an unknown one or one twice would corrupt that memory or crash the
-    update. With 6 clients over 3 edges, edge 0 serves clients 0 and 3."""
+    naming another edge's client or an unknown one would corrupt that memory or crash the update.
+    With 6 clients over 3 edges, edge 0 serves clients 0 and 3. (A client may appear once per edge
+    round, so repeats are allowed.)"""
     run_id = await hfpl_run(cloud)
     clients = [ClientParticipation(client_id=k, num_samples=10, loss=0.5, metrics={"accuracy": 0.5})
                for k in ids]
     header = contribution_header(run_id, edge_id=0, base_version=0, key=None, clients=clients)
     before = await cloud.snapshot(run_id)
     r = await cloud.submit(0, encode(triple(), header))
-    detail_of(r, 422, "clients must be distinct clients of edge 0")
+    detail_of(r, 422, "clients must be clients of edge 0")
     assert await cloud.snapshot(run_id) == before
