@@ -245,7 +245,7 @@ def main() -> None:
         "runs": {label: {"config": runs[label].model_dump(mode="json"),
                          "histories": [[h.model_dump(mode="json") for h in history] for history in runs_]}
                  for label, runs_ in repeats.items()},
-    }, indent=1))
+    }, separators=(",", ":")))  # compact: six full histories
     text = (
         f"# Asynchronous hierarchical prototype learning\n\n"
         f"Produced by `./fl bench/hfpl.py` through the services (private redis-server, cloud, 3 edges, "
