@@ -48,7 +48,7 @@ from shared.algorithms.base import ClientResult, ClientUpdate, Contribution, Edg
 from shared.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
 from shared.algorithms.fedprox import proximal_term
 from shared.algorithms.fedrolex import Capacity, FedRolex
-from shared.algorithms.fedvarp import check_client_ids, client_name, memory_name
+from shared.algorithms.fedvarp import buffered_clients, check_client_ids, client_name, memory_name, stored_memory
 from shared.algorithms.scaffold import client_controls, control_name, split_state, step_length
 from shared.algorithms.submodel import Shapes, coverage, embed, extract
 from shared.training import local_sgd, parameters_of
@@ -112,27 +112,21 @@ class FedSCAVAR(ClusterMemory, FedRolex):
     def cloud_update(
         self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
     ) -> tuple[Tensors, Tensors]:
-        clients = sorted(k for c in contributions for k in c.clients)
-        self._check_clients(clients)
-        source = {k: c for c in contributions for k in c.clients}
+        groups = self.memory_groups()
+        b = buffered_clients(self.name, contributions, groups)
+        clients = b.ids
         w, _ = split_state(global_)
         shapes: Shapes = {n: tuple(t.shape) for n, t in w.items()}
         # The windows are a function of (client, round): the cloud recomputes them instead of shipping masks.
         masks = {k: coverage(self.architecture, self.windows(k, round, shapes), shapes) for k in clients}
-        groups = self.memory_groups()
-        num_groups = max(groups) + 1
-        rows = torch.tensor([groups[k] for k in clients], dtype=torch.int64)
-        sizes = torch.bincount(torch.tensor(groups, dtype=torch.int64), minlength=num_groups)
         step: Tensors = {}
         new_state: Tensors = {}
         for name, param in w.items():
-            memory = cloud_state.get(memory_name(name), torch.zeros((num_groups, *param.shape), dtype=torch.float64))
-            if tuple(memory.shape) != (num_groups, *param.shape):
-                raise ValueError(f"cloud_state {memory_name(name)!r} has shape {list(memory.shape)}")
-            deltas = torch.stack([source[k].tensors[client_name(k, name)] for k in clients])
+            memory = stored_memory(cloud_state, name, param, b.num_groups, torch.float64)
+            deltas = torch.stack([b.source[k].tensors[client_name(k, name)] for k in clients])
             covered = torch.stack([masks[k][name] for k in clients])
-            step[name] = masked_varp_direction(deltas, covered, memory, rows, sizes, len(groups))
-            new_state[memory_name(name)] = covered_memory(memory, deltas, covered, rows).contiguous()
+            step[name] = masked_varp_direction(deltas, covered, memory, b.rows, b.sizes, len(groups))
+            new_state[memory_name(name)] = covered_memory(memory, deltas, covered, b.rows).contiguous()
         ordered = sorted(contributions, key=lambda c: c.edge_id)
         control = aggregate.combine(
             aggregate.Partial({n: c.tensors[control_name(n)] for n in w}, c.weight) for c in ordered

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -76,6 +77,43 @@ def updated_memory(memory: torch.Tensor, deltas: torch.Tensor, rows: torch.Tenso
     return new
 
 
+@dataclass(frozen=True)
+class BufferedClients:
+    """Who is behind a buffer's contributions, laid out against the memory groups."""
+
+    ids: list[int]  # in id order
+    source: dict[int, Contribution]  # the contribution that carries each client's Δw
+    rows: torch.Tensor  # (m,) the memory group of each client
+    sizes: torch.Tensor  # (G,) clients per group, over all N
+    num_groups: int
+
+
+def buffered_clients(algorithm: str, contributions: list[Contribution], groups: list[int]) -> BufferedClients:
+    """`groups[k]` is client k's memory group for k in 0..N−1; the ids are checked before they index it."""
+    num_groups = max(groups) + 1
+    ids = sorted(k for c in contributions for k in c.clients)
+    check_client_ids(algorithm, ids, len(groups))
+    return BufferedClients(
+        ids=ids,
+        source={k: c for c in contributions for k in c.clients},
+        rows=torch.tensor([groups[k] for k in ids], dtype=torch.int64),
+        sizes=torch.bincount(torch.tensor(groups, dtype=torch.int64), minlength=num_groups),
+        num_groups=num_groups,
+    )
+
+
+def stored_memory(cloud_state: Tensors, name: str, param: torch.Tensor, num_groups: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """y for parameter `name` from the cloud state: zeros before the first update, shape-checked after."""
+    shape = (num_groups, *param.shape)
+    if memory_name(name) not in cloud_state:
+        return torch.zeros(shape, dtype=dtype)
+    y = cloud_state[memory_name(name)]
+    if tuple(y.shape) != shape:
+        raise ValueError(f"cloud_state {memory_name(name)!r} has shape {list(y.shape)}, expected {list(shape)}")
+    return y
+
+
 def check_client_ids(algorithm: str, clients: Sequence[int], n: int) -> None:
     """Per-client payloads need distinct ids in [0, N); anything else is refused before buffering."""
     duplicates = sorted(k for k, c in Counter(clients).items() if c > 1)
@@ -116,30 +154,16 @@ class FedVARP(FedAvg):
         self._check_clients(clients)
         return {client_name(k, name): (tuple(t.shape), t.dtype) for k in sorted(clients) for name, t in global_.items()}
 
-    def _memory(self, cloud_state: Tensors, name: str, param: torch.Tensor, num_groups: int) -> torch.Tensor:
-        shape = (num_groups, *param.shape)
-        if memory_name(name) not in cloud_state:
-            return torch.zeros(shape, dtype=self.memory_dtype(param))
-        y = cloud_state[memory_name(name)]
-        if tuple(y.shape) != shape:
-            raise ValueError(f"cloud_state {memory_name(name)!r} has shape {list(y.shape)}, expected {list(shape)}")
-        return y
-
     def cloud_update(
         self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
     ) -> tuple[Tensors, Tensors]:
-        clients = sorted(k for c in contributions for k in c.clients)
-        self._check_clients(clients)
-        source = {k: c for c in contributions for k in c.clients}
         groups = self.memory_groups()
-        num_groups = max(groups) + 1
-        rows = torch.tensor([groups[k] for k in clients], dtype=torch.int64)
-        sizes = torch.bincount(torch.tensor(groups, dtype=torch.int64), minlength=num_groups)
+        b = buffered_clients(self.name, contributions, groups)
         step: Tensors = {}
         new_state: Tensors = {}
         for name, param in global_.items():
-            memory = self._memory(cloud_state, name, param, num_groups)
-            deltas = torch.stack([source[k].tensors[client_name(k, name)] for k in clients])
-            step[name] = varp_direction(deltas, memory, rows, sizes, len(groups))
-            new_state[memory_name(name)] = updated_memory(memory, deltas, rows).contiguous()
+            memory = stored_memory(cloud_state, name, param, b.num_groups, self.memory_dtype(param))
+            deltas = torch.stack([b.source[k].tensors[client_name(k, name)] for k in b.ids])
+            step[name] = varp_direction(deltas, memory, b.rows, b.sizes, len(groups))
+            new_state[memory_name(name)] = updated_memory(memory, deltas, b.rows).contiguous()
         return aggregate.add_scaled(global_, step, self.config.server_lr), new_state
