@@ -112,9 +112,6 @@ class HFPL(Algorithm):
             BIAS: g.bias.detach().clone(),
         }
 
-    def model_parameters(self, global_: Tensors) -> Tensors:
-        return global_
-
     def contribution_spec(self, global_: Tensors, clients: list[int], edge_id: int | None = None) -> TensorSpec:
         """Edge l's triple: at most feature_cap features per client of edge l (of any edge if None)."""
         num_classes, d = global_[PROTOTYPES].shape
