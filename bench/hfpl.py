@@ -20,6 +20,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -61,8 +62,20 @@ def train_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int)
 
 def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int) -> tuple[float, float]:
     """train_alone's model: accuracy on the client's held-out split and on the pooled test set."""
-    data = load_federated(config.data, config.seed).clients[client_id]
-    f = algorithm.feature_extractor(client_id, tuple(data.train.x.shape[1:]))
+    data = load_federated(config.data, config.seed)
+    model = train_with_head(algorithm, config, client_id, data.clients[client_id].train, epochs)
+    with torch.no_grad():
+        return tuple(float((model(d.x).argmax(1) == d.y).float().mean())
+                     for d in (data.clients[client_id].test, data.test))
+
+
+def train_with_head(algorithm: HFPL, config: RunConfig, client_id: int, train, epochs: int,
+                    after_epoch: Callable[[int, nn.Module], None] | None = None) -> nn.Module:
+    """Client i's extractor (its family, its initial weights) with a private linear head, trained on
+    `train` by plain cross-entropy with the run's local settings; returned in eval mode.
+    `after_epoch(e, model)` sees the model after e epochs (in eval mode), which is what a run of
+    e epochs would return: the epochs' shuffles do not depend on the total."""
+    f = algorithm.feature_extractor(client_id, tuple(train.x.shape[1:]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(config.seed, MODEL_INIT, 10_000 + client_id))
         head = nn.Linear(algorithm.params.feature_dim, load_federated(config.data, config.seed).num_classes)
@@ -71,14 +84,14 @@ def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs:
     model.train()
     for epoch in range(epochs):
         generator = torch_generator(config.seed, LOCAL_TRAINING, epoch, client_id)
-        for idx in batches(len(data.train), config.local.batch_size, generator):
+        for idx in batches(len(train), config.local.batch_size, generator):
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
+            F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
             opt.step()
-    model.eval()
-    pooled = load_federated(config.data, config.seed).test
-    with torch.no_grad():
-        return tuple(float((model(d.x).argmax(1) == d.y).float().mean()) for d in (data.test, pooled))
+        if after_epoch is not None:
+            after_epoch(epoch + 1, model.eval())
+            model.train()
+    return model.eval()
 
 
 def final_evaluation(algorithm: HFPL, config: RunConfig, state_dir: Path, run_id: str,
