@@ -276,7 +276,9 @@ def main() -> None:
         f"\n\nFederated minus local only: {100 * gap:+.1f} points. Local only trains each client's own f_i "
         f"with a private head for as many epochs as that client trained in the async run "
         f"({min(c['epochs'] for c in clients)}–{max(c['epochs'] for c in clients)}; the slow edge's clients "
-        f"train less often).\n\n## Federated against local only, by budget\n\n"
+        f"train less often). How much there is to gain on this task (models trained on the pooled data, "
+        f"three partition seeds): [hfpl-headroom.md](hfpl-headroom.md).\n\n"
+        f"## Federated against local only, by budget\n\n"
         f"The same comparison after the first n updates of the async run (clients that had trained by then; "
         f"local only with each one's epochs up to that point):\n\n" + "\n".join(budgets) +
         f"\n\n![accuracy over wall-clock time](hfpl.png)\n"
