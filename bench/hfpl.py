@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -270,9 +269,9 @@ def main() -> None:
         f"the mean over clients of each one's latest report, so it dips when stale triples of the slow edge "
         f"arrive; \"for good\" is the time from which it stays at or above the target.\n\n"
         + "\n".join(timing) + f"\n\n{speedup}" +
-        f"\n\n## Per client, at the end of the first async run (mean ± spread over clients)\n\n"
-        f"Each client's last f_i (from its state on disk) with the final (C̄, G), on its own held-out split "
-        f"(skewed like its training data) and on the pooled test set of all classes:\n\n" + "\n".join(rows) +
+        "\n\n## Per client, at the end of the first async run (mean ± spread over clients)\n\n"
+        "Each client's last f_i (from its state on disk) with the final (C̄, G), on its own held-out split "
+        "(skewed like its training data) and on the pooled test set of all classes:\n\n" + "\n".join(rows) +
         f"\n\nFederated minus local only: {100 * gap:+.1f} points. Local only trains each client's own f_i "
         f"with a private head for as many epochs as that client trained in the async run "
         f"({min(c['epochs'] for c in clients)}–{max(c['epochs'] for c in clients)}; the slow edge's clients "
@@ -281,7 +280,7 @@ def main() -> None:
         f"## Federated against local only, by budget\n\n"
         f"The same comparison after the first n updates of the async run (clients that had trained by then; "
         f"local only with each one's epochs up to that point):\n\n" + "\n".join(budgets) +
-        f"\n\n![accuracy over wall-clock time](hfpl.png)\n"
+        "\n\n![accuracy over wall-clock time](hfpl.png)\n"
     )
     (DOCS / "hfpl.md").write_text(text)
     print("\n".join(timing + [""] + rows))

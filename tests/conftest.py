@@ -36,3 +36,9 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The services run on asyncio; anyio tests need not try trio."""
+    return "asyncio"

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -30,17 +30,13 @@ from shared.config import RunConfig
 from shared.schemas import ClientParticipation, EdgeContributionHeader, GlobalStateHeader
 from shared.transport.tensors import Tensors, decode, encode
 from shared.web import SAFETENSORS
+from tests.web import OVERSIZED, assert_refuses_oversized, bearer, detail_of, not_safetensors, raw_message
 
 ADMIN_TOKEN = "test-admin-token"
 EDGE_TOKEN = "test-edge-token"
 UNKNOWN_RUN = "0123456789ab"
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def small_config(**overrides: Any) -> dict[str, Any]:
@@ -53,29 +49,13 @@ def two_edge_config() -> dict[str, Any]:
     return small_config(topology={"num_edges": 2, "buffer_size": 2})
 
 
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def detail_of(response: httpx.Response, status: int, *fragments: str) -> Any:
-    """Asserts the status, a JSON `detail`, and that the detail mentions every fragment."""
-    assert response.status_code == status, (response.status_code, response.text)
-    assert response.headers["content-type"].startswith("application/json"), response.headers
-    detail = response.json()["detail"]
-    assert detail, response.text
-    text = detail if isinstance(detail, str) else json.dumps(detail)
-    for fragment in fragments:
-        assert fragment in text, (fragment, text)
-    return detail
-
-
 class Cloud:
     def __init__(self, app, http: httpx.AsyncClient, redis: aioredis.Redis, prefix: str):
         self.app, self.http, self.redis, self.prefix = app, http, redis, prefix
 
     # ---- control API ---------------------------------------------------------------------------
     async def admin(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        headers = {**auth(ADMIN_TOKEN), **kwargs.pop("headers", {})}
+        headers = {**bearer(ADMIN_TOKEN), **kwargs.pop("headers", {})}
         return await self.http.request(method, url, headers=headers, **kwargs)
 
     async def create_run(self, config: dict[str, Any] | None = None) -> str:
@@ -103,7 +83,7 @@ class Cloud:
 
     # ---- edge API ------------------------------------------------------------------------------
     async def edge(self, method: str, url: str, token: str | None = EDGE_TOKEN, **kwargs: Any) -> httpx.Response:
-        headers = {**(auth(token) if token else {}), **kwargs.pop("headers", {})}
+        headers = {**bearer(token), **kwargs.pop("headers", {})}
         return await self.http.request(method, url, headers=headers, **kwargs)
 
     async def register_edge(self, edge_id: int) -> None:
@@ -208,12 +188,6 @@ def contribution(global_: Tensors, run_id: str, **header: Any) -> bytes:
     return encode(zeros_like(global_), contribution_header(run_id, **header))
 
 
-def raw_message(tensors: Tensors, message: Any) -> bytes:
-    """A safetensors document whose `message` metadata is arbitrary text (to send invalid headers)."""
-    text = message if isinstance(message, str) else json.dumps(message)
-    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata={"message": text})
-
-
 async def running_run(cloud: Cloud, config: dict[str, Any] | None = None,
                       edges: tuple[int, ...] = (0,)) -> tuple[str, Tensors]:
     """A started run with `edges` registered, and its version-0 global state."""
@@ -255,7 +229,7 @@ async def test_control_api_refuses_bad_tokens(cloud: Cloud, method: str, path: s
     run_id = await cloud.create_run()
     before = await cloud.snapshot(run_id)
     kwargs: dict[str, Any] = {"json": small_config()} if method == "POST" and path.endswith("runs") else {}
-    r = await cloud.http.request(method, path.format(run=run_id), headers=auth(token) if token else {}, **kwargs)
+    r = await cloud.http.request(method, path.format(run=run_id), headers=bearer(token), **kwargs)
     assert detail_of(r, 401) == expected
     assert r.headers["www-authenticate"] == "Bearer"
     assert await cloud.snapshot(run_id) == before
@@ -486,28 +460,10 @@ async def test_contribution_bad_token(cloud: Cloud, token: str | None, expected:
     assert await cloud.snapshot(run_id) == before
 
 
-def _not_safetensors() -> dict[str, tuple[bytes, str]]:
-    valid = encode({"w": torch.zeros(3, dtype=torch.float64)},
-                   contribution_header("r", clients=[ClientParticipation(client_id=0, num_samples=1, loss=0.0)]))
-    (header_len,) = struct.unpack("<Q", valid[:8])
-    return {
-        "empty": (b"", "too short"),
-        "short": (b"abc", "too short"),
-        "json-body": (b'{"run_id": "x", "edge_id": 0}', "header length exceeds the body"),
-        "header-length-lies": (struct.pack("<Q", 10**6) + b"{}", "header length exceeds the body"),
-        "header-not-json": (struct.pack("<Q", 5) + b"{{{{{", "header is not JSON"),
-        "header-not-utf8": (struct.pack("<Q", 4) + b"\xff\xfe\xfd\xfc", "header is not JSON"),
-        "header-array": (struct.pack("<Q", 2) + b"[]", "header is not a JSON object"),
-        "header-null": (struct.pack("<Q", 4) + b"null", "header is not a JSON object"),
-        "header-number": (struct.pack("<Q", 2) + b"42", "header is not a JSON object"),
-        "metadata-not-object": (struct.pack("<Q", 22) + b'{"__metadata__": [1]}\x20', "__metadata__ is not an object"),
-        "truncated-data": (valid[:-8], "malformed safetensors"),
-        "bad-tensor-entry": (valid[:8] + valid[8:8 + header_len].replace(b'"F64"', b'"X64"') + valid[8 + header_len:],
-                             "malformed safetensors"),
-    }
-
-
-NOT_SAFETENSORS = _not_safetensors()
+NOT_SAFETENSORS = not_safetensors(
+    encode({"w": torch.zeros(3, dtype=torch.float64)},
+           contribution_header("r", clients=[ClientParticipation(client_id=0, num_samples=1, loss=0.0)])),
+    json_body=b'{"run_id": "x", "edge_id": 0}')
 
 
 @pytest.mark.parametrize("case", NOT_SAFETENSORS)
@@ -654,36 +610,16 @@ async def test_contribution_wrong_tensors(cloud: Cloud, case: str) -> None:
     assert ok.status_code == 202, ok.text
 
 
-async def _chunks(blob: bytes, size: int = 256) -> AsyncIterator[bytes]:
-    for i in range(0, len(blob), size):
-        yield blob[i : i + size]
-
-
-@pytest.mark.parametrize("length", ["honest", "lying", "absent"],
-                         ids=["content-length-honest", "content-length-lies", "chunked-no-content-length"])
+@pytest.mark.parametrize("length", OVERSIZED.values(), ids=OVERSIZED.keys())
 async def test_contribution_oversized(redis_url: str, length: str) -> None:
     async with running_cloud(redis_url, max_payload_bytes=1000) as cloud:
         run_id, global_ = await running_run(cloud)
-        blob = contribution(global_, run_id)
-        assert len(blob) > 1000
         before = await cloud.snapshot(run_id)
-        if length == "honest":
-            r = await cloud.submit(0, blob)
-            assert r.request.headers["content-length"] == str(len(blob))
-            assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of 1000"
-        elif length == "lying":
-            r = await cloud.submit(0, blob, headers={"Content-Length": "100"})
-            assert r.request.headers["content-length"] == "100"
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
-        else:
-            r = await cloud.submit(0, _chunks(blob))
-            assert "content-length" not in r.request.headers
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        await assert_refuses_oversized(partial(cloud.submit, 0), contribution(global_, run_id), length, 1000)
         assert await cloud.snapshot(run_id) == before
 
 
-@pytest.mark.parametrize("length", ["honest", "lying", "absent"],
-                         ids=["content-length-honest", "content-length-lies", "chunked-no-content-length"])
+@pytest.mark.parametrize("length", OVERSIZED.values(), ids=OVERSIZED.keys())
 @pytest.mark.parametrize("endpoint", ["create-run", "register-edge"])
 async def test_json_body_oversized(redis_url: str, endpoint: str, length: str) -> None:
     """The payload limit covers the JSON routes too (valid JSON, padded past the limit)."""
@@ -695,17 +631,12 @@ async def test_json_body_oversized(redis_url: str, endpoint: str, length: str) -
             "register-edge": ("/api/v1/edges", {"edge_id": 3}, EDGE_TOKEN),
         }[endpoint]
         blob = json.dumps(body).encode() + b" " * 2000
-        headers = {**auth(token), "Content-Type": "application/json"}
-        if length == "honest":
-            r = await cloud.http.post(path, content=blob, headers=headers)
-            assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of 1000"
-        elif length == "lying":
-            r = await cloud.http.post(path, content=blob, headers={**headers, "Content-Length": "100"})
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
-        else:
-            r = await cloud.http.post(path, content=_chunks(blob), headers=headers)
-            assert "content-length" not in r.request.headers
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+
+        def post(content: Any, headers: dict[str, str] | None = None) -> Awaitable[httpx.Response]:
+            return cloud.http.post(path, content=content, headers={
+                **bearer(token), "Content-Type": "application/json", **(headers or {})})
+
+        await assert_refuses_oversized(post, blob, length, 1000)
         assert await cloud.snapshot(run_id) == before
 
 

@@ -6,23 +6,23 @@ L = 3 edges and a buffer of B = 2, so one triple alone stays in the buffer and t
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 
 from cloud.keys import Keys
 from shared.schemas import ClientParticipation
 from shared.transport.tensors import Tensors, encode
-from tests.cloud.test_bad_input import (  # noqa: F401  (anyio_backend, cloud: fixtures)
+from tests.cloud.test_bad_input import (  # noqa: F401  (cloud: a fixture)
     Cloud,
-    anyio_backend,
     cloud,
     contribution,
     contribution_header,
-    detail_of,
     running_run,
     small_config,
     two_edge_config,
 )
+from tests.web import detail_of
 
 pytestmark = pytest.mark.anyio
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -18,7 +17,6 @@ import anyio
 import httpx
 import pytest
 import torch
-from safetensors.torch import save as st_save
 
 from edge.config import EdgeSettings
 from edge.main import create_app
@@ -30,6 +28,7 @@ from shared.redis_server import free_port
 from shared.schemas import ClientResultHeader, ClientTaskHeader
 from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
 from shared.web import SAFETENSORS
+from tests.web import OVERSIZED, assert_refuses_oversized, bearer, detail_of, not_safetensors, raw_message
 
 CLIENT_TOKEN = "test-client-token"
 EDGE_TOKEN = "test-edge-token"  # what this edge presents to the cloud; never valid for clients
@@ -39,25 +38,8 @@ RUN_ID = "edge-test-run"
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def auth(token: str | None = CLIENT_TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def detail_of(response: httpx.Response, status: int, *fragments: str) -> Any:
-    """Asserts the status, a JSON `detail`, and that the detail mentions every fragment."""
-    assert response.status_code == status, (response.status_code, response.text)
-    assert response.headers["content-type"].startswith("application/json"), response.headers
-    detail = response.json()["detail"]
-    assert detail, response.text
-    text = detail if isinstance(detail, str) else json.dumps(detail)
-    for fragment in fragments:
-        assert fragment in text, (fragment, text)
-    return detail
+    return bearer(token)
 
 
 _GLOBAL: Tensors | None = None
@@ -155,11 +137,6 @@ def result(client_id: int = 0, **header: Any) -> bytes:
     return encode(zeros_like(task_tensors(client_id)), result_header(client_id, **header))
 
 
-def raw_message(tensors: Tensors, message: Any) -> bytes:
-    text = message if isinstance(message, str) else json.dumps(message)
-    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata={"message": text})
-
-
 # =================================================================================================
 # Authentication
 # =================================================================================================
@@ -252,24 +229,7 @@ async def test_task_client_id_not_an_int(edge: Edge) -> None:
 # =================================================================================================
 # Results
 # =================================================================================================
-def _not_safetensors() -> dict[str, tuple[bytes, str]]:
-    valid = result(0)
-    (header_len,) = struct.unpack("<Q", valid[:8])
-    return {
-        "empty": (b"", "too short"),
-        "short": (b"abc", "too short"),
-        "json-body": (b'{"task_id": "x", "client_id": 0}', "header length exceeds the body"),
-        "header-length-lies": (struct.pack("<Q", 10**6) + b"{}", "header length exceeds the body"),
-        "header-not-json": (struct.pack("<Q", 5) + b"{{{{{", "header is not JSON"),
-        "header-array": (struct.pack("<Q", 2) + b"[]", "header is not a JSON object"),
-        "metadata-not-object": (struct.pack("<Q", 22) + b'{"__metadata__": [1]}\x20', "__metadata__ is not an object"),
-        "truncated-data": (valid[:-8], "malformed safetensors"),
-        "bad-tensor-entry": (valid[:8] + valid[8:8 + header_len].replace(b'"F32"', b'"X32"') + valid[8 + header_len:],
-                             "malformed safetensors"),
-    }
-
-
-NOT_SAFETENSORS = _not_safetensors()
+NOT_SAFETENSORS = not_safetensors(result(0), json_body=b'{"task_id": "x", "client_id": 0}')
 
 
 @pytest.mark.parametrize("case", NOT_SAFETENSORS)
@@ -403,52 +363,28 @@ async def test_result_wrong_tensors(edge: Edge, case: str) -> None:
     assert [r.client_id for r in edge.board.results()] == [0]
 
 
-async def _chunks(blob: bytes, size: int = 256) -> AsyncIterator[bytes]:
-    for i in range(0, len(blob), size):
-        yield blob[i : i + size]
-
-
-@pytest.mark.parametrize("length", ["honest", "lying", "absent"],
-                         ids=["content-length-honest", "content-length-lies", "chunked-no-content-length"])
+@pytest.mark.parametrize("length", OVERSIZED.values(), ids=OVERSIZED.keys())
 async def test_result_oversized(length: str) -> None:
     async with running_edge(max_payload_bytes=1000) as edge:
         await edge.open_tasks(0)
-        blob = result(0)
-        assert len(blob) > 1000
         before = await edge.snapshot(0)
-        if length == "honest":
-            r = await edge.send_result(0, blob)
-            assert r.request.headers["content-length"] == str(len(blob))
-            assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of 1000"
-        elif length == "lying":
-            r = await edge.send_result(0, blob, headers={"Content-Length": "100"})
-            assert r.request.headers["content-length"] == "100"
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
-        else:
-            r = await edge.send_result(0, _chunks(blob))
-            assert "content-length" not in r.request.headers
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+        await assert_refuses_oversized(partial(edge.send_result, 0), result(0), length, 1000)
         assert await edge.snapshot(0) == before
         assert before["open"] == {0: task_id(0)}
 
 
-@pytest.mark.parametrize("length", ["honest", "lying", "absent"],
-                         ids=["content-length-honest", "content-length-lies", "chunked-no-content-length"])
+@pytest.mark.parametrize("length", OVERSIZED.values(), ids=OVERSIZED.keys())
 async def test_register_oversized(length: str) -> None:
     async with running_edge(max_payload_bytes=1000) as edge:
         await edge.open_tasks(0)
         before = await edge.snapshot(0)
         blob = json.dumps({"client_id": 7, "num_samples": 3}).encode() + b" " * 2000
-        headers = {**auth(), "Content-Type": "application/json"}
-        if length == "honest":
-            r = await edge.http.post("/api/v1/clients", content=blob, headers=headers)
-            assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of 1000"
-        elif length == "lying":
-            r = await edge.http.post("/api/v1/clients", content=blob, headers={**headers, "Content-Length": "100"})
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
-        else:
-            r = await edge.http.post("/api/v1/clients", content=_chunks(blob), headers=headers)
-            assert detail_of(r, 413) == "payload exceeds the limit of 1000 bytes"
+
+        def post(content: Any, headers: dict[str, str] | None = None) -> Awaitable[httpx.Response]:
+            return edge.http.post("/api/v1/clients", content=content,
+                                  headers={**auth(), "Content-Type": "application/json", **(headers or {})})
+
+        await assert_refuses_oversized(post, blob, length, 1000)
         assert await edge.snapshot(0) == before
         assert 7 not in edge.board.clients
 

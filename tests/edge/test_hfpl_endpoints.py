@@ -17,15 +17,14 @@ from shared.config import RunConfig
 from shared.federation import initial_model
 from shared.schemas import ClientTaskHeader
 from shared.transport.tensors import Tensors, encode
-from tests.edge.test_bad_input import (  # noqa: F401  (anyio_backend, edge: fixtures)
+from tests.edge.test_bad_input import (  # noqa: F401  (edge: a fixture)
     RUN_ID,
     Edge,
-    anyio_backend,
-    detail_of,
     edge,
     result_header,
     task_id,
 )
+from tests.web import detail_of
 
 pytestmark = pytest.mark.anyio
 

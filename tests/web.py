@@ -1,0 +1,91 @@
+"""What the endpoint tests of both services check and send: 4xx details, raw and broken bodies."""
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+from safetensors.torch import save as st_save
+
+from shared.transport.tensors import Tensors
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def detail_of(response: httpx.Response, status: int, *fragments: str) -> Any:
+    """Asserts the status, a JSON `detail`, and that the detail mentions every fragment."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    detail = response.json()["detail"]
+    assert detail, response.text
+    text = detail if isinstance(detail, str) else json.dumps(detail)
+    for fragment in fragments:
+        assert fragment in text, (fragment, text)
+    return detail
+
+
+def raw_message(tensors: Tensors, message: Any) -> bytes:
+    """A safetensors document whose `message` metadata is arbitrary text (to send invalid headers)."""
+    text = message if isinstance(message, str) else json.dumps(message)
+    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata={"message": text})
+
+
+async def chunks(blob: bytes, size: int = 256) -> AsyncIterator[bytes]:
+    """A body streamed in pieces, so the server cannot trust a length it was told up front."""
+    for i in range(0, len(blob), size):
+        yield blob[i : i + size]
+
+
+def not_safetensors(valid: bytes, json_body: bytes) -> dict[str, tuple[bytes, str]]:
+    """Bodies that are not a safetensors document, by case: (body, a fragment of the 400 detail).
+
+    `valid` is a well-formed message of the endpoint (its first tensor entry is corrupted for one case),
+    `json_body` what a client that posts JSON by mistake would send.
+    """
+    (header_len,) = struct.unpack("<Q", valid[:8])
+    header = valid[8:8 + header_len].decode()
+    entries = {k: v for k, v in json.loads(header).items() if k != "__metadata__"}
+    dtype = next(iter(entries.values()))["dtype"]
+    broken_entry = header.replace(f'"{dtype}"', '"X64"', 1).encode()  # no such dtype
+    return {
+        "empty": (b"", "too short"),
+        "short": (b"abc", "too short"),
+        "json-body": (json_body, "header length exceeds the body"),
+        "header-length-lies": (struct.pack("<Q", 10**6) + b"{}", "header length exceeds the body"),
+        "header-not-json": (struct.pack("<Q", 5) + b"{{{{{", "header is not JSON"),
+        "header-not-utf8": (struct.pack("<Q", 4) + b"\xff\xfe\xfd\xfc", "header is not JSON"),
+        "header-array": (struct.pack("<Q", 2) + b"[]", "header is not a JSON object"),
+        "header-null": (struct.pack("<Q", 4) + b"null", "header is not a JSON object"),
+        "header-number": (struct.pack("<Q", 2) + b"42", "header is not a JSON object"),
+        "metadata-not-object": (struct.pack("<Q", 22) + b'{"__metadata__": [1]}\x20', "__metadata__ is not an object"),
+        "truncated-data": (valid[:-8], "malformed safetensors"),
+        "bad-tensor-entry": (valid[:8] + broken_entry + valid[8 + header_len:], "malformed safetensors"),
+    }
+
+
+# How a body larger than the payload limit can arrive: its length told truly, told falsely, or not at all.
+OVERSIZED = {"content-length-honest": "honest", "content-length-lies": "lying",
+             "chunked-no-content-length": "absent"}
+
+
+async def assert_refuses_oversized(send: Callable[..., Awaitable[httpx.Response]], blob: bytes, length: str,
+                                   limit: int) -> None:
+    """`send(body, headers=...)` posts `blob` (over `limit` bytes) with an honest, a lying or no
+    Content-Length; each way it must be refused with 413 before the route sees it."""
+    assert len(blob) > limit
+    if length == "honest":
+        r = await send(blob)
+        assert r.request.headers["content-length"] == str(len(blob))
+        assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of {limit}"
+    elif length == "lying":
+        r = await send(blob, headers={"Content-Length": "100"})
+        assert r.request.headers["content-length"] == "100"
+        assert detail_of(r, 413) == f"payload exceeds the limit of {limit} bytes"
+    else:
+        r = await send(chunks(blob))
+        assert "content-length" not in r.request.headers
+        assert detail_of(r, 413) == f"payload exceeds the limit of {limit} bytes"
