@@ -13,19 +13,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory):
-    with federation(tmp_path_factory, num_clients=10) as topology_and_api:
-        yield topology_and_api
-
-
-@pytest.fixture(scope="module")
-def topology(running):
-    return running[0]
-
-
-@pytest.fixture(scope="module")
-def api(running):
-    return running[1]
+def api(tmp_path_factory):
+    with federation(tmp_path_factory, num_clients=10) as (_, api):
+        yield api
 
 
 def run(api: CloudAPI, config: RunConfig):
