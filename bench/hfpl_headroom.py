@@ -7,9 +7,10 @@ services compute the same). For every client, on its own held-out split (skewed 
 
   local only   its f_i with a private linear head, trained on its data alone for the same epochs;
   federated    its f_i after the HFPL run with the final G (the issue's evaluation);
-  pooled       the same family and initial weights trained on the union of all clients' training data
-               (no federation, no privacy) for the same number of epochs, i.e. 12× the steps: what the
-               data could give these models if it were pooled;
+  pooled       one model per family (from the initial weights of that family's first client) trained on
+               the union of all clients' training data (no federation, no privacy) for the same number of
+               epochs, about 12× an average client's steps: what the data could give these models if it
+               were pooled;
   pooled+prior the pooled model's logits shifted by log π_i(y) − log π(y), the client's own label
                prior against the pooled one (Bayes' rule under label shift): the pooled model told
                what the client's data looks like.
@@ -185,13 +186,15 @@ def render(seeds: list[dict], rounds: int) -> str:
         "# How far can federation lift a client on this task?\n\n"
         "Produced by `./fl bench/hfpl_headroom.py` (in-process reference runner, synchronous B = L = 3, "
         f"{rounds} rounds, K = 1; task as in [hfpl.md](hfpl.md): MNIST 5k, Dirichlet(0.3) over 12 clients "
-        "under 3 edges, families mlp / cnn / cnn_deep; partition seeds "
-        f"{', '.join(str(s['seed']) for s in seeds)}). Mean over clients of the accuracy on each client's own "
+        "under 3 edges, families mlp / cnn / cnn_deep; seeds "
+        f"{', '.join(str(s['seed']) for s in seeds)}, each drawing the partition, the initial weights and the "
+        "shuffles). Mean over clients of the accuracy on each client's own "
         "held-out split:\n\n"
         "- **local only**: the client's f_i with a private linear head, trained alone for the same epochs;\n"
         "- **federated**: the client's f_i after the HFPL run, with the final G (the issue's evaluation);\n"
-        "- **pooled**: the same family and initial weights trained on all clients' training data pooled "
-        f"(no federation, no privacy) for the same {rounds} epochs, i.e. 12× the steps;\n"
+        "- **pooled**: one model per family (from the initial weights of that family's first client) trained "
+        f"on all clients' training data pooled (no federation, no privacy) for the same {rounds} epochs, about "
+        "12× an average client's steps;\n"
         "- **pooled+prior**: the pooled model's logits shifted by log π_i(y) − log π(y), the client's own "
         "label prior against the pooled one (Bayes' rule under label shift).\n\n"
         "pooled+prior − local only is the headroom: what these models could gain over training alone if "

@@ -50,7 +50,7 @@ def not_safetensors(valid: bytes, json_body: bytes) -> dict[str, tuple[bytes, st
     header = valid[8:8 + header_len].decode()
     entries = {k: v for k, v in json.loads(header).items() if k != "__metadata__"}
     dtype = next(iter(entries.values()))["dtype"]
-    broken_entry = header.replace(f'"{dtype}"', '"X64"', 1).encode()  # no such dtype
+    broken_entry = header.replace(f'"{dtype}"', f'"{"X" * len(dtype)}"', 1).encode()  # no such dtype, same length
     return {
         "empty": (b"", "too short"),
         "short": (b"abc", "too short"),
