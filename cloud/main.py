@@ -1,4 +1,5 @@
-"""The cloud app: `python -m cloud.main` (or `uvicorn cloud.main:create_app --factory`)."""
+"""The cloud app: `python -m cloud.main` (under bare uvicorn: `uvicorn cloud.main:create_app --factory
+--timeout-graceful-shutdown 1`, or a stop waits for the open long-polls)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,6 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 import torch
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -17,7 +17,7 @@ from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs
 from cloud.store import Conflict, NotFound, Store
-from shared.web import BodyLimit
+from shared.web import BodyLimit, Stopping, serve
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
@@ -26,6 +26,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
+        app.state.stopping.bind()
         redis = aioredis.Redis.from_url(settings.redis_url)
         store = Store(redis, Keys(settings.key_prefix))
         orchestrator = Orchestrator(store)
@@ -41,6 +42,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             await redis.aclose()
 
     app = FastAPI(title="FL cloud", version="0.1.0", lifespan=lifespan)
+    app.state.stopping = Stopping()
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes)
     app.include_router(health.router)
     app.include_router(runs.router)
@@ -60,7 +62,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
 def main() -> None:
     settings = CloudSettings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s cloud %(levelname)s %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    serve(create_app(settings), settings.host, settings.port, settings.log_level)
 
 
 if __name__ == "__main__":

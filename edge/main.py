@@ -6,7 +6,6 @@ import contextlib
 import logging
 from contextlib import asynccontextmanager
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -15,7 +14,7 @@ from edge.round_loop import EdgeRoundLoop
 from edge.routes import clients, health
 from edge.tasks import TaskBoard, TaskConflict, UnknownClient
 from shared.transport.http import make_client
-from shared.web import BodyLimit
+from shared.web import BodyLimit, Stopping, serve
 
 
 def create_app(settings: EdgeSettings | None = None) -> FastAPI:
@@ -23,20 +22,24 @@ def create_app(settings: EdgeSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.stopping.bind()
         cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s)
         board = TaskBoard()
         round_loop = EdgeRoundLoop(settings, cloud, board)
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
         loop_task = asyncio.create_task(round_loop.run_forever())
+        drain_task = asyncio.create_task(_close_on_stop(app.state.stopping, board))
         try:
             yield
         finally:
-            loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop_task
+            for task in (loop_task, drain_task):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await cloud.aclose()
 
     app = FastAPI(title="FL edge", version="0.1.0", lifespan=lifespan)
+    app.state.stopping = Stopping()
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes)
     app.include_router(health.router)
     app.include_router(clients.router)
@@ -52,10 +55,15 @@ def create_app(settings: EdgeSettings | None = None) -> FastAPI:
     return app
 
 
+async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
+    await stopping.wait()
+    await board.close()
+
+
 def main() -> None:
     settings = EdgeSettings()
     logging.basicConfig(level=settings.log_level.upper(), format=f"%(asctime)s edge{settings.edge_id} %(levelname)s %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    serve(create_app(settings), settings.host, settings.port, settings.log_level)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ class TaskBoard:
         self.last_seen: dict[int, float] = {}
         self._tasks: dict[int, Task] = {}
         self._changed = asyncio.Condition()
+        self._closing = False
 
     # ---- clients -------------------------------------------------------------------------------
     def register(self, reg: ClientRegistration) -> None:
@@ -64,6 +65,12 @@ class TaskBoard:
     async def clear(self) -> None:
         async with self._changed:
             self._tasks = {}
+
+    async def close(self) -> None:
+        """The edge is stopping: every waiting and future fetch answers "no task" at once."""
+        async with self._changed:
+            self._closing = True
+            self._changed.notify_all()
 
     def results(self) -> list[ClientResult]:
         return [t.result for t in self._tasks.values() if t.result is not None]
@@ -93,7 +100,7 @@ class TaskBoard:
                 if task is not None and task.result is None:
                     return task
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._closing:
                     return None
                 try:
                     async with asyncio.timeout(remaining):

@@ -1,10 +1,13 @@
-"""HTTP pieces both servers (cloud and edge) use: bearer auth, bounded body reads, binary replies."""
+"""HTTP pieces both servers (cloud and edge) use: bearer auth, bounded body reads, binary replies, and
+serving with long-polls that end as soon as the process is told to stop."""
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Callable
 
-from fastapi import HTTPException, Request, status
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -100,3 +103,42 @@ def binary(blob: bytes, headers: dict[str, str] | None = None) -> Response:
 
 def reject(exc: InvalidContent) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc))
+
+
+class Stopping:
+    """Set as soon as the process is told to stop (SIGTERM, Ctrl-C), before uvicorn waits for the open
+    requests to finish. Long-polls watch it and answer 204 at once; otherwise each would hold the
+    shutdown for up to its timeout (25 s by default, beyond docker's 10 s stop grace)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self) -> None:
+        """Called on the serving loop (the app's lifespan), which `set` hands the event over to."""
+        self._loop = asyncio.get_running_loop()
+
+    def set(self) -> None:
+        """Safe from a signal handler: the event is set on the serving loop, which this also wakes."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str) -> None:
+    """`uvicorn.run`, except that a stop signal sets `app.state.stopping` before the shutdown begins.
+    (Under a bare `uvicorn ... --factory` the long-polls run to their timeout: pass
+    `--timeout-graceful-shutdown 1` there.)"""
+    stopping: Stopping = app.state.stopping
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            stopping.set()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()

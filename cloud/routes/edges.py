@@ -5,7 +5,7 @@ import time
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_edge
+from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
 from cloud.store import NotFound
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
 from shared.transport.tensors import InvalidContent, decode
@@ -44,6 +44,7 @@ async def global_state(
     store: StoreDep,
     settings: SettingsDep,
     orchestrator: OrchestratorDep,
+    stopping: StoppingDep,
     run_id: str | None = None,
     after: int = Query(-1, ge=-1),
     timeout: float = Query(20.0, ge=0),
@@ -57,7 +58,7 @@ async def global_state(
         if blob is not None:
             return binary(blob)
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or stopping.is_set():
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         # Short waits also catch versions published by another cloud process sharing this Redis.
         await orchestrator.wait_for_change(min(remaining, 0.5))

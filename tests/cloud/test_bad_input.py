@@ -131,8 +131,8 @@ class Cloud:
 @asynccontextmanager
 async def running_cloud(redis_url: str, **settings: Any) -> AsyncIterator[Cloud]:
     prefix = f"test-{uuid.uuid4().hex}"
-    app = create_app(CloudSettings(redis_url=redis_url, key_prefix=prefix, admin_token=ADMIN_TOKEN,
-                                   edge_token=EDGE_TOKEN, long_poll_max_s=2.0, **settings))
+    app = create_app(CloudSettings(**{"redis_url": redis_url, "key_prefix": prefix, "admin_token": ADMIN_TOKEN,
+                                      "edge_token": EDGE_TOKEN, "long_poll_max_s": 2.0, **settings}))
     # raise_app_exceptions=False: an unhandled product error shows up as a 500 answer, not a crash.
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     lifespan = app.router.lifespan_context(app)

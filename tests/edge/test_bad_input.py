@@ -105,8 +105,9 @@ class Edge:
 @asynccontextmanager
 async def running_edge(**settings: Any) -> AsyncIterator[Edge]:
     # Nothing listens on cloud_url: the round loop only retries its registration in the background.
-    app = create_app(EdgeSettings(edge_id=0, cloud_url=f"http://127.0.0.1:{free_port()}", edge_token=EDGE_TOKEN,
-                                  client_token=CLIENT_TOKEN, long_poll_max_s=2.0, **settings))
+    app = create_app(EdgeSettings(**{"edge_id": 0, "cloud_url": f"http://127.0.0.1:{free_port()}",
+                                     "edge_token": EDGE_TOKEN, "client_token": CLIENT_TOKEN,
+                                     "long_poll_max_s": 2.0, **settings}))
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()

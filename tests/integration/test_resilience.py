@@ -1,10 +1,12 @@
-"""Failures and control over real processes: a killed cloud, pause/resume, clients that drop out."""
+"""Failures and control over real processes: a killed cloud, pause/resume, clients that drop out, stopping."""
+import os
 import signal
 import time
 
 import pytest
 import torch
 
+from fedctl.launch import LocalTopology
 from shared.config import RunConfig
 from shared.reference import run_reference
 from shared.schemas import RunStatus
@@ -85,3 +87,20 @@ def test_dropped_clients_round_continues_with_the_quorum(api, topology):
     assert final.status == RunStatus.finished
     for h in api.history(run_id):
         assert {c.client_id for c in h.clients} == {0, 2, 4}
+
+
+def test_services_stop_at_once_while_long_polls_wait(tmp_path):
+    """SIGTERM ends a service's open long-polls (204) instead of waiting them out: with 10-minute polls
+    in flight (edges at the cloud, clients at the edge) each process exits well inside docker's
+    10 s grace. Before, uvicorn held the shutdown until every poll's timeout."""
+    polls = {"FL_CLOUD_LONG_POLL_MAX_S": "600", "FL_EDGE_LONG_POLL_MAX_S": "600", "FL_CLIENT_LONG_POLL_S": "600"}
+    topology = LocalTopology(num_clients=2, num_edges=1, procs_per_edge=1, workdir=tmp_path,
+                             redis_url=os.environ.get("REDIS_URL"), extra_env=polls).start()
+    try:
+        time.sleep(1.0)  # the edge is polling the cloud, the client process the edge
+        for service in (topology.cloud, topology.edges[0]):
+            started = time.monotonic()
+            service.stop(signal.SIGTERM, timeout=60)  # SIGKILL only after 60 s
+            assert time.monotonic() - started < 8, f"{service.name} took {time.monotonic() - started:.1f}s to stop"
+    finally:
+        topology.stop()

@@ -1,0 +1,35 @@
+"""A stopping edge answers its clients' open long-polls at once (the process-level check is in
+tests/integration/test_resilience.py)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edge.tasks import TaskBoard
+from shared.schemas import ClientRegistration
+from tests.edge.test_bad_input import auth, running_edge
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_close_wakes_waiting_fetches_and_answers_later_ones_at_once() -> None:
+    board = TaskBoard()
+    board.register(ClientRegistration(client_id=0, num_samples=1))
+    waiting = asyncio.create_task(board.fetch(0, timeout=60))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await board.close()
+    assert await asyncio.wait_for(waiting, timeout=1) is None
+    assert await asyncio.wait_for(board.fetch(0, timeout=60), timeout=1) is None
+
+
+async def test_task_long_poll_answers_204_once_the_edge_is_stopping() -> None:
+    async with running_edge(long_poll_max_s=60.0) as edge:
+        await edge.register(0)
+        poll = asyncio.create_task(edge.http.get("/api/v1/clients/0/task", params={"timeout": 60}, headers=auth()))
+        await asyncio.sleep(0.3)
+        assert not poll.done()
+        edge.app.state.stopping.set()
+        r = await asyncio.wait_for(poll, timeout=5)
+        assert r.status_code == 204
