@@ -9,15 +9,14 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 import torch
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from cloud.config import CloudSettings
 from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs
 from cloud.store import Conflict, NotFound, Store
-from shared.web import BodyLimit, Stopping, serve
+from shared.web import serve, service_app
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
@@ -26,7 +25,6 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
-        app.state.stopping.bind()
         redis = aioredis.Redis.from_url(settings.redis_url)
         store = Store(redis, Keys(settings.key_prefix))
         orchestrator = Orchestrator(store)
@@ -41,22 +39,8 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
                 await loop_task
             await redis.aclose()
 
-    app = FastAPI(title="FL cloud", version="0.1.0", lifespan=lifespan)
-    app.state.stopping = Stopping()
-    app.add_middleware(BodyLimit, limit=settings.max_payload_bytes)
-    app.include_router(health.router)
-    app.include_router(runs.router)
-    app.include_router(edges.router)
-
-    @app.exception_handler(NotFound)
-    async def not_found(_: Request, exc: NotFound):
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(Conflict)
-    async def conflict(_: Request, exc: Conflict):
-        return JSONResponse({"detail": str(exc)}, status_code=409)
-
-    return app
+    return service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
+                       errors={NotFound: 404, Conflict: 409})
 
 
 def main() -> None:

@@ -6,15 +6,14 @@ import contextlib
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.routes import clients, health
 from edge.tasks import TaskBoard, TaskConflict, UnknownClient
 from shared.transport.http import make_client
-from shared.web import BodyLimit, Stopping, serve
+from shared.web import Stopping, serve, service_app
 
 
 def create_app(settings: EdgeSettings | None = None) -> FastAPI:
@@ -22,7 +21,6 @@ def create_app(settings: EdgeSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.stopping.bind()
         cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s)
         board = TaskBoard()
         round_loop = EdgeRoundLoop(settings, cloud, board)
@@ -38,21 +36,8 @@ def create_app(settings: EdgeSettings | None = None) -> FastAPI:
                     await task
             await cloud.aclose()
 
-    app = FastAPI(title="FL edge", version="0.1.0", lifespan=lifespan)
-    app.state.stopping = Stopping()
-    app.add_middleware(BodyLimit, limit=settings.max_payload_bytes)
-    app.include_router(health.router)
-    app.include_router(clients.router)
-
-    @app.exception_handler(UnknownClient)
-    async def unknown(_: Request, exc: UnknownClient):
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(TaskConflict)
-    async def conflict(_: Request, exc: TaskConflict):
-        return JSONResponse({"detail": str(exc)}, status_code=409)
-
-    return app
+    return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router],
+                       errors={UnknownClient: 404, TaskConflict: 409})
 
 
 async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:

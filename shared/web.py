@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from contextlib import asynccontextmanager
 from typing import Callable
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request, status
+from fastapi import APIRouter, FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -115,7 +116,7 @@ class Stopping:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self) -> None:
-        """Called on the serving loop (the app's lifespan), which `set` hands the event over to."""
+        """Called on the serving loop (by `service_app`'s lifespan), which `set` hands the event to."""
         self._loop = asyncio.get_running_loop()
 
     def set(self) -> None:
@@ -128,6 +129,33 @@ class Stopping:
 
     async def wait(self) -> None:
         await self._event.wait()
+
+
+def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
+                errors: dict[type[Exception], int]) -> FastAPI:
+    """A service's FastAPI app: bounded bodies, its routers, its domain errors answered with their status
+    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`)."""
+    @asynccontextmanager
+    async def bound(app: FastAPI):
+        app.state.stopping.bind()  # on the loop that serves
+        async with lifespan(app):
+            yield
+
+    app = FastAPI(title=title, version="0.1.0", lifespan=bound)
+    app.state.stopping = Stopping()
+    app.add_middleware(BodyLimit, limit=max_payload_bytes)
+    for router in routers:
+        app.include_router(router)
+    for error, status_code in errors.items():
+        app.add_exception_handler(error, _answer_with(status_code))
+    return app
+
+
+def _answer_with(status_code: int):
+    async def handler(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status_code)
+
+    return handler
 
 
 def serve(app: FastAPI, host: str, port: int, log_level: str) -> None:
