@@ -378,3 +378,8 @@ def test_the_documented_compose_run_config_fits_the_compose_topology():
     hosted = sorted(int(i) for name, s in compose["services"].items() if name.startswith("client")
                     for i in s["environment"]["FL_CLIENT_CLIENTS"].split(","))
     assert hosted == list(range(config.data.num_clients))
+
+
+def test_built_services_run_under_an_init():
+    """SIGTERM reaches the Python process (a PID 1 without a handler ignores it) and stops it at once."""
+    assert all(SERVICES[name].get("init") is True for name in BUILT), {n: SERVICES[n].get("init") for n in BUILT}
