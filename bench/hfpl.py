@@ -53,19 +53,22 @@ def config_for(name: str, buffer_size: int, rounds: int) -> RunConfig:
     })
 
 
-def train_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int) -> float:
-    """The client's own f_i (same family and initial weights) and a private linear head, trained on
-    its data alone with the run's local settings; accuracy on its held-out split."""
-    return accuracies_alone(algorithm, config, client_id, epochs)[0]
-
-
-def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int, epochs: int) -> tuple[float, float]:
-    """train_alone's model: accuracy on the client's held-out split and on the pooled test set."""
+def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int,
+                     epochs: set[int]) -> dict[int, tuple[float, float]]:
+    """The client's own f_i (same family and initial weights) and a private linear head, trained on its
+    data alone with the run's local settings, in one run to the largest budget: after each budget in
+    `epochs`, its accuracy on the client's held-out split and on the pooled test set."""
     data = load_federated(config.data, config.seed)
-    model = train_with_head(algorithm, config, client_id, data.clients[client_id].train, epochs)
-    with torch.no_grad():
-        return tuple(float((model(d.x).argmax(1) == d.y).float().mean())
-                     for d in (data.clients[client_id].test, data.test))
+    tests = (data.clients[client_id].test, data.test)
+    at: dict[int, tuple[float, float]] = {}
+
+    def record(epoch: int, model: nn.Module) -> None:
+        if epoch in epochs:
+            with torch.no_grad():
+                at[epoch] = tuple(float((model(d.x).argmax(1) == d.y).float().mean()) for d in tests)
+
+    train_with_head(algorithm, config, client_id, data.clients[client_id].train, max(epochs), after_epoch=record)
+    return at
 
 
 def train_with_head(algorithm: HFPL, config: RunConfig, client_id: int, train, epochs: int,
@@ -195,9 +198,16 @@ def main() -> None:
     latest = client_reports(curves[async_label])
     clients = []
     final = finals[async_label]
+    total = len(curves[async_label])
+    budget_updates = sorted(({5, 10, 20, 30} & set(range(1, total))) | {total})
+    # Each client's epochs after each budget; local only trains once per client up to the largest.
+    epochs_at = {n: {k: int(r["rounds"]) * config.local.epochs
+                     for k, r in client_reports(curves[async_label][:n]).items()} for n in budget_updates}
+    alone_at = {k: accuracies_alone(algorithm, config, k, {e[k] for e in epochs_at.values() if k in e})
+                for k in sorted(latest)}
     for k in sorted(latest):
         epochs = int(latest[k]["rounds"]) * config.local.epochs
-        alone_own, alone_pooled = accuracies_alone(algorithm, config, k, epochs)
+        alone_own, alone_pooled = alone_at[k][epochs]
         clients.append({"client": k, "edge": k % config.topology.num_edges, "family": algorithm.family_of(k),
                         "epochs": epochs, "federated": final[k]["accuracy"],
                         "nearest_prototype": final[k]["proto_accuracy"], "local_only": alone_own,
@@ -212,12 +222,11 @@ def main() -> None:
     budgets = ["| async updates | epochs per client | federated | local only, same epochs | difference |",
                "|---|---|---|---|---|"]
     budget_rows = []
-    total = len(curves[async_label])
-    for n in sorted(({5, 10, 20, 30} & set(range(1, total))) | {total}):
+    for n in budget_updates:
         early = client_reports(curves[async_label][:n])
         f_acc = [early[k]["accuracy"] for k in sorted(early)]
-        epochs = [int(early[k]["rounds"]) * config.local.epochs for k in sorted(early)]
-        a_acc = [train_alone(algorithm, config, k, e) for k, e in zip(sorted(early), epochs)]
+        epochs = [epochs_at[n][k] for k in sorted(early)]
+        a_acc = [alone_at[k][e][0] for k, e in zip(sorted(early), epochs)]
         diff = statistics.mean(f_acc) - statistics.mean(a_acc)
         budget_rows.append({"updates": n, "clients": len(early), "federated": statistics.mean(f_acc),
                             "local_only": statistics.mean(a_acc), "epochs": epochs})
