@@ -144,7 +144,7 @@ def plot(curves: dict[str, list[list[RoundRecord]]], local_mean: float, target: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (label, repeats), colour in zip(curves.items(), ("tab:blue", "tab:orange")):
+    for (label, repeats), colour in zip(curves.items(), ("tab:blue", "tab:orange"), strict=True):
         for i, history in enumerate(repeats):
             ax.plot([h.elapsed_s for h in history], [100 * h.test_accuracy for h in history], marker="o", ms=2,
                     color=colour, alpha=1.0 if i == 0 else 0.35, lw=1.2 if i == 0 else 0.8,
@@ -226,7 +226,7 @@ def main() -> None:
         early = client_reports(curves[async_label][:n])
         f_acc = [early[k]["accuracy"] for k in sorted(early)]
         epochs = [epochs_at[n][k] for k in sorted(early)]
-        a_acc = [alone_at[k][e][0] for k, e in zip(sorted(early), epochs)]
+        a_acc = [alone_at[k][e][0] for k, e in zip(sorted(early), epochs, strict=True)]
         diff = statistics.mean(f_acc) - statistics.mean(a_acc)
         budget_rows.append({"updates": n, "clients": len(early), "federated": statistics.mean(f_acc),
                             "local_only": statistics.mean(a_acc), "epochs": epochs})

@@ -31,9 +31,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from hfpl import config_for, train_with_head
 
 from fedctl.report import client_reports
-from hfpl import config_for, train_with_head
 from shared.algorithms import registry
 from shared.algorithms.hfpl import HFPL
 from shared.config import RunConfig

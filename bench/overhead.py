@@ -63,13 +63,14 @@ def main() -> None:
             print(f"repeat {i + 1}: distributed {dist:6.2f}s  reference(1 thread) {ref1:6.2f}s  "
                   f"reference({cores} threads) {refn:6.2f}s  ratios {dist / ref1:.3f} / {dist / refn:.3f}", flush=True)
 
-    med = [statistics.median(col) for col in zip(*rows)]
+    med = [statistics.median(col) for col in zip(*rows, strict=True)]
     ratio1 = statistics.median(d / r for d, r, _ in rows)
     ration = statistics.median(d / r for d, _, r in rows)
     print()
     print(f"work: FedAvg CNN MNIST-5k IID, 10 clients, {args.rounds} rounds, E=1 B=32; {args.repeats} repeats")
     print(f"cold distributed run (first run: processes load data): {cold:.2f}s")
-    print(f"median distributed {med[0]:.2f}s | reference 1 thread {med[1]:.2f}s | reference {cores} threads {med[2]:.2f}s")
+    print(f"median distributed {med[0]:.2f}s | reference 1 thread {med[1]:.2f}s | "
+          f"reference {cores} threads {med[2]:.2f}s")
     print(f"overhead ratio (distributed / reference, median): {ratio1:.3f} vs 1-thread reference, "
           f"{ration:.3f} vs {cores}-thread reference")
 

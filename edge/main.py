@@ -47,7 +47,8 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
 
 def main() -> None:
     settings = EdgeSettings()
-    logging.basicConfig(level=settings.log_level.upper(), format=f"%(asctime)s edge{settings.edge_id} %(levelname)s %(message)s")
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format=f"%(asctime)s edge{settings.edge_id} %(levelname)s %(message)s")
     serve(create_app(settings), settings.host, settings.port, settings.log_level)
 
 

@@ -18,8 +18,8 @@ from edge.config import EdgeSettings
 from edge.tasks import Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
-from shared.edge_round import ClientTask, run_edge_round
 from shared.config import RoundPolicy
+from shared.edge_round import ClientTask, run_edge_round
 from shared.federation import participation
 from shared.schemas import (
     ClientTaskHeader,
@@ -50,7 +50,8 @@ class EdgeRoundLoop:
             try:
                 response = await send(
                     self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
-                    params={"after": version, "timeout": self.settings.long_poll_max_s, **({"run_id": run_id} if run_id else {})},
+                    params={"after": version, "timeout": self.settings.long_poll_max_s,
+                            **({"run_id": run_id} if run_id else {})},
                 )
                 if response.status_code == 204:
                     continue

@@ -31,8 +31,9 @@ class CloudAPI:
         return response
 
     def create_run(self, config: RunConfig) -> RunInfo:
-        return RunInfo.model_validate_json(self._ok(self.http.post("/api/v1/runs", content=config.model_dump_json(),
-                                                                   headers={"Content-Type": "application/json"})).content)
+        response = self.http.post("/api/v1/runs", content=config.model_dump_json(),
+                                  headers={"Content-Type": "application/json"})
+        return RunInfo.model_validate_json(self._ok(response).content)
 
     def run(self, run_id: str) -> RunInfo:
         return RunInfo.model_validate_json(self._ok(self.http.get(f"/api/v1/runs/{run_id}")).content)

@@ -76,7 +76,8 @@ def schedule_of(history: list[RoundRecord]) -> Schedule:
     return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
 
 
-async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdown: dict[int, float]) -> ReferenceResult:
+async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
+               slowdown: dict[int, float]) -> ReferenceResult:
     algorithm = registry.create(config)
     clients = _InProcessClients(algorithm)
     globals_ = [algorithm.init_global(initial_model(config))]
@@ -112,9 +113,9 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
             EdgeContributionHeader(
                 run_id="reference", edge_id=e, base_version=p.base_version, idempotency_key=f"{e}:{p.base_version}",
                 weight=p.outcome.aggregate.weight, clients=participation(p.outcome.results))
-            for e, p in zip(arrived, consumed)
+            for e, p in zip(arrived, consumed, strict=True)
         ]
-        contributions = [contribution(h, p.outcome.aggregate.tensors) for h, p in zip(headers, consumed)]
+        contributions = [contribution(h, p.outcome.aggregate.tensors) for h, p in zip(headers, consumed, strict=True)]
         new_global, cloud_state = algorithm.cloud_update(globals_[version], contributions, cloud_state, version)
         globals_.append(new_global)
         finished = datetime.now(timezone.utc)

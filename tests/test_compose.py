@@ -15,7 +15,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-
 import yaml  # noqa: E402  (requirements-dev.txt)
 
 from client.config import ClientSettings, parse_ids  # noqa: E402

@@ -28,7 +28,7 @@ async def create_run(config: RunConfig, store: StoreDep) -> RunInfo:
     try:
         blob = await asyncio.to_thread(_initial_global, run_id, config)
     except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot load the run's data: {exc}")
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot load the run's data: {exc}") from exc
     await store.create_run(run_id, config, blob)
     return await store.info(run_id)
 

@@ -30,7 +30,7 @@ from shared.config import RunConfig
 from shared.data.datasets import ClientData
 from shared.selection import select_clients
 from shared.training import Evaluation
-from shared.transport.tensors import TensorSpec, Tensors, check_tensors, spec_of
+from shared.transport.tensors import Tensors, TensorSpec, check_tensors, spec_of
 
 
 class NoParams(BaseModel):

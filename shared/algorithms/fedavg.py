@@ -11,9 +11,9 @@ cloud's step is the data-weighted average of the edge models.
 """
 from __future__ import annotations
 
-from shared.algorithms import aggregate
 import torch
 
+from shared.algorithms import aggregate
 from shared.algorithms.base import Algorithm, ClientUpdate, Contribution, EdgeAggregate, LocalJob, combined_mean
 from shared.training import Regulariser, load_parameters, local_sgd, parameters_of
 from shared.transport.tensors import Tensors
@@ -42,7 +42,8 @@ class FedAvg(Algorithm):
         return aggregate.add_scaled(global_, combined_mean(contributions), self.config.server_lr), cloud_state
 
     def edge_round_update(self, edge_global: Tensors, aggregate_: EdgeAggregate) -> Tensors:
-        return aggregate.add_scaled(edge_global, aggregate.mean(aggregate.Partial(aggregate_.tensors, aggregate_.weight)), 1.0)
+        mean = aggregate.mean(aggregate.Partial(aggregate_.tensors, aggregate_.weight))
+        return aggregate.add_scaled(edge_global, mean, 1.0)
 
     def edge_contribution(self, global_: Tensors, edge_global: Tensors, aggregate_: EdgeAggregate) -> EdgeAggregate:
         drift = {name: (edge_global[name].to(torch.float64) - global_[name].to(torch.float64)) * aggregate_.weight

@@ -31,7 +31,7 @@ from shared.config import RunConfig
 from shared.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
 from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, torch_generator
 from shared.training import Evaluation, batches, make_optimizer
-from shared.transport.tensors import Dim, InvalidContent, TensorSpec, Tensors, check_tensors
+from shared.transport.tensors import Dim, InvalidContent, Tensors, TensorSpec, check_tensors
 
 PROTOTYPES, PROTOTYPE_COUNTS = "prototypes", "prototype_counts"
 WEIGHT, BIAS = "classifier.weight", "classifier.bias"

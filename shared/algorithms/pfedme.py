@@ -39,7 +39,15 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob, combined_mean
+from shared.algorithms.base import (
+    Algorithm,
+    ClientResult,
+    ClientUpdate,
+    Contribution,
+    EdgeAggregate,
+    LocalJob,
+    combined_mean,
+)
 from shared.config import RunConfig
 from shared.data.datasets import ArrayDataset
 from shared.selection import select_clients

@@ -105,7 +105,7 @@ def _coordinates(
     if len(axes) != len(full_shape):
         raise ValueError(f"{name} has shape {full_shape}, the architecture expects {len(axes)} dimensions")
     index = []
-    for dim, (layer, size) in enumerate(zip(axes, full_shape)):
+    for dim, (layer, size) in enumerate(zip(axes, full_shape, strict=True)):
         if layer is None:
             idx = torch.arange(size)
         else:

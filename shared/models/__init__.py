@@ -1,18 +1,19 @@
 """The model zoo. Parameter names are part of the wire format: tensors travel by these names.
 
-| model  | parameters (name: shape for MNIST 1x28x28, 10 classes)                                  |
-|--------|------------------------------------------------------------------------------------------|
-| logreg | linear.weight [10, 784], linear.bias [10]                                                |
-| mlp    | fc1.weight [200, 784], fc1.bias, fc2.weight [200, 200], fc2.bias, fc3.weight [10, 200], fc3.bias (McMahan's 2NN) |
-| cnn    | conv1.weight [16, 1, 3, 3], conv1.bias, conv2.weight [32, 16, 3, 3], conv2.bias, fc1.weight [64, 32*7*7], fc1.bias, fc2.weight [10, 64], fc2.bias |
+Parameters (name: shape for MNIST 1x28x28, 10 classes):
+- logreg: linear.weight [10, 784], linear.bias [10]
+- mlp (McMahan's 2NN): fc1.weight [200, 784], fc1.bias, fc2.weight [200, 200], fc2.bias, fc3.weight [10, 200],
+  fc3.bias
+- cnn: conv1.weight [16, 1, 3, 3], conv1.bias, conv2.weight [32, 16, 3, 3], conv2.bias, fc1.weight [64, 32*7*7],
+  fc1.bias, fc2.weight [10, 64], fc2.bias
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from shared.config import ModelConfig
 

@@ -6,8 +6,8 @@ binary document: no JSON float lists, and nothing is ever unpickled.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 import struct
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -111,7 +111,7 @@ def check_tensors(tensors: Tensors, expected: TensorSpec) -> None:
 def _shape_matches(actual: tuple[int, ...], expected: tuple, bound: dict[str, int]) -> bool:
     if len(actual) != len(expected):
         return False
-    for size, want in zip(actual, expected):
+    for size, want in zip(actual, expected, strict=True):
         if isinstance(want, Dim):
             if size > want.max or bound.setdefault(want.name, size) != size:
                 return False

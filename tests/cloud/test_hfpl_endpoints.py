@@ -13,9 +13,8 @@ import torch
 from cloud.keys import Keys
 from shared.schemas import ClientParticipation
 from shared.transport.tensors import Tensors, encode
-from tests.cloud.test_bad_input import (  # noqa: F401  (cloud: a fixture)
+from tests.cloud.harness import (
     Cloud,
-    cloud,
     contribution,
     contribution_header,
     running_run,
@@ -163,7 +162,8 @@ def _bad(case: str) -> tuple[Tensors, str]:
     if case == "labels-shorter":
         return triple(labels=labels[:-1]), "tensor 'labels' has shape [6], expected ['n=7']"
     if case == "above-the-cap":
-        return triple(MAX_ROWS + 1), f"tensor 'features' has shape [{MAX_ROWS + 1}, {DIM}], expected ['n<={MAX_ROWS}', {DIM}]"
+        fragment = f"tensor 'features' has shape [{MAX_ROWS + 1}, {DIM}], expected ['n<={MAX_ROWS}', {DIM}]"
+        return triple(MAX_ROWS + 1), fragment
     if case == "negative-count":
         return triple(counts=torch.cat([counts[:-1], torch.tensor([-1.0], dtype=torch.float64)])), whole
     if case == "fractional-count":

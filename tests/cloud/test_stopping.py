@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.cloud.test_bad_input import running_cloud
+from tests.cloud.harness import running_cloud
 
 pytestmark = pytest.mark.anyio
 

@@ -8,139 +8,32 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 import torch
 
-from edge.config import EdgeSettings
-from edge.main import create_app
-from edge.tasks import Task
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.federation import initial_model
-from shared.redis_server import free_port
-from shared.schemas import ClientResultHeader, ClientTaskHeader
-from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
+from shared.transport.tensors import Tensors, encode
 from shared.web import SAFETENSORS
-from tests.web import OVERSIZED, assert_refuses_oversized, bearer, detail_of, not_safetensors, raw_message
-
-CLIENT_TOKEN = "test-client-token"
-EDGE_TOKEN = "test-edge-token"  # what this edge presents to the cloud; never valid for clients
-CONFIG = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=2)
-RUN_ID = "edge-test-run"
+from tests.edge.harness import (
+    EDGE_TOKEN,
+    RUN_ID,
+    Edge,
+    auth,
+    result,
+    result_header,
+    running_edge,
+    task_id,
+    task_tensors,
+    zeros_like,
+)
+from tests.web import OVERSIZED, assert_refuses_oversized, detail_of, not_safetensors, raw_message
 
 pytestmark = pytest.mark.anyio
 
-
-def auth(token: str | None = CLIENT_TOKEN) -> dict[str, str]:
-    return bearer(token)
-
-
-_GLOBAL: Tensors | None = None
-
-
-def task_tensors(client_id: int) -> Tensors:
-    """What the round loop hands client `client_id` for round 0 of CONFIG."""
-    global _GLOBAL
-    algorithm = registry.create(CONFIG)
-    if _GLOBAL is None:
-        _GLOBAL = algorithm.init_global(initial_model(CONFIG))
-    return algorithm.client_task(_GLOBAL, client_id, 0)
-
-
-def task_id(client_id: int) -> str:
-    return f"{RUN_ID}-v0-e0-c{client_id}"
-
-
-class Edge:
-    def __init__(self, app, http: httpx.AsyncClient):
-        self.app, self.http = app, http
-        self.board = app.state.board
-
-    async def register(self, client_id: int, num_samples: int = 10) -> None:
-        r = await self.http.post("/api/v1/clients", json={"client_id": client_id, "num_samples": num_samples},
-                                 headers=auth())
-        assert r.status_code == 200, r.text
-
-    async def open_tasks(self, *client_ids: int) -> None:
-        """Registers the clients and posts one open task each, as the round loop does."""
-        tasks = []
-        for k in client_ids:
-            await self.register(k)
-            tensors = task_tensors(k)
-            header = ClientTaskHeader(task_id=task_id(k), run_id=RUN_ID, client_id=k, round=0, version=0,
-                                      config=CONFIG)
-            tasks.append(Task(header, tensors, partial(check_tensors, expected=spec_of(tensors))))
-        await self.board.post(tasks)
-
-    async def send_result(self, client_id: int, body: Any, token: str | None = CLIENT_TOKEN,
-                          headers: dict[str, str] | None = None) -> httpx.Response:
-        return await self.http.post(f"/api/v1/clients/{client_id}/results", content=body,
-                                    headers={**auth(token), "Content-Type": SAFETENSORS, **(headers or {})})
-
-    async def open_task(self, client_id: int) -> str | None:
-        """The id of the task the client would fetch right now (None: nothing open)."""
-        r = await self.http.get(f"/api/v1/clients/{client_id}/task", params={"timeout": 0}, headers=auth())
-        if r.status_code == 204:
-            return None
-        assert r.status_code == 200, r.text
-        _, header = decode(r.content, ClientTaskHeader)
-        return header.task_id
-
-    async def snapshot(self, *client_ids: int) -> dict[str, Any]:
-        """Registered clients, the results received so far, and the open task of each given client."""
-        return {
-            "clients": dict(self.board.clients),
-            "results": [(id(r), r.client_id, r.num_samples, r.loss) for r in self.board.results()],
-            "open": {k: await self.open_task(k) for k in client_ids},
-        }
-
-
-@asynccontextmanager
-async def running_edge(**settings: Any) -> AsyncIterator[Edge]:
-    # Nothing listens on cloud_url: the round loop only retries its registration in the background.
-    app = create_app(EdgeSettings(**{"edge_id": 0, "cloud_url": f"http://127.0.0.1:{free_port()}",
-                                     "edge_token": EDGE_TOKEN, "client_token": CLIENT_TOKEN,
-                                     "long_poll_max_s": 2.0, **settings}))
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    lifespan = app.router.lifespan_context(app)
-    await lifespan.__aenter__()
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as http:
-            yield Edge(app, http)
-    finally:
-        with anyio.fail_after(10):  # a shutdown that hangs fails the test instead of the whole suite
-            await lifespan.__aexit__(None, None, None)
-
-
-@pytest.fixture
-async def edge() -> AsyncIterator[Edge]:
-    async with running_edge() as e:
-        yield e
-
-
-def result_header(client_id: int = 0, **overrides: Any) -> ClientResultHeader:
-    return ClientResultHeader(**{"task_id": task_id(client_id), "client_id": client_id, "num_samples": 10,
-                                 "loss": 0.5, **overrides})
-
-
-def zeros_like(tensors: Tensors, dtype: torch.dtype | None = None) -> Tensors:
-    return {k: torch.zeros(v.shape, dtype=dtype or v.dtype) for k, v in tensors.items()}
-
-
-def result(client_id: int = 0, **header: Any) -> bytes:
-    return encode(zeros_like(task_tensors(client_id)), result_header(client_id, **header))
-
-
-# =================================================================================================
-# Authentication
-# =================================================================================================
 ENDPOINTS = [("POST", "/api/v1/clients"), ("GET", "/api/v1/clients/0/task"), ("POST", "/api/v1/clients/0/results")]
 
 
@@ -329,7 +222,8 @@ def _wrong_tensors(case: str) -> tuple[Tensors, str]:
     if case == "missing-tensor":
         return {k: v for k, v in good.items() if k != name}, f"missing [{name!r}], unexpected []"
     if case == "renamed-tensor":
-        return {("renamed" if k == name else k): v for k, v in good.items()}, f"missing [{name!r}], unexpected ['renamed']"
+        renamed = {("renamed" if k == name else k): v for k, v in good.items()}
+        return renamed, f"missing [{name!r}], unexpected ['renamed']"
     if case == "extra-tensor":
         return {**good, "bonus": torch.zeros(1)}, "missing [], unexpected ['bonus']"
     if case == "wrong-shape":

@@ -17,10 +17,9 @@ from shared.config import RunConfig
 from shared.federation import initial_model
 from shared.schemas import ClientTaskHeader
 from shared.transport.tensors import Tensors, encode
-from tests.edge.test_bad_input import (  # noqa: F401  (edge: a fixture)
+from tests.edge.harness import (
     RUN_ID,
     Edge,
-    edge,
     result_header,
     task_id,
 )

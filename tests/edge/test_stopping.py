@@ -8,7 +8,7 @@ import pytest
 
 from edge.tasks import TaskBoard
 from shared.schemas import ClientRegistration
-from tests.edge.test_bad_input import auth, running_edge
+from tests.edge.harness import auth, running_edge
 
 pytestmark = pytest.mark.anyio
 

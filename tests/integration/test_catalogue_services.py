@@ -69,7 +69,7 @@ def check_against_reference(api: CloudAPI, config: RunConfig) -> None:
     assert model.keys() == expected.keys()
     for name in model:
         assert torch.allclose(model[name], expected[name], atol=1e-5), name
-    for got, want in zip(history, reference.history):
+    for got, want in zip(history, reference.history, strict=True):
         assert got.test_accuracy == pytest.approx(want.test_accuracy, abs=3e-3)
         assert got.client_metrics == pytest.approx(want.client_metrics, abs=1e-6)
 

@@ -1,5 +1,6 @@
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.algorithms import aggregate
 
@@ -13,7 +14,8 @@ def test_weighted_mean_by_hand():
 
 @settings(max_examples=50, deadline=None)
 @given(
-    st.lists(st.tuples(st.floats(0.1, 100), st.lists(st.floats(-10, 10), min_size=3, max_size=3)), min_size=2, max_size=8),
+    st.lists(st.tuples(st.floats(0.1, 100), st.lists(st.floats(-10, 10), min_size=3, max_size=3)),
+             min_size=2, max_size=8),
     st.integers(1, 7),
 )
 def test_partials_are_associative(items, cut):

@@ -61,7 +61,7 @@ def test_load_federated_is_deterministic_per_seed() -> None:
     load_federated.cache_clear()
     again = load_federated(cfg, seed=11)
     assert first is not again
-    for a, b in zip(all_sets(first), all_sets(again)):
+    for a, b in zip(all_sets(first), all_sets(again), strict=True):
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
     other = load_federated(cfg, seed=12)
     assert not torch.equal(first.test.y, other.test.y)
@@ -173,7 +173,7 @@ def test_synthetic_natural_is_one_client_per_device() -> None:
     assert len(data.clients) == 30
     # The generator called directly with the loader's stream gives the devices client by client.
     devices = generate_synthetic(1.0, 1.0, 30, np.random.default_rng([5, 4]))
-    for client, x, y in zip(data.clients, devices.x, devices.y):
+    for client, x, y in zip(data.clients, devices.x, devices.y, strict=True):
         total = len(client.train) + len(client.test)
         assert total == len(y)
         assert len(client.test) == round(0.2 * total)
@@ -204,7 +204,7 @@ def test_synthetic_is_deterministic_and_follows_seed_and_config() -> None:
     first = load_federated(cfg, seed=1)
     load_federated.cache_clear()
     again = load_federated(cfg, seed=1)
-    for a, b in zip(all_sets(first), all_sets(again)):
+    for a, b in zip(all_sets(first), all_sets(again), strict=True):
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
     assert not torch.equal(first.test.x[:10], load_federated(cfg, seed=2).test.x[:10])
     shifted = load_federated(synthetic(ab=1.0, num_clients=6), seed=1)

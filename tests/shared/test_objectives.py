@@ -1,4 +1,5 @@
 """The teaching quadratic against its closed forms, and NAG against gradient descent on it."""
+import itertools
 import math
 
 import pytest
@@ -37,9 +38,10 @@ def test_gradient_descent_first_step_by_hand():
     f = quadratic()
     run = gradient_descent(f, tol=1e-8)
     # From 0: ∇f(0) = −b, so x_1 = b/M; the error then contracts by at most 1 − m/M per step.
-    assert run.distances[1] == pytest.approx(float(torch.linalg.vector_norm(torch.tensor([1.0, 2.0]) / M_BY_HAND - X_STAR)))
+    first_step = torch.tensor([1.0, 2.0]) / M_BY_HAND
+    assert run.distances[1] == pytest.approx(float(torch.linalg.vector_norm(first_step - X_STAR)))
     rate = 1 - M_SMALL_BY_HAND / M_BY_HAND
-    for before, after in zip(run.distances, run.distances[1:]):
+    for before, after in itertools.pairwise(run.distances):
         assert after <= rate * before * (1 + 1e-9)
 
 

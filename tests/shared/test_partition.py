@@ -50,8 +50,8 @@ def test_partitioner_covers_every_index_once(name: str) -> None:
 @pytest.mark.parametrize("name", PARTITIONERS)
 def test_partitioner_is_a_function_of_the_generator_seed(name: str) -> None:
     same_a, same_b, other = (PARTITIONERS[name](rng(s)) for s in (7, 7, 8))
-    assert all(np.array_equal(a, b) for a, b in zip(same_a, same_b))
-    assert not all(np.array_equal(a, b) for a, b in zip(same_a, other))
+    assert all(np.array_equal(a, b) for a, b in zip(same_a, same_b, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(same_a, other, strict=True))
 
 
 def test_partitioners_leave_global_rng_alone() -> None:

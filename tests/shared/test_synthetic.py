@@ -40,7 +40,7 @@ def test_shapes_dtypes_and_ranges() -> None:
     assert devices.weights.shape == (30, 10, 60)
     assert devices.biases.shape == (30, 10)
     assert devices.means.shape == (30, 60)
-    for x, y, n in zip(devices.x, devices.y, devices.sizes):
+    for x, y, n in zip(devices.x, devices.y, devices.sizes, strict=True):
         assert x.shape == (n, 60) and x.dtype == np.float64
         assert y.shape == (n,) and y.dtype == np.int64
         assert 50 <= n <= MAX_DEVICE_SIZE
@@ -49,7 +49,7 @@ def test_shapes_dtypes_and_ranges() -> None:
 
 def test_same_generator_state_gives_same_data() -> None:
     first, again, other = make(0.5, 0.5, seed=7), make(0.5, 0.5, seed=7), make(0.5, 0.5, seed=8)
-    for a, b in zip(first.x + first.y, again.x + again.y):
+    for a, b in zip(first.x + first.y, again.x + again.y, strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(first.weights, again.weights)
     assert not np.array_equal(first.sizes, other.sizes)
@@ -57,7 +57,7 @@ def test_same_generator_state_gives_same_data() -> None:
 
 def test_labels_are_the_argmax_of_each_device_model() -> None:
     devices = make(1.0, 1.0, seed=1)
-    for k, (x, y) in enumerate(zip(devices.x, devices.y)):
+    for k, (x, y) in enumerate(zip(devices.x, devices.y, strict=True)):
         logits = np.einsum("cj,nj->nc", devices.weights[k], x) + devices.biases[k]
         np.testing.assert_array_equal(y, logits.argmax(axis=1))
 
@@ -112,7 +112,7 @@ def test_alpha_does_not_change_inputs_or_labels() -> None:
     """u_k shifts every class's logit by the same u_k·(Σ_j x_j + 1) and argmax ignores a common
     shift, so with the same generator state only W_k and b_k change, never (x, y)."""
     small, large = make(0.0, 1.0, seed=4), make(3.0, 1.0, seed=4)
-    for a, b in zip(small.x, large.x):
+    for a, b in zip(small.x, large.x, strict=True):
         np.testing.assert_array_equal(a, b)
     agree = np.mean(np.concatenate(small.y) == np.concatenate(large.y))
     assert agree > 0.999  # float rounding could only flip exact ties

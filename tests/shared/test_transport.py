@@ -32,7 +32,8 @@ def test_missing_message_header():
 
 
 def test_invalid_header_is_invalid_content():
-    bad = encode({"w": torch.zeros(1)}, ClientResultHeader.model_construct(task_id="t", client_id=-1, num_samples=0, loss=0.0))
+    header = ClientResultHeader.model_construct(task_id="t", client_id=-1, num_samples=0, loss=0.0)
+    bad = encode({"w": torch.zeros(1)}, header)
     with pytest.raises(InvalidContent):
         decode(bad, ClientResultHeader)
 

@@ -56,7 +56,8 @@ def test_reference_is_deterministic_given_the_seed():
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
     assert any(not torch.equal(a.global_state[n], c.global_state[n]) for n in a.global_state)
-    assert [[c.client_id for c in h.clients] for h in a.history] == [[c.client_id for c in h.clients] for h in b.history]
+    assert [[c.client_id for c in h.clients] for h in a.history] == \
+        [[c.client_id for c in h.clients] for h in b.history]
     assert all(len(h.clients) == 3 for h in a.history)
 
 

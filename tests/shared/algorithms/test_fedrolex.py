@@ -49,7 +49,8 @@ def test_per_coordinate_aggregation_by_hand():
     edges = [algo.edge_aggregate([ClientResult(k, n, 0.0, t)], {}, 1)[0] for k, n, t in ((1, 1, a), (2, 3, b))]
     assert torch.equal(edges[1].tensors["weight.fc1.bias"], torch.tensor([0.0, 3.0, 3.0, 3.0], dtype=torch.float64))
     assert torch.equal(edges[1].tensors["fc1.bias"], torch.tensor([0.0, 12.0, 24.0, 36.0], dtype=torch.float64))
-    contributions = [Contribution(e, 0, agg.tensors, agg.weight, (k,)) for e, (k, agg) in enumerate(zip((1, 2), edges))]
+    contributions = [Contribution(e, 0, agg.tensors, agg.weight, (k,))
+                     for e, (k, agg) in enumerate(zip((1, 2), edges, strict=True))]
     new, state = algo.cloud_update({"fc1.bias": torch.ones(4), "fc3.weight": torch.ones(1, 2)}, contributions, {}, 1)
     assert torch.equal(new["fc1.bias"], torch.tensor([1.0, 4.5, 8.0, 13.0]))
     assert torch.equal(new["fc3.weight"], torch.tensor([[1.0, 5.0]]))
@@ -113,7 +114,8 @@ def test_reference_is_deterministic_and_moves_every_window():
     a, b = run_reference(config), run_reference(config)
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
-    assert [[c.client_id for c in h.clients] for h in a.history] == [[c.client_id for c in h.clients] for h in b.history]
+    assert [[c.client_id for c in h.clients] for h in a.history] == \
+        [[c.client_id for c in h.clients] for h in b.history]
     assert all(len(h.clients) == 3 for h in a.history)
 
 

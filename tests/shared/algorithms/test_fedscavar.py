@@ -14,7 +14,6 @@ from shared.models import build_model
 from shared.reference import run_reference
 from shared.transport.tensors import decode_tensors, encode, spec_of
 
-
 SMALL = {"algorithm": "fedscavar", "model": {"name": "mlp"}, "data": {"dataset": "digits", "num_clients": 6},
          "local": {"lr": 0.1, "epochs": 2}}
 # A tiny mlp: fc1 with 4 units, fc2 with 2 units.
@@ -58,7 +57,7 @@ def test_local_update_against_plain_tensors():
         prox = 0.5 * mu * sum(((p[n] - w0[n]) ** 2).sum() for n in p)
         grads = torch.autograd.grad(loss + prox, [p[n] for n in TINY])
         with torch.no_grad():
-            p = {n: (p[n] - lr * (g - cks[n] + cs[n])).requires_grad_() for n, g in zip(TINY, grads)}
+            p = {n: (p[n] - lr * (g - cks[n] + cs[n])).requires_grad_() for n, g in zip(TINY, grads, strict=True)}
     for n in TINY:
         c_plus = cks[n] - cs[n] + (w0[n] - p[n].detach()) / (2 * lr)
         assert torch.allclose(task[n], w0[n]) and torch.allclose(task[f"control.{n}"], cs[n])
@@ -88,7 +87,8 @@ def test_cloud_step_by_hand():
                        params={"capacities": [1.0, 0.5, 0.75, 0.25], "clusters": [0, 0, 1, 1]})
     algo = FedSCAVAR(config)
     algo.full_shapes = TINY
-    global_ = {**{n: torch.zeros(s) for n, s in TINY.items()}, **{f"control.{n}": torch.zeros(s) for n, s in TINY.items()}}
+    global_ = {**{n: torch.zeros(s) for n, s in TINY.items()},
+               **{f"control.{n}": torch.zeros(s) for n, s in TINY.items()}}
     values = {1: ([3.0, 5.0], [1.0, 1.0], [1.0, 1.0]), 2: ([4.0, 6.0, 8.0], [3.0, 3.0], [2.0, 2.0, 2.0])}
     results = []
     for k, n in ((2, 3), (1, 1)):
@@ -106,7 +106,8 @@ def test_cloud_step_by_hand():
     assert torch.allclose(new["fc3.bias"], torch.tensor([4.0, 4.0]))
     assert torch.allclose(new["control.fc1.bias"], torch.tensor([0.0, 0.875, 0.875, 0.75]))
     assert torch.equal(new["fc1.weight"], torch.zeros(4, 2)) and torch.equal(new["control.fc3.bias"], torch.zeros(2))
-    assert torch.equal(state["y.fc1.bias"], torch.tensor([[1.0, 3.0, 5.0, 1.0], [2.0, 4.0, 6.0, 8.0]], dtype=torch.float64))
+    want = torch.tensor([[1.0, 3.0, 5.0, 1.0], [2.0, 4.0, 6.0, 8.0]], dtype=torch.float64)
+    assert torch.equal(state["y.fc1.bias"], want)
     assert torch.equal(state["y.fc3.bias"], torch.tensor([[1.0, 1.0], [3.0, 3.0]], dtype=torch.float64))
     assert all(t.dtype == torch.float64 and t.shape[0] == 2 for t in state.values())
     assert algo.model_parameters(new).keys() == TINY.keys()

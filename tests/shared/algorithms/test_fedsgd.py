@@ -12,7 +12,8 @@ def test_fedsgd_equals_fedavg_with_one_epoch_full_batch():
     avg = run_reference(RunConfig(**BASE, algorithm="fedavg", local=local))
     for name in avg.global_state:
         assert torch.allclose(sgd.global_state[name], avg.global_state[name], atol=1e-6), name
-    assert [[c.client_id for c in h.clients] for h in sgd.history] == [[c.client_id for c in h.clients] for h in avg.history]
+    assert [[c.client_id for c in h.clients] for h in sgd.history] == \
+        [[c.client_id for c in h.clients] for h in avg.history]
 
 
 def test_fedsgd_is_not_fedavg_with_minibatches():

@@ -178,7 +178,7 @@ def result(k: int, prototypes, counts, rows, labels) -> ClientResult:
 
 
 def rows_of(triple) -> list:
-    return sorted(zip(triple["features"].tolist(), triple["labels"].tolist()))
+    return sorted(zip(triple["features"].tolist(), triple["labels"].tolist(), strict=True))
 
 
 def test_edge_aggregate_over_two_rounds_keeps_the_latest_of_every_client():

@@ -183,7 +183,7 @@ def test_reference_runs_every_client_and_reports_personal_accuracy():
         per_client = sum(c.metrics["personal_accuracy"] * c.num_samples for c in record.clients)
         assert acc == pytest.approx(per_client / sum(c.num_samples for c in record.clients))
     assert sorted(a.client_states) == list(range(6))
-    for k, state in a.client_states.items():
+    for state in a.client_states.values():
         assert {n: (t.shape, t.dtype) for n, t in state.items()} == \
             {n: (t.shape, torch.float32) for n, t in a.global_state.items()}
         # the state and the tensors survive safetensors unchanged
@@ -213,5 +213,5 @@ def test_two_edges_equal_one_edge_when_everyone_is_sampled():
                                       "topology": {"num_edges": 2, "buffer_size": 2}}))
     for name in flat.global_state:
         assert torch.allclose(flat.global_state[name], hier.global_state[name], atol=1e-6)
-    for f, h in zip(flat.history, hier.history):
+    for f, h in zip(flat.history, hier.history, strict=True):
         assert f.client_metrics == pytest.approx(h.client_metrics)

@@ -1,0 +1,184 @@
+"""An in-process cloud on a real Redis for the endpoint tests: the app, its lifespan, and message builders."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import redis.asyncio as aioredis
+import torch
+
+from cloud.config import CloudSettings
+from cloud.main import create_app
+from shared.config import RunConfig
+from shared.schemas import ClientParticipation, EdgeContributionHeader, GlobalStateHeader
+from shared.transport.tensors import Tensors, decode, encode
+from shared.web import SAFETENSORS
+from tests.web import bearer
+
+ADMIN_TOKEN = "test-admin-token"
+EDGE_TOKEN = "test-edge-token"
+UNKNOWN_RUN = "0123456789ab"
+
+
+
+def small_config(**overrides: Any) -> dict[str, Any]:
+    base = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=2)
+    return {**base.model_dump(mode="json"), **overrides}
+
+
+def two_edge_config() -> dict[str, Any]:
+    # Synchronous FedAvg aggregates once both edges sent: one contribution stays in the buffer.
+    return small_config(topology={"num_edges": 2, "buffer_size": 2})
+
+
+class Cloud:
+    def __init__(self, app, http: httpx.AsyncClient, redis: aioredis.Redis, prefix: str):
+        self.app, self.http, self.redis, self.prefix = app, http, redis, prefix
+
+    # ---- control API ---------------------------------------------------------------------------
+    async def admin(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        headers = {**bearer(ADMIN_TOKEN), **kwargs.pop("headers", {})}
+        return await self.http.request(method, url, headers=headers, **kwargs)
+
+    async def create_run(self, config: dict[str, Any] | None = None) -> str:
+        r = await self.admin("POST", "/api/v1/runs", json=config or small_config())
+        assert r.status_code == 201, r.text
+        return r.json()["run_id"]
+
+    async def action(self, run_id: str, action: str) -> None:
+        r = await self.admin("POST", f"/api/v1/runs/{run_id}/{action}")
+        assert r.status_code == 200, r.text
+
+    async def info(self, run_id: str) -> dict[str, Any]:
+        r = await self.admin("GET", f"/api/v1/runs/{run_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def wait_version(self, run_id: str, version: int, timeout_s: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = await self.info(run_id)
+            if info["version"] >= version:
+                return info
+            assert time.monotonic() < deadline, f"run {run_id} stuck at version {info['version']}"
+            await anyio.sleep(0.05)
+
+    # ---- edge API ------------------------------------------------------------------------------
+    async def edge(self, method: str, url: str, token: str | None = EDGE_TOKEN, **kwargs: Any) -> httpx.Response:
+        headers = {**bearer(token), **kwargs.pop("headers", {})}
+        return await self.http.request(method, url, headers=headers, **kwargs)
+
+    async def register_edge(self, edge_id: int) -> None:
+        r = await self.edge("POST", "/api/v1/edges", json={"edge_id": edge_id})
+        assert r.status_code == 200, r.text
+
+    async def global_state(self, edge_id: int = 0) -> tuple[Tensors, GlobalStateHeader]:
+        """The active run's global state, fetched exactly like an edge does."""
+        r = await self.edge("GET", f"/api/v1/edges/{edge_id}/global", params={"timeout": 0})
+        assert r.status_code == 200, (r.status_code, r.text)
+        return decode(r.content, GlobalStateHeader)
+
+    async def submit(self, edge_id: int, body: Any, token: str | None = EDGE_TOKEN,
+                     headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self.edge("POST", f"/api/v1/edges/{edge_id}/contributions", token=token,
+                               content=body, headers={"Content-Type": SAFETENSORS, **(headers or {})})
+
+    # ---- state ---------------------------------------------------------------------------------
+    async def snapshot(self, *run_ids: str) -> dict[str, Any]:
+        """Every Redis key under this test's prefix with its full value, plus each run's info/history."""
+        keys: dict[str, Any] = {}
+        async for key in self.redis.scan_iter(match=f"{self.prefix}:*"):
+            kind = (await self.redis.type(key)).decode()
+            if kind == "string":
+                value: Any = await self.redis.get(key)
+            elif kind == "hash":
+                value = await self.redis.hgetall(key)
+            elif kind == "list":
+                value = await self.redis.lrange(key, 0, -1)
+            elif kind == "stream":
+                value = await self.redis.xrange(key)
+            elif kind == "set":
+                value = await self.redis.smembers(key)
+            else:
+                value = await self.redis.dump(key)
+            keys[key.decode()] = (kind, value)
+        api = {}
+        for run_id in run_ids:
+            history = await self.admin("GET", f"/api/v1/runs/{run_id}/history")
+            assert history.status_code == 200, history.text
+            api[run_id] = (await self.info(run_id), history.json())
+        return {"redis": keys, "api": api}
+
+
+@asynccontextmanager
+async def running_cloud(redis_url: str, **settings: Any) -> AsyncIterator[Cloud]:
+    prefix = f"test-{uuid.uuid4().hex}"
+    app = create_app(CloudSettings(**{"redis_url": redis_url, "key_prefix": prefix, "admin_token": ADMIN_TOKEN,
+                                      "edge_token": EDGE_TOKEN, "long_poll_max_s": 2.0, **settings}))
+    # raise_app_exceptions=False: an unhandled product error shows up as a 500 answer, not a crash.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as http:
+            redis = aioredis.Redis.from_url(redis_url)
+            try:
+                yield Cloud(app, http, redis, prefix)
+            finally:
+                await redis.aclose()
+    finally:
+        await _exit_lifespan(lifespan)
+
+
+async def _exit_lifespan(lifespan) -> None:
+    """Leaves the cloud's lifespan; a shutdown that hangs fails the test instead of stalling the suite.
+
+    Works around a product bug (test_cloud_shutdown_survives_a_cancel_during_a_redis_command): the
+    lifespan cancels the orchestrator task once, and that cancel can be lost inside a Redis command, so
+    while the exit waits we cancel an orchestrator task that is already cancelling again.
+    """
+    exiting = asyncio.ensure_future(lifespan.__aexit__(None, None, None))
+    with anyio.fail_after(10):
+        while not (await asyncio.wait({exiting}, timeout=0.2))[0]:
+            for task in asyncio.all_tasks():
+                if task.get_coro().__qualname__ == "Orchestrator.run_forever" and task.cancelling():
+                    task.cancel()
+    exiting.result()
+
+
+
+
+def zeros_like(global_: Tensors, dtype: torch.dtype = torch.float64) -> Tensors:
+    return {name: torch.zeros(t.shape, dtype=dtype) for name, t in global_.items()}
+
+
+def contribution_header(run_id: str, edge_id: int = 0, base_version: int = 0, key: str | None = None,
+                        **overrides: Any) -> EdgeContributionHeader:
+    fields = {
+        "run_id": run_id, "edge_id": edge_id, "base_version": base_version,
+        "idempotency_key": key or f"{run_id}:{edge_id}:{base_version}", "weight": 10.0,
+        "clients": [ClientParticipation(client_id=edge_id, num_samples=10, loss=0.5)],
+    }
+    return EdgeContributionHeader(**{**fields, **overrides})
+
+
+def contribution(global_: Tensors, run_id: str, **header: Any) -> bytes:
+    return encode(zeros_like(global_), contribution_header(run_id, **header))
+
+
+async def running_run(cloud: Cloud, config: dict[str, Any] | None = None,
+                      edges: tuple[int, ...] = (0,)) -> tuple[str, Tensors]:
+    """A started run with `edges` registered, and its version-0 global state."""
+    for edge_id in edges:
+        await cloud.register_edge(edge_id)
+    run_id = await cloud.create_run(config)
+    await cloud.action(run_id, "start")
+    global_, header = await cloud.global_state(edges[0])
+    assert (header.run_id, header.version) == (run_id, 0)
+    return run_id, global_

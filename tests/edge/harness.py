@@ -1,0 +1,130 @@
+"""An in-process edge for the endpoint tests: the app, its lifespan, a posted task, and message builders."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import anyio
+import httpx
+import torch
+
+from edge.config import EdgeSettings
+from edge.main import create_app
+from edge.tasks import Task
+from shared.algorithms import registry
+from shared.config import RunConfig
+from shared.federation import initial_model
+from shared.redis_server import free_port
+from shared.schemas import ClientResultHeader, ClientTaskHeader
+from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
+from shared.web import SAFETENSORS
+from tests.web import bearer
+
+CLIENT_TOKEN = "test-client-token"
+EDGE_TOKEN = "test-edge-token"  # what this edge presents to the cloud; never valid for clients
+CONFIG = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=2)
+RUN_ID = "edge-test-run"
+
+
+
+def auth(token: str | None = CLIENT_TOKEN) -> dict[str, str]:
+    return bearer(token)
+
+
+_GLOBAL: Tensors | None = None
+
+
+def task_tensors(client_id: int) -> Tensors:
+    """What the round loop hands client `client_id` for round 0 of CONFIG."""
+    global _GLOBAL
+    algorithm = registry.create(CONFIG)
+    if _GLOBAL is None:
+        _GLOBAL = algorithm.init_global(initial_model(CONFIG))
+    return algorithm.client_task(_GLOBAL, client_id, 0)
+
+
+def task_id(client_id: int) -> str:
+    return f"{RUN_ID}-v0-e0-c{client_id}"
+
+
+class Edge:
+    def __init__(self, app, http: httpx.AsyncClient):
+        self.app, self.http = app, http
+        self.board = app.state.board
+
+    async def register(self, client_id: int, num_samples: int = 10) -> None:
+        r = await self.http.post("/api/v1/clients", json={"client_id": client_id, "num_samples": num_samples},
+                                 headers=auth())
+        assert r.status_code == 200, r.text
+
+    async def open_tasks(self, *client_ids: int) -> None:
+        """Registers the clients and posts one open task each, as the round loop does."""
+        tasks = []
+        for k in client_ids:
+            await self.register(k)
+            tensors = task_tensors(k)
+            header = ClientTaskHeader(task_id=task_id(k), run_id=RUN_ID, client_id=k, round=0, version=0,
+                                      config=CONFIG)
+            tasks.append(Task(header, tensors, partial(check_tensors, expected=spec_of(tensors))))
+        await self.board.post(tasks)
+
+    async def send_result(self, client_id: int, body: Any, token: str | None = CLIENT_TOKEN,
+                          headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self.http.post(f"/api/v1/clients/{client_id}/results", content=body,
+                                    headers={**auth(token), "Content-Type": SAFETENSORS, **(headers or {})})
+
+    async def open_task(self, client_id: int) -> str | None:
+        """The id of the task the client would fetch right now (None: nothing open)."""
+        r = await self.http.get(f"/api/v1/clients/{client_id}/task", params={"timeout": 0}, headers=auth())
+        if r.status_code == 204:
+            return None
+        assert r.status_code == 200, r.text
+        _, header = decode(r.content, ClientTaskHeader)
+        return header.task_id
+
+    async def snapshot(self, *client_ids: int) -> dict[str, Any]:
+        """Registered clients, the results received so far, and the open task of each given client."""
+        return {
+            "clients": dict(self.board.clients),
+            "results": [(id(r), r.client_id, r.num_samples, r.loss) for r in self.board.results()],
+            "open": {k: await self.open_task(k) for k in client_ids},
+        }
+
+
+@asynccontextmanager
+async def running_edge(**settings: Any) -> AsyncIterator[Edge]:
+    # Nothing listens on cloud_url: the round loop only retries its registration in the background.
+    app = create_app(EdgeSettings(**{"edge_id": 0, "cloud_url": f"http://127.0.0.1:{free_port()}",
+                                     "edge_token": EDGE_TOKEN, "client_token": CLIENT_TOKEN,
+                                     "long_poll_max_s": 2.0, **settings}))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as http:
+            yield Edge(app, http)
+    finally:
+        with anyio.fail_after(10):  # a shutdown that hangs fails the test instead of the whole suite
+            await lifespan.__aexit__(None, None, None)
+
+
+
+
+def result_header(client_id: int = 0, **overrides: Any) -> ClientResultHeader:
+    return ClientResultHeader(**{"task_id": task_id(client_id), "client_id": client_id, "num_samples": 10,
+                                 "loss": 0.5, **overrides})
+
+
+def zeros_like(tensors: Tensors, dtype: torch.dtype | None = None) -> Tensors:
+    return {k: torch.zeros(v.shape, dtype=dtype or v.dtype) for k, v in tensors.items()}
+
+
+def result(client_id: int = 0, **header: Any) -> bytes:
+    return encode(zeros_like(task_tensors(client_id)), result_header(client_id, **header))
+
+
+# =================================================================================================
+# Authentication
+# =================================================================================================
