@@ -78,6 +78,10 @@ _TRANSITIONS = {
 }
 
 
+# The statuses in which a computed cloud update may still be published.
+_UPDATABLE = {RunStatus.running.value, RunStatus.paused.value}
+
+
 class Store:
     def __init__(self, redis: aioredis.Redis, keys: Keys):
         self.r = redis
@@ -237,13 +241,16 @@ class Store:
         record: RoundRecord,
         finished: bool,
     ) -> bool:
-        """Publishes version expected_version+1 atomically; False if someone else got there first."""
+        """Publishes version expected_version+1 atomically; False if someone else got there first, or
+        if the run was stopped while the update was computed (a stopped run's model stays as it was)."""
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             try:
-                await p.watch(meta_key)
-                if int(await p.hget(meta_key, "version")) != expected_version:
+                await p.watch(meta_key, self.k.active)
+                version, status = await p.hmget(meta_key, ["version", "status"])
+                if int(version) != expected_version or status.decode() not in _UPDATABLE:
                     return False
+                active = await p.get(self.k.active)
                 p.multi()
                 p.set(self.k.global_state(run_id), new_global)
                 p.set(self.k.cloud_state(run_id), new_cloud_state)
@@ -254,7 +261,8 @@ class Store:
                 if finished:
                     p.hset(meta_key, mapping={"status": RunStatus.finished.value,
                                               "finished_at": now().isoformat()})
-                    p.delete(self.k.active)
+                    if active is not None and active.decode() == run_id:  # never another run's
+                        p.delete(self.k.active)
                 await p.execute()
                 return True
             except WatchError:

@@ -1,0 +1,77 @@
+"""The cloud loop against run control: a run stopped while its update is computed stays as it was."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+from cloud.keys import Keys
+from cloud.orchestrator import Orchestrator
+from cloud.store import Store
+from tests.cloud.harness import Cloud, contribution, running_run, small_config
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class HeldUpdate:
+    """Cloud updates signal `started`, then wait for `release`; every commit's answer lands in `commits`."""
+
+    started: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    commits: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> HeldUpdate:
+    h = HeldUpdate()
+    compute, commit = Orchestrator._update, Store.commit_update
+
+    def held_compute(*args, **kwargs):
+        h.started.set()
+        assert h.release.wait(30), "the test never released the update"
+        return compute(*args, **kwargs)
+
+    async def recorded_commit(self, *args, **kwargs):
+        committed = await commit(self, *args, **kwargs)
+        h.commits.put_nowait(committed)
+        return committed
+
+    monkeypatch.setattr(Orchestrator, "_update", staticmethod(held_compute))
+    monkeypatch.setattr(Store, "commit_update", recorded_commit)
+    return h
+
+
+@pytest.mark.parametrize("rounds", [1, 3], ids=["last-round", "mid-run"])
+async def test_stop_during_an_update_publishes_nothing_and_leaves_the_next_run_active(
+        cloud: Cloud, held: HeldUpdate, rounds: int) -> None:
+    run_a, global_ = await running_run(cloud, small_config(rounds=rounds))
+    assert (await cloud.submit(0, contribution(global_, run_a))).status_code == 202
+    assert await asyncio.to_thread(held.started.wait, 10)
+    await cloud.action(run_a, "stop")
+    run_b = await cloud.create_run(small_config(rounds=rounds))
+    await cloud.action(run_b, "start")
+    held.release.set()
+
+    assert await asyncio.wait_for(held.commits.get(), 10) is False
+    a, b = await cloud.info(run_a), await cloud.info(run_b)
+    assert (a["status"], a["version"], a["buffered"]) == ("stopped", 0, 1)
+    assert (b["status"], b["version"]) == ("running", 0)
+    assert await cloud.redis.get(Keys(cloud.prefix).active) == run_b.encode()
+    poll = await cloud.edge("GET", "/api/v1/edges/0/global", params={"timeout": 0})
+    assert poll.status_code == 200, "the next run must reach its edges"
+
+
+async def test_an_update_held_over_a_pause_is_published(cloud: Cloud, held: HeldUpdate) -> None:
+    """Pausing stops edges from getting new work, not the update already under way."""
+    run_id, global_ = await running_run(cloud, small_config(rounds=3))
+    assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
+    assert await asyncio.to_thread(held.started.wait, 10)
+    await cloud.action(run_id, "pause")
+    held.release.set()
+
+    assert await asyncio.wait_for(held.commits.get(), 10) is True
+    info = await cloud.info(run_id)
+    assert (info["status"], info["version"], info["buffered"]) == ("paused", 1, 0)
