@@ -35,7 +35,7 @@ from shared.algorithms.hfpl import HFPL
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.schemas import RoundRecord
-from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
+from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
 from shared.training import batches, make_optimizer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -78,8 +78,7 @@ def train_with_head(algorithm: HFPL, config: RunConfig, client_id: int, train, e
     `after_epoch(e, model)` sees the model after e epochs (in eval mode), which is what a run of
     e epochs would return: the epochs' shuffles do not depend on the total."""
     f = algorithm.feature_extractor(client_id, tuple(train.x.shape[1:]))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(config.seed, MODEL_INIT, 10_000 + client_id))
+    with seeded_default_generator(derive_seed(config.seed, MODEL_INIT, 10_000 + client_id)):
         head = nn.Linear(algorithm.params.feature_dim, load_federated(config.data, config.seed).num_classes)
     model = nn.Sequential(f, head)
     opt = make_optimizer(model.parameters(), config.local)

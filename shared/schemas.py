@@ -38,13 +38,17 @@ class EdgeRegistration(Message):
     url: str | None = Field(None, max_length=500)
 
 
-Metrics = Annotated[dict[str, Annotated[float, Field(allow_inf_nan=False)]], Field(max_length=32)]
+# A loss or metric a client reports. Bounded so that the round's sample-weighted means (up to
+# MAX_SAMPLES · MAX_SCALAR per client) stay finite: a reported -1e300 would make the history's loss -inf.
+MAX_SCALAR = 1e15
+Scalar = Annotated[float, Field(ge=-MAX_SCALAR, le=MAX_SCALAR, allow_inf_nan=False)]
+Metrics = Annotated[dict[str, Scalar], Field(max_length=32)]
 
 
 class ClientParticipation(Message):
     client_id: int = Id
-    num_samples: int = Field(ge=0, le=MAX_SAMPLES)
-    loss: float = Field(allow_inf_nan=False)
+    num_samples: int = Field(ge=1, le=MAX_SAMPLES)
+    loss: Scalar
     metrics: Metrics = Field(default_factory=dict)
 
 
@@ -81,7 +85,7 @@ class ClientResultHeader(Message):
     task_id: str = Field(min_length=1, max_length=64)
     client_id: int = Id
     num_samples: int = Field(ge=1, le=MAX_SAMPLES)
-    loss: float = Field(allow_inf_nan=False)
+    loss: Scalar
     metrics: Metrics = Field(default_factory=dict)
 
 

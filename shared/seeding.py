@@ -5,6 +5,10 @@ position give unrelated streams, and nothing touches a global generator.
 """
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 
@@ -22,3 +26,16 @@ def torch_generator(*entropy: int) -> torch.Generator:
 
 def numpy_generator(*entropy: int) -> np.random.Generator:
     return np.random.default_rng(derive_seed(*entropy))
+
+
+_DEFAULT_GENERATOR = threading.RLock()
+
+
+@contextmanager
+def seeded_default_generator(seed: int) -> Iterator[None]:
+    """torch's layer initialisers draw only from the process-wide default generator: fork it (the
+    caller's RNG is untouched) and seed it, under a lock, because the cloud builds models in several
+    worker threads at once (creating a run while another evaluates) and their draws would interleave."""
+    with _DEFAULT_GENERATOR, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

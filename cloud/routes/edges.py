@@ -5,6 +5,7 @@ import time
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
+from cloud.contributions import check_contribution
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
 from cloud.store import NotFound
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
@@ -76,20 +77,10 @@ async def submit(
     if not await store.edge_known(edge_id):
         raise NotFound(f"unknown edge {edge_id}; register first")
     run_id = header.run_id
-    config = await store.config(run_id)
-    if header.edge_id >= config.topology.num_edges:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"edge {header.edge_id} is not part of this run ({config.topology.num_edges} edges)")
-    # A client may appear once per edge round (κ > 1), but only clients of this edge may appear.
-    ids = [c.client_id for c in header.clients]
-    foreign = sorted(set(ids) - set(config.clients_of_edge(edge_id)))
-    if foreign:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"clients must be clients of edge {edge_id}; not its clients: {foreign}")
-    algorithm = orchestrator.algorithm(run_id, config)
+    algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
     global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
     try:
-        algorithm.check_contribution(global_, ids, tensors, edge_id)
+        check_contribution(algorithm, global_, header, tensors)
     except InvalidContent as exc:
         raise reject(exc) from exc
     outcome = await store.submit(header, blob, algorithm.synchronous)

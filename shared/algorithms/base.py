@@ -30,7 +30,7 @@ from shared.config import RunConfig
 from shared.data.datasets import ClientData
 from shared.selection import select_clients
 from shared.training import Evaluation
-from shared.transport.tensors import Tensors, TensorSpec, check_tensors, spec_of
+from shared.transport.tensors import MAX_ABS, Tensors, TensorSpec, check_magnitude, check_tensors, spec_of
 
 
 class NoParams(BaseModel):
@@ -133,11 +133,13 @@ class Algorithm:
         """What an edge must submit for `global_` on behalf of `clients`: checked before buffering."""
         return {name: (tuple(t.shape), torch.float64) for name, t in global_.items()}
 
-    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors,
+    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors, weight: float,
                            edge_id: int | None = None) -> None:
-        """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution of edge `edge_id`;
-        names, shapes, dtypes and finiteness by default, value checks where an algorithm needs them."""
+        """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution of edge `edge_id`
+        with total weight `weight`: names, shapes, dtypes and finiteness, and, since a contribution
+        carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS."""
         check_tensors(tensors, self.contribution_spec(global_, clients))
+        check_magnitude(tensors, MAX_ABS * weight)
 
     def cloud_update(
         self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
@@ -162,6 +164,7 @@ class Algorithm:
     def check_result(self, task: Tensors, tensors: Tensors) -> None:
         """Raises InvalidContent unless `tensors` is a valid answer to `task` (checked by the edge)."""
         check_tensors(tensors, self.result_spec(task))
+        check_magnitude(tensors)
 
     def client_group(self, client_id: int) -> str:
         """How reports group clients (prototype learning: the client's model family)."""

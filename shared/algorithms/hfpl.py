@@ -29,9 +29,9 @@ from shared.algorithms.prototypes import (
 )
 from shared.config import RunConfig
 from shared.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
-from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, torch_generator
+from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
 from shared.training import Evaluation, batches, make_optimizer
-from shared.transport.tensors import Dim, InvalidContent, Tensors, TensorSpec, check_tensors
+from shared.transport.tensors import Dim, InvalidContent, Tensors, TensorSpec, check_magnitude, check_tensors
 
 PROTOTYPES, PROTOTYPE_COUNTS = "prototypes", "prototype_counts"
 WEIGHT, BIAS = "classifier.weight", "classifier.bias"
@@ -102,8 +102,7 @@ class HFPL(Algorithm):
         # (On 1-D data the config still needs a model that fits it, e.g. "mlp", as for every algorithm.)
         num_classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
         d = self.params.feature_dim
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.config.seed, MODEL_INIT, CLASSIFIER))
+        with seeded_default_generator(derive_seed(self.config.seed, MODEL_INIT, CLASSIFIER)):
             g = nn.Linear(d, num_classes)
         return {
             PROTOTYPES: torch.zeros(num_classes, d, dtype=torch.float64),
@@ -125,13 +124,13 @@ class HFPL(Algorithm):
             return self.config.data.num_clients
         return len(self.config.clients_of_edge(edge_id))
 
-    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors,
+    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors, weight: float,
                            edge_id: int | None = None) -> None:
         # Bounded by the edge's own clients: an edge must not weigh in C̄ or in G's data as more than it is.
         check_tensors(tensors, self.contribution_spec(global_, clients, edge_id))
         num_classes = global_[PROTOTYPES].shape[0]
         _check_labels(tensors[LABELS], num_classes)
-        _check_magnitude(tensors, (PROTOTYPES, FEATURES))
+        check_magnitude(tensors, names=(PROTOTYPES, FEATURES))
         counts, population = tensors[COUNTS], self._population(edge_id)
         if bool((counts < 0).any()) or bool((counts != counts.round()).any()) or bool((counts > population).any()):
             raise InvalidContent(f"counts must be whole numbers in [0, {population}] (the edge's clients)")
@@ -193,7 +192,7 @@ class HFPL(Algorithm):
     def check_result(self, task: Tensors, tensors: Tensors) -> None:
         check_tensors(tensors, self.result_spec(task))
         _check_labels(tensors[LABELS], task[PROTOTYPES].shape[0])
-        _check_magnitude(tensors, (PROTOTYPES, FEATURES))
+        check_magnitude(tensors, names=(PROTOTYPES, FEATURES))
         if bool((tensors[CLASS_COUNTS] < 0).any()):
             raise InvalidContent("class_counts must not be negative")
 
@@ -320,18 +319,6 @@ def _evaluate(f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torc
         distance[:, ~exists] = math.inf
         metrics["proto_accuracy"] = float((distance.argmin(1) == test.y).float().mean())
     return metrics
-
-
-# Far beyond any feature a trained extractor produces; a finite 1e20 would pass the NaN check, overflow
-# float32 on the clients (‖f − C̄‖²) and stall every client of that class for good.
-MAX_ABS = 1e6
-
-
-def _check_magnitude(tensors: Tensors, names: tuple[str, ...]) -> None:
-    for name in names:
-        t = tensors[name]
-        if t.numel() and float(t.abs().max()) > MAX_ABS:
-            raise InvalidContent(f"tensor {name!r} has values beyond ±{MAX_ABS:g}")
 
 
 def _check_labels(labels: torch.Tensor, num_classes: int) -> None:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared.config import ModelConfig
+from shared.seeding import seeded_default_generator
 
 
 class LogReg(nn.Module):
@@ -64,18 +65,15 @@ class CNN(nn.Module):
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int = 0,
                 **widths: int) -> nn.Module:
-    """Builds the model with weights drawn from a generator seeded by `seed` (never the global RNG).
+    """Builds the model with weights drawn from a generator seeded by `seed` (the caller's RNG untouched).
 
     `widths` narrows hidden layers (MLP: hidden1, hidden2; CNN: conv1, conv2, hidden) for sub-models.
     """
     if cfg.name == "cnn" and len(input_shape) != 3:
         raise ValueError(f"cnn needs (channels, height, width) inputs, got {input_shape}")
     cls = {"logreg": LogReg, "mlp": MLP, "cnn": CNN}[cfg.name]
-    # torch initialisers only draw from the default generator; fork it so the caller's RNG is untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = cls(input_shape, num_classes, **widths)
-    return model
+    with seeded_default_generator(seed):
+        return cls(input_shape, num_classes, **widths)
 
 
 # ---- feature extractors f_i: x -> R^d, for prototype learning with heterogeneous clients ------------
@@ -126,6 +124,5 @@ IMAGE_FAMILIES = {"cnn", "cnn_deep"}
 def build_feature_extractor(family: str, input_shape: tuple[int, ...], dim: int, seed: int) -> nn.Module:
     if family in IMAGE_FAMILIES and len(input_shape) != 3:
         raise ValueError(f"{family} needs (channels, height, width) inputs, got {input_shape}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_default_generator(seed):
         return FEATURE_FAMILIES[family](input_shape, dim)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -106,6 +107,19 @@ def check_tensors(tensors: Tensors, expected: TensorSpec) -> None:
             raise InvalidContent(f"tensor {name!r} has dtype {t.dtype}, expected {dtype}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise InvalidContent(f"tensor {name!r} contains NaN or Inf")
+
+
+# Far beyond any weight, update, prototype or feature a sane run produces. A finite 1e300 passes the
+# NaN check, then overflows float32 in the global model (or in a client's ‖f − C̄‖²) and ruins the run.
+MAX_ABS = 1e6
+
+
+def check_magnitude(tensors: Tensors, bound: float = MAX_ABS, names: Iterable[str] | None = None) -> None:
+    """Every floating value of the named tensors (all by default) lies within ±bound, or InvalidContent."""
+    for name in tensors if names is None else names:
+        t = tensors[name]
+        if t.is_floating_point() and t.numel() and float(t.abs().max()) > bound:
+            raise InvalidContent(f"tensor {name!r} has values beyond ±{bound:g}")
 
 
 def _shape_matches(actual: tuple[int, ...], expected: tuple, bound: dict[str, int]) -> bool:

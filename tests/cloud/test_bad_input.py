@@ -350,6 +350,11 @@ INVALID_HEADERS = {
     "negative-edge-id": ({"edge_id": -1}, "edge_id"),
     "extra-field": ({"signature": "x"}, "signature"),
     "bad-client": ({"clients": [{"client_id": 0, "num_samples": -5, "loss": 0.1}]}, "num_samples"),
+    "client-without-samples": ({"clients": [{"client_id": 0, "num_samples": 0, "loss": 0.1}]}, "num_samples"),
+    # Finite, yet the round's sample-weighted mean loss would overflow to -inf.
+    "client-huge-loss": ({"clients": [{"client_id": 0, "num_samples": 10, "loss": -1e300}]}, "loss"),
+    "client-huge-metric": ({"clients": [{"client_id": 0, "num_samples": 10, "loss": 0.1,
+                                         "metrics": {"accuracy": 1e300}}]}, "accuracy"),
 }
 
 
@@ -409,6 +414,42 @@ async def test_contribution_edge_outside_run(cloud: Cloud, edge_id: int) -> None
     r = await cloud.submit(edge_id, contribution(global_, run_id, edge_id=edge_id))
     assert detail_of(r, 422) == f"edge {edge_id} is not part of this run (1 edges)"
     assert await cloud.snapshot(run_id) == before
+
+
+def _one_client(samples: int = 10) -> list[ClientParticipation]:
+    return [ClientParticipation(client_id=0, num_samples=samples, loss=0.5)]
+
+
+# What an edge could not have computed from its clients; each passed the header's own validation.
+INADMISSIBLE = {
+    # Ordinary sums under a tiny weight: their mean, the next model, would be inf in float32.
+    "weight-tiny": (dict(weight=1e-300), None, "weight 1e-300 does not match its clients: expected 10"),
+    "weight-beyond-its-clients": (dict(weight=11.0), None, "weight 11 does not match its clients: expected 10"),
+    "client-twice": (dict(clients=_one_client(5) * 2), None,
+                     "a client appears at most once per edge round (1); more often: [0]"),
+    "huge-values": ({}, 1e300, "values beyond"),
+    "mean-beyond-bound": ({}, 1e6 * 10 * 1.01, "values beyond"),  # sums / weight 10 just above 1e6
+}
+
+
+@pytest.mark.parametrize("case", INADMISSIBLE)
+async def test_contribution_inadmissible(cloud: Cloud, case: str) -> None:
+    run_id, global_ = await running_run(cloud)
+    header, value, fragment = INADMISSIBLE[case]
+    tensors = zeros_like(global_)
+    if value is not None:
+        tensors = {name: torch.full_like(t, value) for name, t in tensors.items()}
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, encode(tensors, contribution_header(run_id, **header)))
+    assert fragment in detail_of(r, 422)
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_mean_at_the_bound_accepted(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud)
+    tensors = {name: torch.full_like(t, 1e6 * 10) for name, t in zeros_like(global_).items()}
+    r = await cloud.submit(0, encode(tensors, contribution_header(run_id)))
+    assert r.status_code == 202, r.text
 
 
 def _wrong_tensors(global_: Tensors, case: str) -> tuple[Tensors, str]:

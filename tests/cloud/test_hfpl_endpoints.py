@@ -52,7 +52,8 @@ def message(run_id: str, edge_id: int, base_version: int, key: str | None = None
     # Clients report held-out metrics, as real hfpl clients do, so the cloud's evaluation is finite.
     clients = [ClientParticipation(client_id=edge_id, num_samples=10, loss=0.5,
                                    metrics={"accuracy": 0.5, "test_loss": 1.0})]
-    header = contribution_header(run_id, edge_id=edge_id, base_version=base_version, key=key, clients=clients)
+    header = contribution_header(run_id, edge_id=edge_id, base_version=base_version, key=key, clients=clients,
+                                 weight=1.0)  # hfpl weighs every client 1
     return encode(triple() if tensors is None else tensors, header)
 
 

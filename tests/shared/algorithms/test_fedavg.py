@@ -10,6 +10,7 @@ from shared.config import ModelConfig, RunConfig
 from shared.data.datasets import ArrayDataset, ClientData
 from shared.models import build_model
 from shared.reference import run_reference
+from shared.transport.tensors import MAX_ABS, InvalidContent
 
 SMALL = dict(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 6}, local={"lr": 0.1})
 
@@ -94,3 +95,18 @@ def test_hierarchical_reference_runs_and_learns():
     result = run_reference(config)
     assert result.history[-1].test_accuracy > 0.8
     assert all(len(h.clients) == 12 for h in result.history)  # 6 clients × 2 edge rounds
+
+
+def test_results_and_contributions_beyond_the_magnitude_bound_refused():
+    """Finite but absurd values pass the NaN check and would overflow float32 in the global model."""
+    a = FedAvg(RunConfig(**SMALL))
+    task = {"linear.weight": torch.zeros(2, 2), "linear.bias": torch.zeros(2)}
+    a.check_result(task, {"linear.weight": torch.full((2, 2), MAX_ABS), "linear.bias": torch.zeros(2)})
+    with pytest.raises(InvalidContent, match="'linear.weight' has values beyond"):
+        a.check_result(task, {"linear.weight": torch.full((2, 2), 1e30), "linear.bias": torch.zeros(2)})
+    # A contribution carries Σ w_k Δ_k: its bound is on the mean, sums / weight.
+    sums = {"linear.weight": torch.full((2, 2), 3 * MAX_ABS, dtype=torch.float64),
+            "linear.bias": torch.zeros(2, dtype=torch.float64)}
+    a.check_contribution(task, [0, 1, 2], sums, weight=3.0)
+    with pytest.raises(InvalidContent, match="values beyond"):
+        a.check_contribution(task, [0, 1, 2], sums, weight=2.0)

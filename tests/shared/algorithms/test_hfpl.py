@@ -197,7 +197,7 @@ def test_edge_aggregate_over_two_rounds_keeps_the_latest_of_every_client():
     assert torch.equal(agg.tensors["prototypes"], torch.tensor([[4.0, 4], [4, 4], [6, 6]], dtype=F64))
     assert torch.equal(agg.tensors["counts"], torch.tensor([2.0, 1, 1], dtype=F64))
     assert rows_of(agg.tensors) == [([2, 0], 1), ([30, 0], 0), ([31, 0], 2), ([32, 0], 2)]
-    a.check_contribution(a.init_global(nn.Linear(1, 3)), [0, 3], agg.tensors, edge_id=0)
+    a.check_contribution(a.init_global(nn.Linear(1, 3)), [0, 3], agg.tensors, agg.weight, edge_id=0)
     with pytest.raises(ValueError):
         a.edge_aggregate([], state, 2)
 
@@ -323,9 +323,9 @@ def test_check_result_refuses(bad):
 def test_check_contribution_refuses(bad):
     a = hfpl(feature_dim=2, feature_cap=4)
     global_ = a.init_global(nn.Linear(1, 3))
-    a.check_contribution(global_, [0, 3], good_triple(), edge_id=0)
+    a.check_contribution(global_, [0, 3], good_triple(), 2.0, edge_id=0)
     with pytest.raises(InvalidContent):
-        a.check_contribution(global_, [0, 3], {**good_triple(), **BAD_TRIPLES[bad]}, edge_id=0)
+        a.check_contribution(global_, [0, 3], {**good_triple(), **BAD_TRIPLES[bad]}, 2.0, edge_id=0)
 
 
 def test_contribution_bounds_follow_the_edge():
@@ -334,9 +334,9 @@ def test_contribution_bounds_follow_the_edge():
     global_ = a.init_global(nn.Linear(1, 3))
     wide = {**good_triple(), "features": torch.zeros(24, 2), "labels": torch.full((24,), 2),
             "counts": torch.tensor([6.0, 0, 1], dtype=F64)}
-    a.check_contribution(global_, [0, 3], wide)  # no edge named: the run's bound
+    a.check_contribution(global_, [0, 3], wide, 2.0)  # no edge named: the run's bound
     with pytest.raises(InvalidContent, match="n<=8"):
-        a.check_contribution(global_, [0, 3], wide, edge_id=0)
+        a.check_contribution(global_, [0, 3], wide, 2.0, edge_id=0)
 
 
 # ---- the reference runner -------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+"""What the cloud checks before a contribution may enter the buffer.
+
+A contribution must be one that this edge could have computed in this run: from its own clients, each
+at most once per edge round, with the total weight those clients give (an edge that claimed a weight
+of 1e-300 for ordinary sums would blow the next global model up to inf), and with the tensors the
+algorithm expects. Anything else is refused before it is buffered, so it changes nothing.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from shared.algorithms.base import Algorithm
+from shared.schemas import EdgeContributionHeader
+from shared.transport.tensors import InvalidContent, Tensors
+
+
+def check_contribution(algorithm: Algorithm, global_: Tensors, header: EdgeContributionHeader,
+                       tensors: Tensors) -> None:
+    """Raises InvalidContent (HTTP 422) unless the contribution is admissible."""
+    topology = algorithm.config.topology
+    if header.edge_id >= topology.num_edges:
+        raise InvalidContent(f"edge {header.edge_id} is not part of this run ({topology.num_edges} edges)")
+    ids = [c.client_id for c in header.clients]
+    foreign = sorted(set(ids) - set(algorithm.config.clients_of_edge(header.edge_id)))
+    if foreign:
+        raise InvalidContent(f"clients must be clients of edge {header.edge_id}; not its clients: {foreign}")
+    repeated = sorted(k for k, n in Counter(ids).items() if n > topology.edge_rounds)
+    if repeated:
+        raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
+                             f"more often: {repeated}")
+    _check_weight(algorithm, header)
+    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
+
+
+def _check_weight(algorithm: Algorithm, header: EdgeContributionHeader) -> None:
+    weights = [algorithm.client_weight(c.num_samples) for c in header.clients]
+    total = sum(weights)
+    if algorithm.config.topology.edge_rounds == 1:
+        admissible = math.isclose(header.weight, total, rel_tol=1e-9)
+        expected = f"{total:g}, the sum of its clients' weights"
+    else:  # κ edge rounds: the weight of the last round's clients, some of those listed
+        admissible = min(weights) * (1 - 1e-9) <= header.weight <= total * (1 + 1e-9)
+        expected = f"between {min(weights):g} and {total:g}, its clients' weights"
+    if not admissible:
+        raise InvalidContent(f"weight {header.weight:g} does not match its clients: expected {expected}")
