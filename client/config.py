@@ -22,6 +22,10 @@ class ClientSettings(ServiceSettings):
     data_path: str | None = None
     torch_threads: int = Field(1, ge=1)
     long_poll_s: float = Field(20.0, gt=0)
+    # A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits
+    # retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait.
+    retry_initial_s: float = Field(1.0, gt=0)
+    retry_max_s: float = Field(30.0, gt=0)
     log_level: str = "info"
 
 

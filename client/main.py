@@ -10,7 +10,7 @@ import torch
 import typer
 
 from client.config import ClientSettings, parse_ids
-from client.worker import Worker
+from client.worker import ClientsStopped, Worker
 from shared.transport.http import make_client
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -32,7 +32,11 @@ def run(
     settings = ClientSettings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s client %(levelname)s %(message)s")
     torch.set_num_threads(settings.torch_threads)
-    asyncio.run(_serve(settings))
+    try:
+        asyncio.run(_serve(settings))
+    except ClientsStopped as exc:  # nothing left to serve: exit non-zero rather than sit idle
+        logging.getLogger("client").critical("%s; exiting", exc)
+        raise typer.Exit(code=1) from None
 
 
 async def _serve(settings: ClientSettings) -> None:

@@ -1,7 +1,8 @@
 """One process, many logical clients: each pulls its tasks by long-poll; training runs one at a time.
 
 Local training goes through a single worker thread, so a process never uses more cores than its
-torch thread setting, however many logical clients it hosts.
+torch thread setting, however many logical clients it hosts. Each logical client runs its own loop and
+survives its own failures (see `Worker`); only a refused token ends one.
 """
 from __future__ import annotations
 
@@ -48,7 +49,61 @@ def _local_config(settings: ClientSettings, config: RunConfig) -> RunConfig:
     return config
 
 
+class ClientStopped(Exception):
+    """A failure that retrying cannot heal (the edge refuses this client's token): ends that logical client."""
+
+
+class ClientsStopped(RuntimeError):
+    """Every logical client of the process stopped for good: what `Worker.run` raises (exit code 1 in main)."""
+
+
+class _Unregistered(Exception):
+    """The edge does not know this client (404: it restarted and lost its registrations)."""
+
+
+class Backoff:
+    """Bounded exponential delays: initial, doubling up to the maximum; back to initial after a success."""
+
+    def __init__(self, initial_s: float, max_s: float):
+        self.initial_s, self.max_s = initial_s, max(max_s, initial_s)
+        self.failures = 0
+        self._delay = initial_s
+
+    def next(self) -> float:
+        delay, self._delay = self._delay, min(self._delay * 2, self.max_s)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures, self._delay = 0, self.initial_s
+
+
+def _check(response: httpx.Response, *, unknown_client: bool = True) -> None:
+    """Raises ClientStopped for a refused token, _Unregistered for 404, HTTPStatusError for other errors."""
+    if response.status_code in (401, 403):
+        raise ClientStopped(f"the edge refuses this client's token (HTTP {response.status_code}: "
+                            f"{response.text[:200]}); check FL_CLIENT_CLIENT_TOKEN")
+    if response.status_code == 404 and unknown_client:
+        raise _Unregistered()
+    response.raise_for_status()
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail"))
+    except (ValueError, AttributeError):
+        return response.text[:300]
+
+
 class Worker:
+    """Serves each logical client in its own loop: one client's failure never ends another's.
+
+    A failure (edge unreachable or answering an error, a malformed task, a bug) is logged with the client's
+    id, and that client alone waits (`retry_initial_s` doubling up to `retry_max_s`, reset by a success)
+    and goes on. Only a refused token (401/403) ends a client; `run` raises ClientsStopped once every
+    client of the process has ended. Cancellation (SIGTERM, Ctrl-C) propagates at once.
+    """
+
     def __init__(self, settings: ClientSettings, client_ids: list[int], edge: httpx.AsyncClient):
         self.settings = settings
         self.client_ids = client_ids
@@ -58,44 +113,78 @@ class Worker:
         # Tasks whose training raised (e.g. diverged to NaN): the same inputs would fail again, so
         # they are not retried; the edge treats the client as dropped for that round.
         self.failed: set[str] = set()
+        # Logical clients ended for good, with the reason.
+        self.stopped: dict[int, str] = {}
 
     async def run(self) -> None:
+        """Serves until cancelled; raises ClientsStopped when every logical client has stopped for good."""
         await asyncio.gather(*(self.serve(k) for k in self.client_ids))
+        reasons = "; ".join(f"client {k}: {why}" for k, why in sorted(self.stopped.items()))
+        raise ClientsStopped(f"every logical client of this process stopped for good ({reasons})")
 
     async def register(self, client_id: int) -> None:
         reg = ClientRegistration(client_id=client_id, capabilities={"torch_threads": self.settings.torch_threads})
         response = await send(self.edge, "POST", "/api/v1/clients", json=reg.model_dump())
-        response.raise_for_status()
+        _check(response, unknown_client=False)  # a 404 here is a wrong edge URL, not a lost registration
 
     async def serve(self, client_id: int) -> None:
-        await self.register(client_id)
+        """One logical client's loop; returns only when the client stops for good (see ClientStopped)."""
+        backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
+        registered = False
         while True:
-            response = await send(self.edge, "GET", f"/api/v1/clients/{client_id}/task",
-                                  params={"timeout": self.settings.long_poll_s})
-            if response.status_code == 204:
-                continue
-            if response.status_code == 404:  # the edge restarted and forgot us
-                await self.register(client_id)
-                continue
-            response.raise_for_status()
-            task, header = decode(response.content, ClientTaskHeader)
-            if header.task_id in self.failed:
-                await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
-                continue
-            loop = asyncio.get_running_loop()
             try:
-                blob = await loop.run_in_executor(self.executor, compute, self.settings, header, task)
-            except Exception:
-                log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
-                self.failed.add(header.task_id)
-                continue
-            await self.upload(client_id, header, blob)
+                if not registered:
+                    await self.register(client_id)
+                    registered = True
+                await self.step(client_id)
+                backoff.reset()
+            except ClientStopped as exc:
+                log.error("client %d: stopped for good: %s", client_id, exc)
+                self.stopped[client_id] = str(exc)
+                return
+            except _Unregistered:
+                registered = False
+                first = backoff.failures == 0
+                delay = backoff.next()
+                # Re-register at once the first time; again and again without a success in between: back off.
+                log.warning("client %d: unknown to the edge (restarted?); registering again in %.3gs",
+                            client_id, 0.0 if first else delay)
+                if not first:
+                    await asyncio.sleep(delay)
+            except Exception as exc:  # never CancelledError (a BaseException): a stop still ends every client
+                delay = backoff.next()
+                log.error("client %d: %s: %s; retrying in %.3gs", client_id, type(exc).__name__, exc, delay,
+                          exc_info=backoff.failures == 1)  # the traceback once per run of failures
+                await asyncio.sleep(delay)
+
+    async def step(self, client_id: int) -> None:
+        """One long-poll for a task and, if one came, its local update and upload."""
+        response = await send(self.edge, "GET", f"/api/v1/clients/{client_id}/task",
+                              params={"timeout": self.settings.long_poll_s})
+        _check(response)
+        if response.status_code == 204:
+            return
+        task, header = decode(response.content, ClientTaskHeader)
+        if header.task_id in self.failed:
+            await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            blob = await loop.run_in_executor(self.executor, compute, self.settings, header, task)
+        except Exception:
+            log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
+            self.failed.add(header.task_id)
+            return
+        await self.upload(client_id, header, blob)
 
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> None:
         response = await send(self.edge, "POST", f"/api/v1/clients/{client_id}/results", **binary_body(blob))
         if response.status_code == 409:
             # Already accepted (a retried upload) or the round moved on: nothing left to do either way.
-            log.info("client %d: task %s: %s", client_id, header.task_id, response.json().get("detail"))
+            log.info("client %d: task %s: %s", client_id, header.task_id, _detail(response))
+        elif response.status_code in (401, 403, 404):
+            # After re-registering, the task comes back and its stored result is sent without retraining.
+            _check(response)
         elif response.status_code >= 400:
             log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id,
                       response.status_code, response.text[:300])

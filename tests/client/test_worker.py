@@ -1,0 +1,205 @@
+"""One process, many logical clients: one client's failure stays its own.
+
+The worker talks to a real edge app in-process (httpx.ASGITransport under the worker's own httpx client,
+built by `make_client` as in client/main.py); `EdgeDouble` can answer chosen requests itself (a fault)
+and records every answer. Tasks are put on the edge's board directly, as its round loop would.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from client import worker as worker_module
+from client.config import ClientSettings
+from client.worker import Worker
+from edge.tasks import Task
+from shared.schemas import ClientTaskHeader
+from shared.transport.http import make_client
+from shared.transport.tensors import check_tensors, spec_of
+from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_tensors
+
+pytestmark = pytest.mark.anyio
+
+FAST = {"long_poll_s": 0.5, "retry_initial_s": 0.01, "retry_max_s": 0.05}
+Fault = Callable[[httpx.Request], "httpx.Response | None"]
+
+
+class EdgeDouble(httpx.AsyncBaseTransport):
+    """The in-process edge, except for the requests `fault` answers itself; records (method, path, status)."""
+
+    def __init__(self, app: Any, fault: Fault | None = None):
+        self.inner = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        self.fault = fault
+        self.answers: list[tuple[str, str, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.fault(request) if self.fault else None
+        if response is None:
+            response = await self.inner.handle_async_request(request)
+        self.answers.append((request.method, request.url.path, response.status_code))
+        return response
+
+    def count(self, method: str, path: str, status: int | None = None) -> int:
+        return sum(1 for m, p, s in self.answers if m == method and p == path and status in (None, s))
+
+
+def client_of(request: httpx.Request) -> int | None:
+    """The logical client a request is for: from the URL, or from a registration's body."""
+    parts = request.url.path.split("/")
+    if len(parts) > 4 and parts[3] == "clients":
+        return int(parts[4])
+    if request.method == "POST" and request.url.path == "/api/v1/clients":
+        return json.loads(request.content)["client_id"]
+    return None
+
+
+def make_task(client_id: int, round_: int = 0, blob: bytes | None = None) -> Task:
+    tensors = task_tensors(client_id)
+    header = ClientTaskHeader(task_id=f"{RUN_ID}-v{round_}-e0-c{client_id}", run_id=RUN_ID, client_id=client_id,
+                              round=round_, version=round_, config=CONFIG)
+    return Task(header, tensors, partial(check_tensors, expected=spec_of(tensors)), _blob=blob)
+
+
+def answered(edge: Edge) -> set[int]:
+    return {r.client_id for r in edge.board.results()}
+
+
+@asynccontextmanager
+async def running_worker(edge: Edge, ids: list[int], state_dir: Path, token: str = CLIENT_TOKEN,
+                         fault: Fault | None = None, **settings: Any
+                         ) -> AsyncIterator[tuple[Worker, asyncio.Task, EdgeDouble]]:
+    config = ClientSettings(**{"client_token": token, "state_dir": state_dir, **FAST, **settings})
+    double = EdgeDouble(edge.app, fault)
+    async with make_client("http://edge", token, config.long_poll_s, transport=double) as http:
+        worker = Worker(config, ids, http)
+        run = asyncio.create_task(worker.run())
+        try:
+            yield worker, run, double
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            worker.executor.shutdown(wait=True)
+
+
+async def until(condition: Callable[[], bool], run: asyncio.Task, timeout: float = 4.0) -> None:
+    """Waits for `condition`; fails at once with whatever ended the worker, if it ended."""
+    with anyio.fail_after(timeout):
+        while True:
+            if run.done():
+                run.result()  # raises what killed every logical client
+                raise AssertionError("the worker returned")
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_malformed_task_for_one_client_spares_the_other_and_it_recovers(tmp_path):
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0, blob=b"this is not a safetensors document"), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path) as (_, run, double):
+            # Client 1 completes its task; client 0 fetched its malformed task again after failing on it.
+            await until(lambda: answered(edge) == {1} and double.count("GET", "/api/v1/clients/0/task", 200) >= 2,
+                        run)
+            await edge.board.post([make_task(0, round_=1), make_task(1, round_=1)])  # the next round: good tasks
+            await until(lambda: answered(edge) == {0, 1}, run)
+
+
+async def test_a_refused_registration_is_retried_while_the_other_client_works(tmp_path):
+    refusals = []
+
+    def fault(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path == "/api/v1/clients" and client_of(request) == 0 and len(refusals) < 3:
+            refusals.append(request)
+            return httpx.Response(400, json={"detail": "edge not ready"})
+        return None
+
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path, fault=fault) as (_, run, _double):
+            await until(lambda: answered(edge) == {0, 1}, run)
+            assert len(refusals) == 3
+
+
+async def test_training_that_raises_for_one_client_spares_the_other_and_it_recovers(tmp_path, monkeypatch):
+    real = worker_module.compute
+
+    def compute(settings, header, task):
+        if header.client_id == 0 and header.round == 0:
+            raise RuntimeError("local update diverged")
+        return real(settings, header, task)
+
+    monkeypatch.setattr(worker_module, "compute", compute)
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path) as (worker, run, _):
+            await until(lambda: answered(edge) == {1} and make_task(0).header.task_id in worker.failed, run)
+            await edge.board.post([make_task(0, round_=1), make_task(1, round_=1)])
+            await until(lambda: answered(edge) == {0, 1}, run)
+
+
+async def test_an_edge_that_forgot_its_clients_gets_them_registered_again(tmp_path):
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path) as (_, run, double):
+            await until(lambda: answered(edge) == {0, 1}, run)
+            edge.board.clients.clear()  # as after a restart of the edge
+            await edge.board.post([make_task(0, round_=1), make_task(1, round_=1)])
+            await until(lambda: answered(edge) == {0, 1}, run)
+            assert double.count("POST", "/api/v1/clients", 200) == 4
+
+
+@pytest.mark.parametrize("refused", ["POST /api/v1/clients", "GET /api/v1/clients/0/task"])
+async def test_a_refused_token_stops_only_that_client(tmp_path, refused, caplog):
+    def fault(request: httpx.Request) -> httpx.Response | None:
+        if f"{request.method} {request.url.path}" == refused and client_of(request) == 0:
+            return httpx.Response(401, json={"detail": "invalid bearer token"})
+        return None
+
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path, fault=fault) as (worker, run, double):
+            await until(lambda: answered(edge) == {1} and set(worker.stopped) == {0}, run)
+            requests_of_0 = sum(1 for _, p, _ in double.answers if "/clients/0/" in p)
+            await edge.board.post([make_task(0, round_=1), make_task(1, round_=1)])
+            await until(lambda: answered(edge) == {1}, run)  # client 1 goes on serving
+            await asyncio.sleep(0.1)
+            assert not run.done()
+            assert sum(1 for _, p, _ in double.answers if "/clients/0/" in p) == requests_of_0  # client 0 is gone
+    assert "client 0: stopped for good" in caplog.text and "401" in caplog.text
+
+
+async def test_when_every_client_is_refused_the_worker_raises(tmp_path):
+    async with running_edge() as edge:
+        async with running_worker(edge, [0, 1], tmp_path, token="wrong-token") as (worker, run, _):
+            with anyio.fail_after(4), pytest.raises(RuntimeError, match="every logical client") as info:
+                await run
+    assert isinstance(info.value, worker_module.ClientsStopped)
+    assert set(worker.stopped) == {0, 1} and "client 0" in str(info.value) and "client 1" in str(info.value)
+
+
+async def test_cancellation_stops_every_client_at_once_even_while_one_backs_off(tmp_path):
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0, blob=b"garbage")])
+        async with running_worker(edge, [0, 1], tmp_path, retry_initial_s=30, retry_max_s=30) as (_, run, double):
+            # Client 0 sleeps 30 s after its malformed task; client 1 waits in a long-poll.
+            await until(lambda: double.count("GET", "/api/v1/clients/0/task", 200) == 1, run)
+            await asyncio.sleep(0.1)
+            run.cancel()
+            with anyio.fail_after(1), pytest.raises(asyncio.CancelledError):
+                await run
+
+
+def test_backoff_doubles_up_to_its_bound_and_resets():
+    backoff = worker_module.Backoff(1.0, 30.0)
+    assert [backoff.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    backoff.reset()
+    assert backoff.next() == 1.0
