@@ -12,6 +12,7 @@ import torch
 from fastapi import FastAPI
 
 from cloud.config import CloudSettings
+from cloud.initial_state import InvalidRun
 from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs
@@ -40,7 +41,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             await redis.aclose()
 
     return service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
-                       errors={NotFound: 404, Conflict: 409})
+                       errors={NotFound: 404, Conflict: 409, InvalidRun: 422})
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from shared.schemas import GlobalStateHeader, RunStatus
 from shared.transport.tensors import decode, decode_tensors, encode
 
 log = logging.getLogger("cloud.orchestrator")
+_CACHED_ALGORITHMS = 4
 
 
 class Orchestrator:
@@ -70,9 +71,13 @@ class Orchestrator:
                 await asyncio.sleep(idle_poll_s)
 
     def algorithm(self, run_id: str, config: RunConfig) -> Algorithm:
-        if run_id not in self._algorithms:
-            self._algorithms[run_id] = registry.create(config)
-        return self._algorithms[run_id]
+        """The run's algorithm object, cached for the few most recently used runs (one is active at a
+        time; downloads of old runs' models must not grow the cache for good)."""
+        algorithm = self._algorithms.pop(run_id, None) or registry.create(config)
+        self._algorithms[run_id] = algorithm  # most recent last
+        while len(self._algorithms) > _CACHED_ALGORITHMS:
+            del self._algorithms[next(iter(self._algorithms))]
+        return algorithm
 
     async def step(self) -> bool:
         """One cloud update if the active run's buffer holds B entries; True if it published one."""

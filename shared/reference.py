@@ -2,7 +2,8 @@
 
 It runs the same edge round (shared/edge_round.py), the same algorithm hooks, selection and seeds as
 cloud/edge/client, so for a given config it yields the same global model as a distributed run (up to
-float summation order), and the same history records.
+float summation order), and the same history records, except that a record lists its contributions in
+the order its buffer received them, which in a service run is the order the edges happened to submit.
 
 Which edge triples each cloud update consumes is the one thing timing decides. Synchronous algorithms
 (B = L) consume every edge's triple each time. With B < L the runner either replays a `schedule` (the

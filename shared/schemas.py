@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -101,7 +101,6 @@ class ClientTaskHeader(Message):
 
 class ResultReceipt(Message):
     accepted: bool
-    duplicate: bool = False
 
 
 # ---- control API (admin <-> cloud) ------------------------------------------------------------
@@ -147,12 +146,3 @@ class RunInfo(Message):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_round: RoundRecord | None = None
-
-
-class RunAction(Message):
-    run_id: str
-    status: RunStatus
-
-
-class Problem(Message):
-    detail: Any

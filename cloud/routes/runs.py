@@ -4,12 +4,11 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, status
 
 from cloud.deps import OrchestratorDep, StoreDep, require_admin
-from shared.algorithms import registry
+from cloud.initial_state import initial_global
 from shared.config import RunConfig
-from shared.federation import initial_model
 from shared.schemas import GlobalStateHeader, RoundRecord, RunInfo
 from shared.transport.tensors import decode, encode
 from shared.web import binary
@@ -17,18 +16,10 @@ from shared.web import binary
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_admin])
 
 
-def _initial_global(run_id: str, config: RunConfig) -> bytes:
-    global_ = registry.create(config).init_global(initial_model(config))
-    return encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))
-
-
 @router.post("", status_code=status.HTTP_201_CREATED)
 async def create_run(config: RunConfig, store: StoreDep) -> RunInfo:
     run_id = store.new_run_id()
-    try:
-        blob = await asyncio.to_thread(_initial_global, run_id, config)
-    except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot load the run's data: {exc}") from exc
+    blob = await asyncio.to_thread(initial_global, run_id, config)
     await store.create_run(run_id, config, blob)
     return await store.info(run_id)
 

@@ -259,7 +259,10 @@ def _check_labels(y: np.ndarray, name: str) -> None:
 
 def _load_npz(path: str) -> _Source:
     """Read and validate a user-supplied npz file, so a malformed one fails before training."""
-    with np.load(path, allow_pickle=False) as archive:
+    loaded = np.load(path, allow_pickle=False)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
+        raise ValueError(f"{path} is not an npz archive (np.savez) but one array of shape {loaded.shape}")
+    with loaded as archive:
         missing = [key for key in _NPZ_REQUIRED if key not in archive.files]
         if missing:
             raise ValueError(f"{path} lacks arrays {missing}; it has {sorted(archive.files)}")

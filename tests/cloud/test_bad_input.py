@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import redis.asyncio as aioredis
 import torch
@@ -152,6 +153,23 @@ async def test_create_run_missing_data_file(cloud: Cloud, tmp_path) -> None:
     config = small_config(data={"dataset": "npz", "path": str(tmp_path / "absent.npz"), "num_clients": 4})
     r = await cloud.admin("POST", "/api/v1/runs", json=config)
     detail_of(r, 422, "cannot load the run's data")
+    assert await cloud.snapshot() == before
+
+
+@pytest.mark.parametrize("case", ["npy-not-npz", "cnn-on-2x2-images"])
+async def test_create_run_data_the_model_cannot_take(cloud: Cloud, tmp_path, case: str) -> None:
+    """Refused at creation, not discovered later by every client (a .npy answered 500 before)."""
+    x, y = np.random.default_rng(0).random((40, 1, 2, 2), dtype=np.float32), np.arange(40) % 3
+    if case == "npy-not-npz":
+        path, model, fragment = tmp_path / "x.npy", "logreg", "is not an npz archive"
+        np.save(path, x)
+    else:
+        path, model, fragment = tmp_path / "tiny.npz", "cnn", "the model 'cnn' does not fit the data's samples"
+        np.savez(path, x_train=x, y_train=y, x_test=x[:5], y_test=y[:5])
+    before = await cloud.snapshot()
+    config = small_config(model={"name": model}, data={"dataset": "npz", "path": str(path), "num_clients": 4})
+    r = await cloud.admin("POST", "/api/v1/runs", json=config)
+    detail_of(r, 422, fragment)
     assert await cloud.snapshot() == before
 
 

@@ -10,6 +10,7 @@ import pytest
 from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
 from cloud.store import Store
+from shared.config import RunConfig
 from tests.cloud.harness import Cloud, contribution, running_run, small_config
 
 pytestmark = pytest.mark.anyio
@@ -75,3 +76,14 @@ async def test_an_update_held_over_a_pause_is_published(cloud: Cloud, held: Held
     assert await asyncio.wait_for(held.commits.get(), 10) is True
     info = await cloud.info(run_id)
     assert (info["status"], info["version"], info["buffered"]) == ("paused", 1, 0)
+
+
+def test_the_algorithm_cache_keeps_the_most_recent_runs_only() -> None:
+    orchestrator = Orchestrator(store=None)  # the cache never touches the store
+    config = RunConfig(**small_config())
+    first = orchestrator.algorithm("run-0", config)
+    for k in range(1, 10):
+        orchestrator.algorithm(f"run-{k}", config)
+        assert orchestrator.algorithm("run-0", config) is first  # in use: kept
+    assert len(orchestrator._algorithms) == 4
+    assert list(orchestrator._algorithms)[-1] == "run-0"
