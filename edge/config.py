@@ -26,6 +26,8 @@ class EdgeSettings(ServiceSettings):
     public_url: str | None = None
     max_payload_bytes: int = Field(64 * 2**20, gt=0)
     long_poll_max_s: float = Field(25.0, gt=0)
+    # Torch's intra-op threads for the edge's tensor work (client_task, edge_aggregate), as the cloud's.
+    torch_threads: int = Field(1, ge=1)
     log_level: str = "info"
     # Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run,
     # so a restarted edge continues where it stopped. On by default: an edge that forgets reports only

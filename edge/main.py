@@ -6,22 +6,28 @@ import contextlib
 import logging
 from contextlib import asynccontextmanager
 
+import httpx
+import torch
 from fastapi import FastAPI
 
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.routes import clients, health
-from edge.tasks import TaskBoard, TaskConflict, UnknownClient
+from edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from shared.transport.http import make_client
 from shared.web import Stopping, serve, service_app
 
 
-def create_app(settings: EdgeSettings | None = None) -> FastAPI:
+def create_app(settings: EdgeSettings | None = None,
+               cloud_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """`cloud_transport` replaces the network under the edge's client of the cloud (tests: an in-process cloud)."""
     settings = settings or EdgeSettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s)
+        torch.set_num_threads(settings.torch_threads)
+        cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s,
+                            **({"transport": cloud_transport} if cloud_transport is not None else {}))
         board = TaskBoard()
         round_loop = EdgeRoundLoop(settings, cloud, board)
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
@@ -37,7 +43,7 @@ def create_app(settings: EdgeSettings | None = None) -> FastAPI:
             await cloud.aclose()
 
     return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router],
-                       errors={UnknownClient: 404, TaskConflict: 409})
+                       errors={UnknownClient: 404, TaskConflict: 409, ForeignClient: 409})
 
 
 async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from edge.config import EdgeSettings
-from edge.tasks import Task, TaskBoard
+from edge.tasks import ForeignClient, Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
 from shared.config import RoundPolicy
@@ -34,6 +34,10 @@ log = logging.getLogger("edge.round_loop")
 
 
 class EdgeRoundLoop:
+    # Wait before re-running a failed round: doubles after each failure up to the cap, back to the start on success.
+    retry_backoff_s: float = 1.0
+    retry_backoff_max_s: float = 30.0
+
     def __init__(self, settings: EdgeSettings, cloud: httpx.AsyncClient, board: TaskBoard):
         self.settings = settings
         self.cloud = cloud
@@ -45,8 +49,13 @@ class EdgeRoundLoop:
 
     async def run_forever(self) -> None:
         await self.register()
+        # The last state whose round succeeded: the long-poll asks for a newer one. It moves only after a
+        # successful round, so after a failure the same state (or a newer one, if the cloud moved on) is
+        # fetched again and its round re-run, instead of the edge waiting for a version that never comes.
         run_id, version = None, -1
+        backoff = self.retry_backoff_s
         while True:
+            header: GlobalStateHeader | None = None
             try:
                 response = await send(
                     self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
@@ -59,20 +68,41 @@ class EdgeRoundLoop:
                     await self.register()
                     continue
                 response.raise_for_status()
-                global_, header = decode(response.content, GlobalStateHeader)
-                run_id, version = header.run_id, header.version
+                global_, header = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
                 await self.run_round(header, global_)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("edge %d: round at version %d failed; waiting for the next state", self.edge_id, version)
-                await asyncio.sleep(1.0)
+                if header is None:
+                    log.exception("edge %d: fetching the state after version %d failed; retrying in %g s",
+                                  self.edge_id, version, backoff)
+                else:
+                    log.exception("edge %d: round at version %d of run %s failed; re-running it in %g s",
+                                  self.edge_id, header.version, header.run_id, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, self.retry_backoff_max_s)
+                continue
+            run_id, version = header.run_id, header.version
+            backoff = self.retry_backoff_s
 
     async def register(self) -> None:
         reg = EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url)
         response = await send(self.cloud, "POST", "/api/v1/edges", json=reg.model_dump())
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
+
+    def check_own_client(self, client_id: int) -> None:
+        """Raises ForeignClient for a client this edge does not serve in the run it knows (none yet: any)."""
+        current = self.current
+        if current is None:
+            return
+        config = current.config
+        if client_id not in config.clients_of_edge(self.edge_id):
+            raise ForeignClient(
+                f"client {client_id} is not a client of edge {self.edge_id} in run {current.run_id}: edge "
+                f"{self.edge_id} serves the clients k < {config.data.num_clients} with "
+                f"k mod {config.topology.num_edges} = {self.edge_id}"
+            )
 
     def algorithm(self, header: GlobalStateHeader) -> Algorithm:
         if self._algorithm is None or self._algorithm[0] != header.run_id:
@@ -121,12 +151,20 @@ class EdgeRoundLoop:
             return await self.collect([self._task(header, t, algorithm) for t in tasks], header.config.policy)
 
         started = time.monotonic()
-        outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, self._edge_state, train)
-        self._edge_state = outcome.edge_state
-        self._save_state(header.run_id)
-        if self.settings.slowdown > 1:
-            await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
-        await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results)
+        before = self._edge_state  # algorithms return new dicts: this one stays as it is
+        try:
+            outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
+                                           offload=asyncio.to_thread)
+            self._edge_state = outcome.edge_state
+            await asyncio.to_thread(self._save_state, header.run_id)  # encodes and fsyncs
+            if self.settings.slowdown > 1:
+                await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
+            await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results)
+        except BaseException:
+            # The re-run starts from the state this round started from, as after a restart (a failed save
+            # leaves that on disk; after a save, the re-run replaces each client's entry with the same one).
+            self._edge_state = before
+            raise
 
     def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm) -> Task:
         message = ClientTaskHeader(
@@ -164,8 +202,8 @@ class EdgeRoundLoop:
             weight=weight,
             clients=participation(results),
         )
-        response = await send(self.cloud, "POST", f"/api/v1/edges/{self.edge_id}/contributions",
-                              **binary_body(encode(tensors, message)))
+        blob = await asyncio.to_thread(encode, tensors, message)
+        response = await send(self.cloud, "POST", f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob))
         if response.status_code >= 400:
             log.warning("edge %d: cloud refused the contribution: %s %s",
                         self.edge_id, response.status_code, response.text[:300])

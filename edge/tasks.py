@@ -23,6 +23,10 @@ class UnknownClient(Exception):
     """A client id that never registered (HTTP 404)."""
 
 
+class ForeignClient(Exception):
+    """A client id this edge does not serve in the current run (HTTP 409)."""
+
+
 @dataclass
 class Task:
     header: ClientTaskHeader
@@ -41,7 +45,6 @@ class Task:
 class TaskBoard:
     def __init__(self) -> None:
         self.clients: dict[int, ClientRegistration] = {}
-        self.last_seen: dict[int, float] = {}
         self._tasks: dict[int, Task] = {}
         self._changed = asyncio.Condition()
         self._closing = False
@@ -49,12 +52,10 @@ class TaskBoard:
     # ---- clients -------------------------------------------------------------------------------
     def register(self, reg: ClientRegistration) -> None:
         self.clients[reg.client_id] = reg
-        self.last_seen[reg.client_id] = time.time()
 
     def _known(self, client_id: int) -> None:
         if client_id not in self.clients:
             raise UnknownClient(f"unknown client {client_id}; register first")
-        self.last_seen[client_id] = time.time()
 
     # ---- round side ----------------------------------------------------------------------------
     async def post(self, tasks: list[Task]) -> None:
@@ -119,10 +120,17 @@ class TaskBoard:
         return task
 
     async def accept(self, client_id: int, header: ClientResultHeader, tensors: Tensors) -> None:
+        """Checks a result on a worker thread (CPU-bound: it reads every value), then records it on the loop,
+        which alone touches the board, if its task is still the open one."""
         task = self.task_for(client_id, header)
-        task.check(tensors)
-        async with self._changed:
-            if task.result is not None:  # lost a race with an identical retry
-                raise TaskConflict(f"duplicate result for task {header.task_id!r}")
-            task.result = ClientResult(client_id, header.num_samples, header.loss, tensors, header.metrics)
-            self._changed.notify_all()
+        while True:
+            await asyncio.to_thread(task.check, tensors)
+            async with self._changed:
+                # Anything may have happened during the check: an identical retry answered the task (409
+                # duplicate), the round ended (409 stale), or it was posted again with the same task id.
+                current = self.task_for(client_id, header)
+                if current is task:
+                    task.result = ClientResult(client_id, header.num_samples, header.loss, tensors, header.metrics)
+                    self._changed.notify_all()
+                    return
+            task = current  # posted again while the check ran: check against the task now open

@@ -131,7 +131,8 @@ class LocalTopology:
             edge = Service(f"edge{edge_id}", ["-m", "edge.main"], {
                 "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_PORT": str(port), "FL_EDGE_CLOUD_URL": self.cloud.url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
-                "FL_EDGE_LOG_LEVEL": "warning", "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"),
+                "FL_EDGE_TORCH_THREADS": str(self.torch_threads), "FL_EDGE_LOG_LEVEL": "warning",
+                "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"),
                 **self.extra_env, **self.edge_env.get(edge_id, {}),
             }, self.workdir / f"edge{edge_id}.log", url=f"http://127.0.0.1:{port}")
             edge.start()

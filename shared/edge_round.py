@@ -7,7 +7,7 @@ service dispatches tasks over HTTP and waits, the reference runner calls `local_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from shared.algorithms.base import Algorithm, ClientResult, EdgeAggregate
 from shared.federation import client_round
@@ -23,6 +23,13 @@ class ClientTask:
 
 # Trains the given tasks and returns the results that came back (stragglers may be missing).
 Train = Callable[[list[ClientTask]], Awaitable[list[ClientResult]]]
+# Runs a CPU-bound hook call: the edge service passes asyncio.to_thread, so that building tasks and
+# aggregating do not hold up its event loop (long-polls, health); in process, a plain call.
+Offload = Callable[..., Awaitable[Any]]
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,8 @@ class EdgeRoundOutcome:
 
 
 async def run_edge_round(
-    algorithm: Algorithm, global_: Tensors, version: int, edge_id: int, edge_state: Tensors, train: Train
+    algorithm: Algorithm, global_: Tensors, version: int, edge_id: int, edge_state: Tensors, train: Train,
+    offload: Offload = _inline,
 ) -> EdgeRoundOutcome:
     config = algorithm.config
     kappa = config.topology.edge_rounds
@@ -41,11 +49,15 @@ async def run_edge_round(
     for e in range(kappa):
         r = client_round(config, version, e)
         chosen = algorithm.select(config.clients_of_edge(edge_id), r, edge_id)
-        results = await train([ClientTask(k, r, algorithm.client_task(edge_global, k, r)) for k in chosen])
+        results = await train(await offload(_tasks, algorithm, edge_global, chosen, r))
         all_results.extend(results)
-        aggregate, edge_state = algorithm.edge_aggregate(results, edge_state, r)
+        aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r)
         if e < kappa - 1:
-            edge_global = algorithm.edge_round_update(edge_global, aggregate)
+            edge_global = await offload(algorithm.edge_round_update, edge_global, aggregate)
     if kappa > 1:
-        aggregate = algorithm.edge_contribution(global_, edge_global, aggregate)
+        aggregate = await offload(algorithm.edge_contribution, global_, edge_global, aggregate)
     return EdgeRoundOutcome(aggregate, edge_state, all_results)
+
+
+def _tasks(algorithm: Algorithm, global_: Tensors, chosen: list[int], round: int) -> list[ClientTask]:
+    return [ClientTask(k, round, algorithm.client_task(global_, k, round)) for k in chosen]

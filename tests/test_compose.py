@@ -258,6 +258,66 @@ def test_dockerignore_keeps_local_state_out_but_not_the_sources():
         assert needed not in patterns and f"{needed}/" not in patterns
 
 
+def named_volume_targets(service: dict) -> list[str]:
+    """Container paths on which the service mounts a named volume (bind mounts keep the host's owner)."""
+    targets = []
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+        else:
+            source, target = volume.get("source", ""), volume["target"]
+        if source and not source.startswith((".", "/", "~")):
+            targets.append(target.rstrip("/") or "/")
+    return targets
+
+
+def prepared_directories(dockerfile: Path) -> tuple[str, set[str], dict[str, tuple[str, bool]]]:
+    """The user the image runs as (its last USER), and what its RUN steps before that USER do:
+    the directories they `mkdir`, and per path the user a `chown` gives it to (and whether recursively)."""
+    ins = instructions(dockerfile)
+    last_user = max(i for i, (keyword, _) in enumerate(ins) if keyword == "USER")
+    user = ins[last_user][1].split(":")[0]
+    made: set[str] = set()
+    owned: dict[str, tuple[str, bool]] = {}
+    for keyword, args in ins[:last_user]:
+        if keyword != "RUN":
+            continue
+        for command in re.split(r"&&|\|\||;", args):
+            argv = shlex.split(command)
+            if not argv:
+                continue
+            options = [a for a in argv[1:] if a.startswith("-")]
+            operands = [a.rstrip("/") or "/" for a in argv[1:] if not a.startswith("-")]
+            if argv[0] == "mkdir":
+                made.update(operands)
+            elif argv[0] == "chown" and operands:
+                owner = operands[0].split(":")[0]
+                recursive = any(o in ("-R", "--recursive") for o in options)
+                owned.update({path: (owner, recursive) for path in operands[1:]})
+    return user, made, owned
+
+
+@pytest.mark.parametrize("name", [n for n in BUILT if named_volume_targets(SERVICES[n])])
+def test_mounted_volumes_are_created_and_owned_by_the_service_user(name):
+    """A named volume starts as a copy of the image's directory, owner included: one the image lacks, or
+    that root owns, leaves the unprivileged service unable to write its state (PermissionError)."""
+    service = SERVICES[name]
+    user, made, owned = prepared_directories(dockerfile_path(service))
+    user = str(service.get("user", user)).split(":")[0]
+    for target in named_volume_targets(service):
+        assert target in made, f"{name}: {dockerfile_path(service).name} does not mkdir {target}, its volume"
+        owner = owned.get(target) or next((owned[p] for p in owned if owned[p][1] and target.startswith(f"{p}/")),
+                                          None)
+        assert owner is not None and owner[0] == user, (
+            f"{name}: {dockerfile_path(service).name} does not chown {target} to {user}, the user it runs as")
+
+
+@pytest.mark.parametrize("name", services_running("edge"))
+def test_edges_keep_their_state_on_their_volume(name):
+    state_dir = environment(SERVICES[name])["FL_EDGE_STATE_DIR"]
+    assert state_dir in named_volume_targets(SERVICES[name])
+
+
 # --- environment <-> settings classes --------------------------------------------------------
 
 @pytest.mark.parametrize("name", BUILT)

@@ -1,18 +1,21 @@
 """Client-facing API: register, long-poll a task, push a result. Clients only ever dial out."""
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from edge.deps import BoardDep, SettingsDep, require_client
+from edge.deps import BoardDep, RoundLoopDep, SettingsDep, require_client
 from shared.schemas import ClientRegistration, ClientResultHeader, ResultReceipt
-from shared.transport.tensors import InvalidContent
-from shared.web import binary, read_message, reject
+from shared.transport.tensors import InvalidContent, PayloadError, Tensors, decode
+from shared.web import binary, reject
 
 router = APIRouter(prefix="/api/v1/clients", tags=["clients"], dependencies=[require_client])
 
 
-@router.post("")
-async def register(reg: ClientRegistration, board: BoardDep) -> ClientRegistration:
+@router.post("", responses={409: {"description": "not a client of this edge in the current run"}})
+async def register(reg: ClientRegistration, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
+    loop.check_own_client(reg.client_id)
     board.register(reg)
     return reg
 
@@ -22,17 +25,29 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
     found = await board.fetch(client_id, min(timeout, settings.long_poll_max_s))
     if found is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return binary(found.blob())
+    return binary(await asyncio.to_thread(found.blob))  # encoded on first fetch
+
+
+def _decode_result(blob: bytes) -> tuple[Tensors, ClientResultHeader]:
+    """As shared.web.read_message answers: 400 if unreadable, 422 if the header is invalid."""
+    try:
+        return decode(blob, ClientResultHeader)
+    except InvalidContent as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+    except PayloadError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED)
-async def result(client_id: int, request: Request, board: BoardDep, settings: SettingsDep) -> ResultReceipt:
-    tensors, header, _ = await read_message(request, ClientResultHeader)
+async def result(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
+    blob = await request.body()  # bounded by BodyLimit (413)
+    # Decoding copies every tensor: on a worker thread, so long-polls and health checks are answered meanwhile.
+    tensors, header = await asyncio.to_thread(_decode_result, blob)
     if header.client_id != client_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             f"header client_id {header.client_id} does not match the URL's {client_id}")
     try:
-        await board.accept(client_id, header, tensors)
+        await board.accept(client_id, header, tensors)  # checks the tensors on a worker thread too
     except InvalidContent as exc:
         raise reject(exc) from exc
     return ResultReceipt(accepted=True)

@@ -1,7 +1,10 @@
 """An in-process edge for the endpoint tests: the app, its lifespan, a posted task, and message builders."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -17,7 +20,14 @@ from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.federation import initial_model
 from shared.redis_server import free_port
-from shared.schemas import ClientResultHeader, ClientTaskHeader
+from shared.schemas import (
+    ClientResultHeader,
+    ClientTaskHeader,
+    EdgeContributionHeader,
+    GlobalStateHeader,
+    ResultReceipt,
+    SubmitReceipt,
+)
 from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
 from shared.web import SAFETENSORS
 from tests.web import bearer
@@ -26,6 +36,8 @@ CLIENT_TOKEN = "test-client-token"
 EDGE_TOKEN = "test-edge-token"  # what this edge presents to the cloud; never valid for clients
 CONFIG = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=2)
 RUN_ID = "edge-test-run"
+# The body of a 202 from the result endpoint.
+ACCEPTED = ResultReceipt(accepted=True).model_dump(mode="json")
 
 
 
@@ -94,11 +106,12 @@ class Edge:
 
 
 @asynccontextmanager
-async def running_edge(**settings: Any) -> AsyncIterator[Edge]:
-    # Nothing listens on cloud_url: the round loop only retries its registration in the background.
+async def running_edge(cloud_transport: httpx.AsyncBaseTransport | None = None, **settings: Any) -> AsyncIterator[Edge]:
+    # Without a cloud_transport nothing listens on cloud_url: the round loop only retries its registration
+    # in the background.
     app = create_app(EdgeSettings(**{"edge_id": 0, "cloud_url": f"http://127.0.0.1:{free_port()}",
                                      "edge_token": EDGE_TOKEN, "client_token": CLIENT_TOKEN,
-                                     "long_poll_max_s": 2.0, **settings}))
+                                     "long_poll_max_s": 2.0, **settings}), cloud_transport=cloud_transport)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()
@@ -110,6 +123,70 @@ async def running_edge(**settings: Any) -> AsyncIterator[Edge]:
             await lifespan.__aexit__(None, None, None)
 
 
+
+
+class CloudDouble:
+    """The cloud's edge-facing API in-process (an httpx.MockTransport): one run whose state `version` is
+    offered to any long-poll that has not got it (once `publishing`), and the contributions the edges submit.
+
+    `broken_answers` > 0: that many of the next long-polls get a body that is not a state (a failed fetch).
+    """
+
+    def __init__(self, config: RunConfig = CONFIG, run_id: str = RUN_ID) -> None:
+        self.config, self.run_id, self.version = config, run_id, 0
+        self.global_ = registry.create(config).init_global(initial_model(config))
+        self.polls: list[int] = []  # the `after` of every long-poll, in order
+        self.contributions: list[EdgeContributionHeader] = []
+        self.broken_answers = 0
+        self.publishing = True
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        path, params = request.url.path, request.url.params
+        if request.method == "POST" and path == "/api/v1/edges":
+            return httpx.Response(200, json=json.loads(await request.aread()))
+        if request.method == "GET" and path.endswith("/global"):
+            self.polls.append(int(params["after"]))
+            if self.broken_answers > 0:
+                self.broken_answers -= 1
+                return httpx.Response(200, content=b"not a state")
+            if self.publishing and (params.get("run_id") != self.run_id or int(params["after"]) < self.version):
+                header = GlobalStateHeader(run_id=self.run_id, version=self.version, config=self.config)
+                return httpx.Response(200, content=encode(self.global_, header))
+            await asyncio.sleep(0.05)  # a (very) short long-poll
+            return httpx.Response(204)
+        if request.method == "POST" and path.endswith("/contributions"):
+            _, header = decode(await request.aread(), EdgeContributionHeader)
+            self.contributions.append(header)
+            return httpx.Response(202, json=SubmitReceipt(accepted=True, buffered=1).model_dump())
+        return httpx.Response(404, json={"detail": f"no route {request.method} {path}"})
+
+
+async def answer_tasks(edge: Edge, client_ids: Iterable[int]) -> None:
+    """Clients that register, then answer every task they fetch with zeros of its shapes (until cancelled)."""
+    async def serve(k: int) -> None:
+        await edge.register(k)
+        while True:
+            r = await edge.http.get(f"/api/v1/clients/{k}/task", params={"timeout": 1}, headers=auth())
+            if r.status_code == 204:
+                continue
+            assert r.status_code == 200, r.text
+            tensors, header = decode(r.content, ClientTaskHeader)
+            answer = ClientResultHeader(task_id=header.task_id, client_id=k, num_samples=10, loss=0.5)
+            r = await edge.send_result(k, encode(zeros_like(tensors), answer))
+            assert r.status_code in (202, 409), r.text
+
+    await asyncio.gather(*(serve(k) for k in client_ids))
+
+
+async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
+    """Waits for `condition()` to hold, polling; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"still not true after {timeout} s: {what or condition}"
+        await asyncio.sleep(0.02)
 
 
 def result_header(client_id: int = 0, **overrides: Any) -> ClientResultHeader:

@@ -19,6 +19,7 @@ import torch
 from shared.transport.tensors import Tensors, encode
 from shared.web import SAFETENSORS
 from tests.edge.harness import (
+    ACCEPTED,
     EDGE_TOKEN,
     RUN_ID,
     Edge,
@@ -254,7 +255,7 @@ async def test_result_wrong_tensors(edge: Edge, case: str) -> None:
     assert await edge.snapshot(0) == before
     assert before["open"] == {0: task_id(0)}  # the task is still open ...
     ok = await edge.send_result(0, result(0))  # ... and the client may still answer it correctly
-    assert ok.status_code == 202 and ok.json() == {"accepted": True, "duplicate": False}, ok.text
+    assert ok.status_code == 202 and ok.json() == ACCEPTED, ok.text
     assert [r.client_id for r in edge.board.results()] == [0]
 
 
@@ -296,7 +297,7 @@ async def test_result_duplicate(edge: Edge) -> None:
     await edge.open_tasks(0)
     blob = result(0)
     first = await edge.send_result(0, blob)
-    assert first.status_code == 202 and first.json() == {"accepted": True, "duplicate": False}, first.text
+    assert first.status_code == 202 and first.json() == ACCEPTED, first.text
     before = await edge.snapshot(0)
     assert before["open"] == {0: None} and len(before["results"]) == 1
     again = await edge.send_result(0, blob)

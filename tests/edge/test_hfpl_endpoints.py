@@ -18,6 +18,7 @@ from shared.federation import initial_model
 from shared.schemas import ClientTaskHeader
 from shared.transport.tensors import Tensors, encode
 from tests.edge.harness import (
+    ACCEPTED,
     RUN_ID,
     Edge,
     result_header,
@@ -96,7 +97,7 @@ async def test_valid_result_accepted(edge: Edge, n: int) -> None:
     await open_hfpl_task(edge)
     sent = answer(n)
     r = await edge.send_result(0, encode(sent, result_header(0)))
-    assert r.status_code == 202 and r.json() == {"accepted": True, "duplicate": False}, r.text
+    assert r.status_code == 202 and r.json() == ACCEPTED, r.text
     (kept,) = edge.board.results()
     assert kept.client_id == 0 and kept.tensors.keys() == sent.keys()
     assert all(torch.equal(kept.tensors[k], sent[k]) for k in sent)
