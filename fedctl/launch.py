@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from shared.redis_server import RedisServer, free_port
+from shared.schemas import EdgeHealth
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,7 +163,8 @@ class LocalTopology:
         deadline = time.monotonic() + timeout
         expected = [len(range(e, self.num_clients, self.num_edges)) for e in range(self.num_edges)]
         while time.monotonic() < deadline:
-            seen = [httpx.get(f"{e.url}/health", timeout=2.0).json()["clients"] for e in self.edges]
+            seen = [EdgeHealth.model_validate_json(httpx.get(f"{e.url}/health", timeout=2.0).content).clients
+                    for e in self.edges]
             if seen == expected:
                 return
             for c in self.clients:

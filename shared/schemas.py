@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -146,3 +146,18 @@ class RunInfo(Message):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_round: RoundRecord | None = None
+
+
+# ---- health (anyone) --------------------------------------------------------------------------
+class CloudHealth(Message):
+    status: Literal["ok"] = "ok"
+    service: Literal["cloud"] = "cloud"
+
+
+class EdgeHealth(Message):
+    status: Literal["ok"] = "ok"
+    service: Literal["edge"] = "edge"
+    edge_id: int
+    clients: int  # registered logical clients
+    run_id: str | None = None  # the run of the last global state it received
+    version: int | None = None

@@ -3,18 +3,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from edge.deps import BoardDep, RoundLoopDep
+from shared.schemas import EdgeHealth
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health")
-async def health(board: BoardDep, loop: RoundLoopDep) -> dict:
+async def health(board: BoardDep, loop: RoundLoopDep) -> EdgeHealth:
     current = loop.current
-    return {
-        "status": "ok",
-        "service": "edge",
-        "edge_id": loop.edge_id,
-        "clients": len(board.clients),
-        "run_id": current.run_id if current else None,
-        "version": current.version if current else None,
-    }
+    return EdgeHealth(edge_id=loop.edge_id, clients=len(board.clients),
+                      run_id=current.run_id if current else None, version=current.version if current else None)
