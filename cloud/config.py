@@ -19,6 +19,9 @@ class CloudSettings(ServiceSettings):
     admin_token: str = "dev-admin-token"
     edge_token: str = "dev-edge-token"
     max_payload_bytes: int = Field(64 * 2**20, gt=0)
+    # A run's global state and its server memory are each one Redis value, which Redis caps at 512 MiB
+    # (proto-max-bulk-len): a run whose memory would not fit is refused at creation.
+    max_state_bytes: int = Field(500 * 2**20, gt=0)
     long_poll_max_s: float = Field(25.0, gt=0)
     torch_threads: int = Field(1, ge=1)
     log_level: str = "info"

@@ -1,13 +1,12 @@
 """What the cloud checks before a contribution may enter the buffer.
 
 A contribution must be one that this edge could have computed in this run: from its own clients, each
-at most once per edge round, with the total weight those clients give (an edge that claimed a weight
+at most once per edge round, with a weight those clients can give (an edge that claimed a weight
 of 1e-300 for ordinary sums would blow the next global model up to inf), and with the tensors the
 algorithm expects. Anything else is refused before it is buffered, so it changes nothing.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from shared.algorithms.base import Algorithm
@@ -34,13 +33,10 @@ def check_contribution(algorithm: Algorithm, global_: Tensors, header: EdgeContr
 
 
 def _check_weight(algorithm: Algorithm, header: EdgeContributionHeader) -> None:
+    # The weight of some of the listed clients: all of them (FedAvg), those of the last of κ edge rounds,
+    # or pFedMe's sample S of those that answered; so between one client's weight and all of theirs.
     weights = [algorithm.client_weight(c.num_samples) for c in header.clients]
-    total = sum(weights)
-    if algorithm.config.topology.edge_rounds == 1:
-        admissible = math.isclose(header.weight, total, rel_tol=1e-9)
-        expected = f"{total:g}, the sum of its clients' weights"
-    else:  # κ edge rounds: the weight of the last round's clients, some of those listed
-        admissible = min(weights) * (1 - 1e-9) <= header.weight <= total * (1 + 1e-9)
-        expected = f"between {min(weights):g} and {total:g}, its clients' weights"
-    if not admissible:
-        raise InvalidContent(f"weight {header.weight:g} does not match its clients: expected {expected}")
+    low, high = min(weights), sum(weights)
+    if not low * (1 - 1e-9) <= header.weight <= high * (1 + 1e-9):
+        raise InvalidContent(f"weight {header.weight:g} is not one its clients give: expected between "
+                             f"{low:g} (one client) and {high:g} (all of them)")

@@ -16,7 +16,7 @@ class InvalidRun(ValueError):
     """A config whose data cannot be loaded or whose model does not fit that data (HTTP 422)."""
 
 
-def initial_global(run_id: str, config: RunConfig) -> bytes:
+def initial_global(run_id: str, config: RunConfig, max_state_bytes: int) -> bytes:
     try:
         data = load_federated(config.data, config.seed)
     except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed
@@ -28,5 +28,12 @@ def initial_global(run_id: str, config: RunConfig) -> bytes:
     except (ValueError, RuntimeError) as exc:
         raise InvalidRun(f"the model {config.model.name!r} does not fit the data's samples "
                          f"{tuple(data.input_shape)}: {exc}") from exc
-    global_ = registry.create(config).init_global(model)
-    return encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))
+    algorithm = registry.create(config)
+    global_ = algorithm.init_global(model)
+    blob = encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))
+    for what, size in (("global state", len(blob)), ("server memory", algorithm.server_memory_bytes(global_))):
+        if size > max_state_bytes:
+            raise InvalidRun(f"the run's {what} would take {size / 2**20:.0f} MiB, over the "
+                             f"{max_state_bytes / 2**20:.0f} MiB one Redis value may hold here "
+                             "(FL_CLOUD_MAX_STATE_BYTES); use fewer clients or clusters, or a smaller model")
+    return blob

@@ -36,15 +36,18 @@ class NotFound(Exception):
 
 
 _SUBMIT = """
+local slot = ARGV[2] .. ':' .. ARGV[3]
 local prev = redis.call('HGET', KEYS[2], ARGV[1])
-if prev then return {'duplicate', prev} end
+if prev then
+  if redis.call('HGET', KEYS[3], slot) == ARGV[1] then return {'duplicate', prev} end
+  return {'key_reused', prev}
+end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'running' and status ~= 'paused' then return {'not_running', status or 'missing'} end
 local version = tonumber(redis.call('HGET', KEYS[1], 'version'))
 local base = tonumber(ARGV[3])
 if base > version then return {'future', tostring(version)} end
 if ARGV[6] == '1' and base ~= version then return {'stale', tostring(version)} end
-local slot = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HEXISTS', KEYS[3], slot) == 1 then return {'conflict', tostring(version)} end
 if redis.call('HEXISTS', KEYS[5], ARGV[2]) == 1 then return {'pending', tostring(version)} end
 local id = redis.call('XADD', KEYS[4], '*', 'blob', ARGV[5], 'header', ARGV[4])
@@ -78,6 +81,8 @@ _TRANSITIONS = {
 }
 
 
+# Redis's default proto-max-bulk-len: no single value may be larger.
+_REDIS_MAX_VALUE = 512 * 2**20
 # The statuses in which a computed cloud update may still be published.
 _UPDATABLE = {RunStatus.running.value, RunStatus.paused.value}
 
@@ -213,6 +218,9 @@ class Store:
             "stale": f"stale submission: base_version {header.base_version}, current version {detail}",
             "conflict": f"edge {header.edge_id} already submitted for version {header.base_version} "
                         "under another idempotency key",
+            "key_reused": f"idempotency key {header.idempotency_key!r} was used for another contribution "
+                          "(another edge or version); a retry must repeat its own key, a new submission "
+                          "needs a new one",
             "pending": f"edge {header.edge_id} already has a contribution waiting in the buffer; "
                        "it gets a new global state once that one is consumed",
         }
@@ -243,6 +251,12 @@ class Store:
     ) -> bool:
         """Publishes version expected_version+1 atomically; False if someone else got there first, or
         if the run was stopped while the update was computed (a stopped run's model stays as it was)."""
+        for what, blob in (("global state", new_global), ("cloud state", new_cloud_state)):
+            if len(blob) > _REDIS_MAX_VALUE:
+                # Redis would drop the connection, which redis-py reports as a WatchError inside a
+                # transaction: the update would be recomputed forever without a word.
+                raise ValueError(f"run {run_id}: the new {what} takes {len(blob) / 2**20:.0f} MiB, "
+                                 f"over the {_REDIS_MAX_VALUE // 2**20} MiB a Redis value can hold")
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             try:

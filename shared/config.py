@@ -5,14 +5,16 @@ runner takes; the same config and seed give the same global model either way.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
-    # A typo in a config key must be an error, not a silently ignored option.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A typo in a config key must be an error, not a silently ignored option. JSON's 1e400 parses to inf,
+    # which would be stored as null and make the run unreadable: every float must be finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DataConfig(Strict):
@@ -89,6 +91,7 @@ class RunConfig(Strict):
         from shared.algorithms.registry import get_algorithm_class
 
         cls = get_algorithm_class(self.algorithm)  # raises ValueError on unknown names
+        _check_finite(self.params, "params")
         cls.Params.model_validate(self.params)
         cls.check_config(self)
         if self.model.name == "cnn" and self.data.dataset in ("synthetic", "mnist1d"):
@@ -100,3 +103,14 @@ class RunConfig(Strict):
     def clients_of_edge(self, edge_index: int) -> list[int]:
         """Client indices an edge serves: round-robin over edges, so edge l has k ≡ l (mod L)."""
         return list(range(edge_index, self.data.num_clients, self.topology.num_edges))
+
+
+def _check_finite(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")

@@ -78,7 +78,10 @@ class SubmitReceipt(Message):
 class ClientRegistration(Message):
     client_id: int = Id
     num_samples: int = Field(0, ge=0, le=MAX_SAMPLES)
-    capabilities: dict[str, str | int | float | bool] = Field(default_factory=dict, max_length=64)
+    # What the client says about itself (e.g. its torch threads): kept by the edge, so bounded.
+    capabilities: dict[Annotated[str, Field(max_length=64)],
+                       Annotated[str, Field(max_length=200)] | bool | int | Scalar] = Field(default_factory=dict,
+                                                                                             max_length=64)
 
 
 class ClientResultHeader(Message):

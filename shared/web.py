@@ -3,12 +3,15 @@ serving with long-polls that end as soon as the process is told to stop."""
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 from contextlib import asynccontextmanager
-from typing import Callable
+from typing import Any, Callable
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, HTTPException, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -148,7 +151,27 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
         app.include_router(router)
     for error, status_code in errors.items():
         app.add_exception_handler(error, _answer_with(status_code))
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     return app
+
+
+async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, made safe to render: its errors echo the input, and an input such as 1e400 (inf) or a
+    lone surrogate could not be written as JSON, so the 422 became a 500 and the connection was dropped."""
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))},
+                        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_json_safe(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _answer_with(status_code: int):

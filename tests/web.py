@@ -51,6 +51,14 @@ def not_safetensors(valid: bytes, json_body: bytes) -> dict[str, tuple[bytes, st
     entries = {k: v for k, v in json.loads(header).items() if k != "__metadata__"}
     dtype = next(iter(entries.values()))["dtype"]
     broken_entry = header.replace(f'"{dtype}"', f'"{"X" * len(dtype)}"', 1).encode()  # no such dtype, same length
+    meta = json.dumps(json.loads(header).get("__metadata__", {}))
+    entry = '{"dtype": "%s", "shape": [4], "data_offsets": [0, %d]}'
+
+    def document(tensors: str, data: bytes) -> bytes:
+        text = ('{"__metadata__": %s, %s}' % (meta, tensors)).encode()
+        return struct.pack("<Q", len(text)) + text + data
+
+    deep = b'{"__metadata__": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     return {
         "empty": (b"", "too short"),
         "short": (b"abc", "too short"),
@@ -64,6 +72,12 @@ def not_safetensors(valid: bytes, json_body: bytes) -> dict[str, tuple[bytes, st
         "metadata-not-object": (struct.pack("<Q", 22) + b'{"__metadata__": [1]}\x20', "__metadata__ is not an object"),
         "truncated-data": (valid[:-8], "malformed safetensors"),
         "bad-tensor-entry": (valid[:8] + broken_entry + valid[8 + header_len:], "malformed safetensors"),
+        # A dtype safetensors knows but this torch has no type for (it raised KeyError: a 500).
+        "unsupported-dtype": (document('"w": ' + entry % ("F8_E8M0", 4), bytes(4)), "unsupported safetensors dtype"),
+        # The same tensor name twice (json keeps the last one silently).
+        "duplicate-tensor-name": (document(", ".join(['"w": ' + entry % ("U8", 4)] * 2), bytes(4)), "duplicate keys"),
+        # Nested 100,000 deep: json.loads raised RecursionError (a 500).
+        "header-nested-deeply": (struct.pack("<Q", len(deep)) + deep, "nested too deeply"),
     }
 
 

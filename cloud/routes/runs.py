@@ -6,7 +6,7 @@ from typing import Literal
 
 from fastapi import APIRouter, status
 
-from cloud.deps import OrchestratorDep, StoreDep, require_admin
+from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_admin
 from cloud.initial_state import initial_global
 from shared.config import RunConfig
 from shared.schemas import GlobalStateHeader, RoundRecord, RunInfo
@@ -17,9 +17,9 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_a
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-async def create_run(config: RunConfig, store: StoreDep) -> RunInfo:
+async def create_run(config: RunConfig, store: StoreDep, settings: SettingsDep) -> RunInfo:
     run_id = store.new_run_id()
-    blob = await asyncio.to_thread(initial_global, run_id, config)
+    blob = await asyncio.to_thread(initial_global, run_id, config, settings.max_state_bytes)
     await store.create_run(run_id, config, blob)
     return await store.info(run_id)
 

@@ -146,6 +146,11 @@ class Algorithm:
     ) -> tuple[Tensors, Tensors]:
         raise NotImplementedError
 
+    def server_memory_bytes(self, global_: Tensors) -> int:
+        """The most cloud state (server memory) the run will keep, in bytes: checked when the run is
+        created, against what one Redis value can hold."""
+        return 0
+
     def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
         """The round's figures when the global state is not one model to test centrally (None: it is)."""
         return None

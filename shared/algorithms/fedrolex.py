@@ -48,7 +48,7 @@ from shared.algorithms.submodel import (
 from shared.config import RunConfig
 from shared.federation import model_factory
 from shared.training import load_parameters, local_sgd, parameters_of
-from shared.transport.tensors import Tensors, TensorSpec
+from shared.transport.tensors import MAX_ABS, InvalidContent, Tensors, TensorSpec
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25)
 WEIGHT = "weight."
@@ -186,6 +186,20 @@ class FedRolex(Algorithm):
             spec[name] = (tuple(t.shape), torch.float64)
             spec[WEIGHT + name] = (tuple(t.shape), torch.float64)
         return spec
+
+    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors, weight: float,
+                           edge_id: int | None = None) -> None:
+        """Also per coordinate: its weight lies in [0, weight], and its mean (sum / its weight) within
+        ±MAX_ABS, nothing where nobody covered it. A 1e-300 coordinate weight under an ordinary sum would
+        otherwise make that coordinate of the next model inf, whatever the contribution's total weight."""
+        super().check_contribution(global_, clients, tensors, weight, edge_id)
+        for name in global_:
+            sums, covered = tensors[name], tensors[WEIGHT + name]
+            if bool((covered < 0).any()) or bool((covered > weight * (1 + 1e-9)).any()):
+                raise InvalidContent(f"tensor {WEIGHT + name!r} must lie in [0, {weight:g}] (the weight)")
+            if bool((sums.abs() > MAX_ABS * covered).any()):
+                raise InvalidContent(f"tensor {name!r} has values beyond ±{MAX_ABS:g} times their weights "
+                                     f"in {WEIGHT + name!r}")
 
     def cloud_update(
         self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int

@@ -44,11 +44,18 @@ import torch
 from pydantic import Field
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
+from shared.algorithms.base import Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
 from shared.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
 from shared.algorithms.fedprox import proximal_term
 from shared.algorithms.fedrolex import Capacity, FedRolex
-from shared.algorithms.fedvarp import buffered_clients, check_client_ids, client_name, memory_name, stored_memory
+from shared.algorithms.fedvarp import (
+    buffered_clients,
+    check_client_ids,
+    client_name,
+    memory_bytes,
+    memory_name,
+    stored_memory,
+)
 from shared.algorithms.scaffold import client_controls, control_name, split_state, step_length
 from shared.algorithms.submodel import Shapes, coverage, embed, extract
 from shared.training import local_sgd, parameters_of
@@ -108,6 +115,12 @@ class FedSCAVAR(ClusterMemory, FedRolex):
         spec: TensorSpec = {client_name(k, n): (tuple(t.shape), t.dtype) for k in sorted(clients) for n, t in w.items()}
         spec.update({control_name(n): (tuple(t.shape), torch.float64) for n, t in w.items()})
         return spec
+
+    def server_memory_bytes(self, global_: Tensors) -> int:
+        return memory_bytes(self.memory_groups(), split_state(global_)[0], lambda _: torch.float64)
+
+    # Its contributions carry no coverage weights (the cloud recomputes the windows): FedRolex's check does not apply.
+    check_contribution = Algorithm.check_contribution
 
     def cloud_update(
         self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int

@@ -29,7 +29,7 @@ slot per cluster.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +114,12 @@ def stored_memory(cloud_state: Tensors, name: str, param: torch.Tensor, num_grou
     return y
 
 
+def memory_bytes(groups: list[int], params: Tensors, dtype: Callable[[torch.Tensor], torch.dtype]) -> int:
+    """Size of y: one copy of every parameter per memory slot."""
+    slots = max(groups) + 1
+    return slots * sum(t.numel() * torch.empty(0, dtype=dtype(t)).element_size() for t in params.values())
+
+
 def check_client_ids(algorithm: str, clients: Sequence[int], n: int) -> None:
     """Per-client payloads need distinct ids in [0, N); anything else is refused before buffering."""
     duplicates = sorted(k for k, c in Counter(clients).items() if c > 1)
@@ -136,15 +142,21 @@ class FedVARP(FedAvg):
     def memory_dtype(self, param: torch.Tensor) -> torch.dtype:
         return param.dtype  # y_k is a copy of a Δw_k, which arrives in the model's dtype
 
+    def server_memory_bytes(self, global_: Tensors) -> int:
+        return memory_bytes(self.memory_groups(), global_, self.memory_dtype)
+
     # ---- edge ----------------------------------------------------------------------------------
+    def client_weight(self, num_samples: int) -> float:
+        return 1.0  # the rule is unweighted (1/m, 1/N)
+
     def edge_aggregate(
         self, results: list[ClientResult], edge_state: Tensors, round: int
     ) -> tuple[EdgeAggregate, Tensors]:
         if not results:
             raise ValueError("cannot aggregate an empty set of results")
-        tensors = {client_name(r.client_id, name): t.contiguous()
-                   for r in sorted(results, key=lambda r: r.client_id) for name, t in r.tensors.items()}
-        return EdgeAggregate(tensors, float(len(results))), edge_state
+        ordered = sorted(results, key=lambda r: r.client_id)
+        tensors = {client_name(r.client_id, name): t.contiguous() for r in ordered for name, t in r.tensors.items()}
+        return EdgeAggregate(tensors, sum(self.client_weight(r.num_samples) for r in ordered)), edge_state
 
     # ---- cloud ---------------------------------------------------------------------------------
     def _check_clients(self, clients: Sequence[int]) -> None:

@@ -161,6 +161,14 @@ class HFPL(Algorithm):
         weight, bias = self.train_classifier(global_[WEIGHT], global_[BIAS], x, y, round)
         return {PROTOTYPES: means, PROTOTYPE_COUNTS: total, WEIGHT: weight, BIAS: bias}, state
 
+    def server_memory_bytes(self, global_: Tensors) -> int:
+        """Per edge C^{l,prev} and N^{l,prev} (f64) and X^{l,cloud}: at most feature_cap rows of d f32
+        features and i64 labels per client; per client its latest evaluation figures (f64)."""
+        num_classes, d = global_[PROTOTYPES].shape
+        edges, clients = self.config.topology.num_edges, self.config.data.num_clients
+        return (edges * (num_classes * d + num_classes) * 8 + clients * self.params.feature_cap * (d * 4 + 8)
+                + clients * len(EVAL_METRICS) * 8)
+
     def train_classifier(self, weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                          round: int) -> tuple[torch.Tensor, torch.Tensor]:
         """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G."""

@@ -110,12 +110,15 @@ class PFedMe(Algorithm):
             raise ValueError(f"results from several edges {sorted(edges)} in one edge aggregate")
         return select_clients(self.config, answered, round, edges.pop())
 
+    def client_weight(self, num_samples: int) -> float:
+        return 1.0  # θ mixes the plain mean of the ω_k over S
+
     def edge_aggregate(
         self, results: list[ClientResult], edge_state: Tensors, round: int
     ) -> tuple[EdgeAggregate, Tensors]:
         chosen = set(self.sampled([r.client_id for r in results], round))
         ordered = sorted((r for r in results if r.client_id in chosen), key=lambda r: r.client_id)
-        partial = aggregate.reduce((1.0, r.tensors) for r in ordered)
+        partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
         return EdgeAggregate(partial.sums, partial.weight), edge_state
 
     # ---- cloud ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import json
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel, ValidationError
@@ -44,15 +44,29 @@ def _metadata(blob: bytes) -> dict[str, str]:
     if header_len > len(blob) - 8:
         raise PayloadError("safetensors header length exceeds the body")
     try:
-        header = json.loads(blob[8 : 8 + header_len])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = json.loads(blob[8 : 8 + header_len], object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKey) as exc:
         raise PayloadError(f"safetensors header is not JSON: {exc}") from exc
+    except RecursionError as exc:  # e.g. [[[[...]]]] nested 100,000 deep
+        raise PayloadError("safetensors header is nested too deeply") from exc
     if not isinstance(header, dict):
         raise PayloadError("safetensors header is not a JSON object")
     meta = header.get("__metadata__") or {}
     if not isinstance(meta, dict):
         raise PayloadError("safetensors __metadata__ is not an object")
     return meta
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads keeps the last of two equal keys; a tensor named twice would then be silently dropped."""
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateKey(f"duplicate keys {sorted({k for k in keys if keys.count(k) > 1})}")
+    return dict(pairs)
 
 
 def decode(blob: bytes, message_type: type[M]) -> tuple[Tensors, M]:
@@ -72,6 +86,8 @@ def decode_tensors(blob: bytes) -> Tensors:
         return st_load(blob)
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise PayloadError(f"malformed safetensors: {exc}") from exc
+    except KeyError as exc:  # a dtype this torch has no type for, e.g. F4 or F8_E8M0
+        raise PayloadError(f"unsupported safetensors dtype {exc}") from exc
 
 
 @dataclass(frozen=True)

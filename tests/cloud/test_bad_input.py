@@ -102,6 +102,24 @@ async def test_create_run_malformed_json(cloud: Cloud, body: bytes, error_type: 
 
 
 @pytest.mark.parametrize(
+    ("body", "fragment"),
+    [(b'{"server_lr": 1e400}', "finite_number"), (b'{"local": {"lr": NaN}}', "finite_number"),
+     (b'{"rounds": 1e400}', "finite_number"), (b'{"fraction": Infinity}', "finite_number"),
+     (b'{"algorithm": "fedprox", "params": {"mu": 1e400}}', "params.mu must be a finite number"),
+     (b'{"name": "\\ud800"}', "string_unicode")],
+    ids=["inf-float", "nan-float", "inf-int", "infinity-literal", "inf-param", "lone-surrogate"],
+)
+async def test_create_run_non_finite_or_unencodable(cloud: Cloud, body: bytes, fragment: str) -> None:
+    """JSON's 1e400 is inf: once stored (as null) it made every read of the runs answer 500, and a 422
+    echoing it could not be rendered (a 500 and a dropped connection)."""
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", content=body, headers={"Content-Type": "application/json"})
+    detail_of(r, 422, fragment)
+    assert await cloud.snapshot() == before
+    assert (await cloud.admin("GET", "/api/v1/runs")).json() == []
+
+
+@pytest.mark.parametrize(
     ("config", "loc"),
     [(small_config(learning_rate=0.1), ["body", "learning_rate"]),
      (small_config(model={"name": "logreg", "layers": 3}), ["body", "model", "layers"]),
@@ -171,6 +189,18 @@ async def test_create_run_data_the_model_cannot_take(cloud: Cloud, tmp_path, cas
     r = await cloud.admin("POST", "/api/v1/runs", json=config)
     detail_of(r, 422, fragment)
     assert await cloud.snapshot() == before
+
+
+async def test_create_run_whose_server_memory_would_not_fit(redis_url: str) -> None:
+    """FedVARP keeps a copy of the model per client: 6 logreg copies (15.6 kB) against a 10 kB limit."""
+    async with running_cloud(redis_url, max_state_bytes=10_000) as cloud:
+        before = await cloud.snapshot()
+        config = small_config(algorithm="fedvarp", data={"dataset": "digits", "num_clients": 6})
+        r = await cloud.admin("POST", "/api/v1/runs", json=config)
+        detail_of(r, 422, "the run's server memory would take", "FL_CLOUD_MAX_STATE_BYTES")
+        assert await cloud.snapshot() == before
+        r = await cloud.admin("POST", "/api/v1/runs", json={**config, "data": {**config["data"], "num_clients": 3}})
+        assert r.status_code == 201, r.text  # 7.8 kB fits
 
 
 @pytest.mark.parametrize(
@@ -441,8 +471,8 @@ def _one_client(samples: int = 10) -> list[ClientParticipation]:
 # What an edge could not have computed from its clients; each passed the header's own validation.
 INADMISSIBLE = {
     # Ordinary sums under a tiny weight: their mean, the next model, would be inf in float32.
-    "weight-tiny": (dict(weight=1e-300), None, "weight 1e-300 does not match its clients: expected 10"),
-    "weight-beyond-its-clients": (dict(weight=11.0), None, "weight 11 does not match its clients: expected 10"),
+    "weight-tiny": (dict(weight=1e-300), None, "weight 1e-300 is not one its clients give: expected between 10"),
+    "weight-beyond-its-clients": (dict(weight=11.0), None, "weight 11 is not one its clients give"),
     "client-twice": (dict(clients=_one_client(5) * 2), None,
                      "a client appears at most once per edge round (1); more often: [0]"),
     "huge-values": ({}, 1e300, "values beyond"),
@@ -594,6 +624,27 @@ async def test_contribution_same_slot_other_key(cloud: Cloud) -> None:
     before = await cloud.snapshot(run_id)
     r = await cloud.submit(0, contribution(global_, run_id, key="key-2"))
     assert detail_of(r, 409) == "edge 0 already submitted for version 0 under another idempotency key"
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_key_of_another_edge_refused(cloud: Cloud) -> None:
+    """A key already used by edge 0 is not a retry of edge 1's submission: 409, not a silent 'duplicate'
+    that dropped edge 1's contribution and stalled the synchronous round."""
+    run_id, global_ = await running_run(cloud, two_edge_config(), edges=(0, 1))
+    assert (await cloud.submit(0, contribution(global_, run_id, key="shared"))).status_code == 202
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(1, contribution(global_, run_id, edge_id=1, key="shared"))
+    assert "idempotency key 'shared' was used for another contribution" in detail_of(r, 409)
+    assert await cloud.snapshot(run_id) == before
+
+
+async def test_contribution_key_of_an_earlier_version_refused(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud)  # one edge, B = 1: each submit makes a version
+    assert (await cloud.submit(0, contribution(global_, run_id, key="k"))).status_code == 202
+    await cloud.wait_version(run_id, 1)
+    before = await cloud.snapshot(run_id)
+    r = await cloud.submit(0, contribution(global_, run_id, base_version=1, key="k"))
+    assert "was used for another contribution" in detail_of(r, 409)
     assert await cloud.snapshot(run_id) == before
 
 

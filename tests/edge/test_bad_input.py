@@ -72,9 +72,14 @@ async def test_client_api_refuses_bad_tokens(edge: Edge, method: str, path: str,
      ({"client_id": 1, "num_samples": -3}, "num_samples"), ({"client_id": 1, "token": "x"}, "Extra inputs"),
      ({"client_id": 1, "capabilities": {"gpu": {"model": "x"}}}, "capabilities"),
      ({"client_id": 1, "capabilities": {f"k{i}": i for i in range(65)}}, "capabilities"),
+     ({"client_id": 1, "capabilities": {"note": "x" * 201}}, "at most 200 characters"),
+     ({"client_id": 1, "capabilities": {"k" * 65: 1}}, "at most 64 characters"),
+     (b'{"client_id": 1, "capabilities": {"speed": 1e400}}', "finite"),
+     (b'{"client_id": 1, "num_samples": 1e400}', "num_samples"),
      (b'{"client_id": 1', "JSON decode error"), ([1], "valid dictionary")],
     ids=["missing-client-id", "negative", "too-large", "string", "negative-samples", "extra-key",
-         "nested-capability", "too-many-capabilities", "malformed-json", "array"],
+         "nested-capability", "too-many-capabilities", "long-capability", "long-capability-name",
+         "infinite-capability", "infinite-samples", "malformed-json", "array"],
 )
 async def test_register_client_bad_body(edge: Edge, body: Any, fragment: str) -> None:
     await edge.open_tasks(0)

@@ -10,7 +10,7 @@ from shared.data.datasets import load_federated
 from shared.federation import initial_model, local_job
 from shared.models import build_model
 from shared.reference import run_reference
-from shared.transport.tensors import decode_tensors, encode, spec_of
+from shared.transport.tensors import InvalidContent, decode_tensors, encode, spec_of
 
 SMALL = {"algorithm": "fedrolex", "model": {"name": "mlp"}, "data": {"dataset": "digits", "num_clients": 6},
          "local": {"lr": 0.1, "epochs": 2}}
@@ -81,6 +81,32 @@ def test_edge_aggregate_on_the_run_model_counts_coverage():
     assert aggregate.weight == 3.0
     assert spec_of(aggregate.tensors) == algo.contribution_spec(global_, [0, 1, 2])
     assert torch.equal(decode_tensors(encode(aggregate.tensors))["fc2.weight"], aggregate.tensors["fc2.weight"])
+
+
+@pytest.mark.parametrize("case", ["tiny-coordinate-weight", "weight-beyond-the-total", "negative-weight",
+                                  "sum-where-nobody-covered"])
+def test_check_contribution_bounds_every_coordinate(case):
+    """The contribution's total weight checks out, yet one coordinate's weight could still blow its mean up."""
+    algo = FedRolex(RunConfig(**SMALL, weighting="uniform"))
+    global_ = algo.init_global(initial_model(algo.config))
+    results = [ClientResult(k, 10, 0.0, {n: torch.ones_like(t) for n, t in algo.client_task(global_, k, 0).items()})
+               for k in (2, 0, 1)]
+    good, _ = algo.edge_aggregate(results, {}, 0)
+    algo.check_contribution(global_, [0, 1, 2], good.tensors, good.weight)
+    tensors = dict(good.tensors)
+    bias, weight = tensors["fc1.bias"].clone(), tensors["weight.fc1.bias"].clone()
+    if case == "tiny-coordinate-weight":
+        weight[0], fragment = 1e-300, "values beyond"
+    elif case == "weight-beyond-the-total":
+        weight[0], bias[0], fragment = 4.0, 4.0, "must lie in [0, 3]"
+    elif case == "negative-weight":
+        weight[0], fragment = -1.0, "must lie in [0, 3]"
+    else:
+        bias[199], fragment = 1.0, "values beyond"
+        weight[199] = 0.0
+    tensors["fc1.bias"], tensors["weight.fc1.bias"] = bias, weight
+    with pytest.raises(InvalidContent, match=fragment.replace("[", r"\[")):
+        algo.check_contribution(global_, [0, 1, 2], tensors, good.weight)
 
 
 def test_client_trains_the_window_only():
