@@ -17,6 +17,9 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+MAX_SYNTHETIC_DEVICES = 1000
+
+
 class DataConfig(Strict):
     dataset: Literal["mnist5k", "digits", "npz", "synthetic", "mnist1d"] = "mnist5k"
     # Only for dataset="npz": a file with x_train, y_train, client_train, x_test, y_test.
@@ -39,6 +42,9 @@ class DataConfig(Strict):
             raise ValueError("partition 'file' uses the client index stored in an npz dataset")
         if self.partition == "natural" and self.dataset != "synthetic":
             raise ValueError("partition 'natural' is the synthetic generator's own devices")
+        if self.dataset == "synthetic" and self.num_clients > MAX_SYNTHETIC_DEVICES:
+            # Its data grows with the devices (≈ 0.7 GB at 1000, held by the cloud and every process).
+            raise ValueError(f"synthetic generates its data per device: at most {MAX_SYNTHETIC_DEVICES} clients")
         return self
 
 

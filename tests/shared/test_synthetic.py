@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from shared.config import MAX_SYNTHETIC_DEVICES, DataConfig
 from shared.data.synthetic import (
     MAX_DEVICE_SIZE,
     SyntheticDevices,
@@ -157,3 +158,11 @@ def test_rejects_bad_arguments() -> None:
         make(0.0, 0.0, seed=0, num_devices=0)
     with pytest.raises(ValueError, match="max_size"):
         make(0.0, 0.0, seed=0, max_size=10)
+
+
+def test_config_bounds_the_devices_it_would_generate():
+    """Its data grows with the devices: 100,000 of them would need about 50 GB in every process."""
+    DataConfig(dataset="synthetic", num_clients=MAX_SYNTHETIC_DEVICES)
+    with pytest.raises(ValueError, match="at most 1000 clients"):
+        DataConfig(dataset="synthetic", num_clients=MAX_SYNTHETIC_DEVICES + 1)
+    DataConfig(dataset="mnist5k", num_clients=100_000)  # a fixed data set only splits finer
