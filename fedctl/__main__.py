@@ -19,6 +19,7 @@ from fedctl.launch import LocalTopology
 from fedctl.report import client_reports, group_summary, save_results
 from shared.config import RunConfig
 from shared.schemas import RunInfo
+from shared.web import client_token
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -129,6 +130,14 @@ def watch(run_id: str, cloud: str = CLOUD, token: str = TOKEN,
     """Live progress of a run until it ends, then save its results."""
     with CloudAPI(cloud, token) as api:
         finish(api, watch_run(api, run_id), out / run_id)
+
+
+@app.command("client-token")
+def client_token_command(client_id: int = typer.Argument(..., min=0, help="the client id the device plays"),
+                         secret: str = typer.Option(..., envvar="FL_EDGE_CLIENT_TOKEN", prompt=True,
+                                                    hide_input=True, help="the edges' client secret")) -> None:
+    """Print a device's own token: with it, the device can act as that client only."""
+    typer.echo(client_token(secret, client_id))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ serving with long-polls that end as soon as the process is told to stop."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import math
 import secrets
 from contextlib import asynccontextmanager
@@ -21,19 +23,34 @@ SAFETENSORS = "application/vnd.safetensors"
 _bearer = HTTPBearer(auto_error=False)
 
 
+async def bearer_token(request: Request) -> str:
+    """The request's bearer token, or 401."""
+    creds: HTTPAuthorizationCredentials | None = await _bearer(request)
+    if creds is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
+    return creds.credentials
+
+
+def same_token(given: str, expected: str) -> bool:
+    return secrets.compare_digest(given.encode(), expected.encode())
+
+
 def bearer_guard(expected: Callable[[Request], str]):
     """A dependency that admits requests carrying `Authorization: Bearer <expected(request)>`."""
 
     async def guard(request: Request) -> None:
-        creds: HTTPAuthorizationCredentials | None = await _bearer(request)
-        if creds is None:
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not secrets.compare_digest(creds.credentials.encode(), expected(request).encode()):
+        if not same_token(await bearer_token(request), expected(request)):
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
 
     return guard
+
+
+def client_token(secret: str, client_id: int) -> str:
+    """Client `client_id`'s own token, derived from the edge's client secret: a device given it can act as
+    that client only, where the secret itself would let it answer any client's tasks."""
+    return hmac.new(secret.encode(), f"fl-client:{client_id}".encode(), hashlib.sha256).hexdigest()
 
 
 class _TooLarge(HTTPException):

@@ -3,18 +3,22 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 
-from edge.deps import BoardDep, RoundLoopDep, SettingsDep, require_client
+from edge.deps import BoardDep, ClientAuthDep, RoundLoopDep, SettingsDep, client_auth
 from shared.schemas import ClientRegistration, ClientResultHeader, ResultReceipt
 from shared.transport.tensors import InvalidContent, PayloadError, Tensors, decode
 from shared.web import binary, reject
 
-router = APIRouter(prefix="/api/v1/clients", tags=["clients"], dependencies=[require_client])
+# Every route checks the caller's token: the edge's client secret, or the own token of the client that
+# the route names (registration: the body's client_id); anything else is 401.
+router = APIRouter(prefix="/api/v1/clients", tags=["clients"], dependencies=[Depends(client_auth)])
 
 
 @router.post("", responses={409: {"description": "not a client of this edge in the current run"}})
-async def register(reg: ClientRegistration, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
+async def register(reg: ClientRegistration, board: BoardDep, loop: RoundLoopDep,
+                   auth: ClientAuthDep) -> ClientRegistration:
+    auth.check(reg.client_id)
     loop.check_own_client(reg.client_id)
     board.register(reg)
     return reg

@@ -25,6 +25,7 @@ from edge.tasks import Task
 from shared.schemas import ClientTaskHeader
 from shared.transport.http import make_client
 from shared.transport.tensors import check_tensors, spec_of
+from shared.web import client_token
 from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_tensors
 
 pytestmark = pytest.mark.anyio
@@ -203,3 +204,11 @@ def test_backoff_doubles_up_to_its_bound_and_resets():
     assert [backoff.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     backoff.reset()
     assert backoff.next() == 1.0
+
+
+async def test_a_device_with_its_own_token_serves_its_client_only(tmp_path):
+    """Given client_token(secret, 0), a worker serves client 0; as client 1 the edge refuses it (401)."""
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path, token=client_token(CLIENT_TOKEN, 0)) as (worker, run, _):
+            await until(lambda: answered(edge) == {0} and set(worker.stopped) == {1}, run)

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from shared.transport.tensors import Tensors, encode
-from shared.web import SAFETENSORS
+from shared.web import SAFETENSORS, client_token
 from tests.edge.harness import (
     ACCEPTED,
+    CLIENT_TOKEN,
     EDGE_TOKEN,
     RUN_ID,
     Edge,
@@ -36,6 +37,32 @@ from tests.web import OVERSIZED, assert_refuses_oversized, detail_of, not_safete
 pytestmark = pytest.mark.anyio
 
 ENDPOINTS = [("POST", "/api/v1/clients"), ("GET", "/api/v1/clients/0/task"), ("POST", "/api/v1/clients/0/results")]
+
+
+OWN_ROUTES = {  # what client k does with its own token, by route
+    "register": lambda k: ("POST", "/api/v1/clients", {"json": {"client_id": k}}),
+    "task": lambda k: ("GET", f"/api/v1/clients/{k}/task", {"params": {"timeout": 0}}),
+    "result": lambda k: ("POST", f"/api/v1/clients/{k}/results",
+                         {"content": result(k), "headers": {"Content-Type": SAFETENSORS}}),
+}
+
+
+@pytest.mark.parametrize("route", OWN_ROUTES)
+async def test_a_clients_own_token_acts_for_it_alone(edge: Edge, route: str) -> None:
+    """A device holds client_token(secret, k), not the edge's secret: it may answer its own tasks, and
+    not those of the client next door (whose task ids are easy to guess)."""
+    await edge.open_tasks(0, 1)
+    before = await edge.snapshot(0, 1)
+    method, path, kwargs = OWN_ROUTES[route](1)
+    headers = {**auth(client_token(CLIENT_TOKEN, 0)), **kwargs.pop("headers", {})}
+    r = await edge.http.request(method, path, headers=headers, **kwargs)
+    assert detail_of(r, 401) == "invalid bearer token"
+    assert await edge.snapshot(0, 1) == before
+
+    method, path, kwargs = OWN_ROUTES[route](0)
+    headers = {**auth(client_token(CLIENT_TOKEN, 0)), **kwargs.pop("headers", {})}
+    r = await edge.http.request(method, path, headers=headers, **kwargs)
+    assert r.status_code in (200, 202), r.text
 
 
 @pytest.mark.parametrize(
