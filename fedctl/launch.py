@@ -36,12 +36,14 @@ class Service:
     env: dict[str, str]
     log: Path
     url: str | None = None
+    # Runs the process through this command, e.g. ["ip", "netns", "exec", "host2"] for another host.
+    prefix: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
         self._log = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, *self.args], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([*self.prefix, sys.executable, *self.args], cwd=ROOT, env=env,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
@@ -100,6 +102,10 @@ class LocalTopology:
     extra_env: dict[str, str] = field(default_factory=dict)
     # Per-edge settings on top of extra_env, e.g. {2: {"FL_EDGE_SLOWDOWN": "3"}} for one slow edge.
     edge_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    # Where edges listen and clients reach them, and how client processes start: clients on another
+    # host (a network namespace) need an edge address routed there and ["ip", "netns", "exec", name].
+    edge_host: str = "127.0.0.1"
+    client_prefix: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="fl-"))
@@ -130,12 +136,13 @@ class LocalTopology:
         for edge_id in range(self.num_edges):
             port = free_port()
             edge = Service(f"edge{edge_id}", ["-m", "edge.main"], {
-                "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_PORT": str(port), "FL_EDGE_CLOUD_URL": self.cloud.url,
+                "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_HOST": self.edge_host, "FL_EDGE_PORT": str(port),
+                "FL_EDGE_CLOUD_URL": self.cloud.url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
                 "FL_EDGE_TORCH_THREADS": str(self.torch_threads), "FL_EDGE_LOG_LEVEL": "warning",
                 "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"),
                 **self.extra_env, **self.edge_env.get(edge_id, {}),
-            }, self.workdir / f"edge{edge_id}.log", url=f"http://127.0.0.1:{port}")
+            }, self.workdir / f"edge{edge_id}.log", url=f"http://{self.edge_host}:{port}")
             edge.start()
             self.edges.append(edge)
         for edge_id, edge in enumerate(self.edges):
@@ -145,7 +152,7 @@ class LocalTopology:
                     "FL_CLIENT_CLIENT_TOKEN": self.client_token, "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
                     **self.extra_env,
-                }, self.workdir / f"client{edge_id}.{p}.log")
+                }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix)
                 client.start()
                 self.clients.append(client)
         try:
