@@ -2,6 +2,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Meta(StrEnum):
+    """The fields of a run's meta hash (`Keys.meta`)."""
+
+    config = "config"  # RunConfig JSON
+    status = "status"  # a RunStatus value
+    version = "version"  # the global state's version
+    created_at = "created_at"  # ISO timestamps
+    started_at = "started_at"
+    finished_at = "finished_at"
+
+
+class Entry(StrEnum):
+    """The fields of a buffer stream entry (`Keys.buffer`)."""
+
+    blob = "blob"  # the contribution as received (safetensors)
+    header = "header"  # its EdgeContributionHeader JSON
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ import json
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from string import Template
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from cloud.keys import Keys
+from cloud.keys import Entry, Keys, Meta
 from shared.config import RunConfig
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, RoundRecord, RunInfo, RunStatus
 
@@ -35,27 +36,28 @@ class NotFound(Exception):
     """Unknown run or edge id (HTTP 404)."""
 
 
-_SUBMIT = """
+_SUBMIT = Template("""
 local slot = ARGV[2] .. ':' .. ARGV[3]
 local prev = redis.call('HGET', KEYS[2], ARGV[1])
 if prev then
   if redis.call('HGET', KEYS[3], slot) == ARGV[1] then return {'duplicate', prev} end
   return {'key_reused', prev}
 end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'running' and status ~= 'paused' then return {'not_running', status or 'missing'} end
-local version = tonumber(redis.call('HGET', KEYS[1], 'version'))
+local status = redis.call('HGET', KEYS[1], '$status')
+if status ~= '$running' and status ~= '$paused' then return {'not_running', status or 'missing'} end
+local version = tonumber(redis.call('HGET', KEYS[1], '$version'))
 local base = tonumber(ARGV[3])
 if base > version then return {'future', tostring(version)} end
 if ARGV[6] == '1' and base ~= version then return {'stale', tostring(version)} end
 if redis.call('HEXISTS', KEYS[3], slot) == 1 then return {'conflict', tostring(version)} end
 if redis.call('HEXISTS', KEYS[5], ARGV[2]) == 1 then return {'pending', tostring(version)} end
-local id = redis.call('XADD', KEYS[4], '*', 'blob', ARGV[5], 'header', ARGV[4])
+local id = redis.call('XADD', KEYS[4], '*', '$blob', ARGV[5], '$header', ARGV[4])
 redis.call('HSET', KEYS[2], ARGV[1], id)
 redis.call('HSET', KEYS[3], slot, ARGV[1])
 redis.call('HSET', KEYS[5], ARGV[2], id)
 return {'accepted', id}
-"""
+""").substitute(status=Meta.status, version=Meta.version, blob=Entry.blob, header=Entry.header,
+               running=RunStatus.running.value, paused=RunStatus.paused.value)
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,10 @@ class Store:
     async def create_run(self, run_id: str, config: RunConfig, initial_global: bytes) -> None:
         async with self.r.pipeline(transaction=True) as p:
             p.hset(self.k.meta(run_id), mapping={
-                "config": config.model_dump_json(),
-                "status": RunStatus.created.value,
-                "version": 0,
-                "created_at": now().isoformat(),
+                Meta.config: config.model_dump_json(),
+                Meta.status: RunStatus.created.value,
+                Meta.version: 0,
+                Meta.created_at: now().isoformat(),
             })
             p.set(self.k.global_state(run_id), initial_global)
             p.rpush(self.k.runs, run_id)
@@ -117,26 +119,26 @@ class Store:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     async def config(self, run_id: str) -> RunConfig:
-        return RunConfig.model_validate_json((await self._meta(run_id))["config"])
+        return RunConfig.model_validate_json((await self._meta(run_id))[Meta.config])
 
     async def status(self, run_id: str) -> tuple[RunStatus, int]:
         meta = await self._meta(run_id)
-        return RunStatus(meta["status"]), int(meta["version"])
+        return RunStatus(meta[Meta.status]), int(meta[Meta.version])
 
     async def info(self, run_id: str) -> RunInfo:
         meta = await self._meta(run_id)
-        config = RunConfig.model_validate_json(meta["config"])
+        config = RunConfig.model_validate_json(meta[Meta.config])
         last = await self.r.lindex(self.k.history(run_id), -1)
         return RunInfo(
             run_id=run_id,
-            status=RunStatus(meta["status"]),
+            status=RunStatus(meta[Meta.status]),
             config=config,
-            version=int(meta["version"]),
+            version=int(meta[Meta.version]),
             rounds=config.rounds,
             buffered=await self.r.xlen(self.k.buffer(run_id)),
-            created_at=datetime.fromisoformat(meta["created_at"]),
-            started_at=datetime.fromisoformat(meta["started_at"]) if "started_at" in meta else None,
-            finished_at=datetime.fromisoformat(meta["finished_at"]) if "finished_at" in meta else None,
+            created_at=datetime.fromisoformat(meta[Meta.created_at]),
+            started_at=datetime.fromisoformat(meta[Meta.started_at]) if Meta.started_at in meta else None,
+            finished_at=datetime.fromisoformat(meta[Meta.finished_at]) if Meta.finished_at in meta else None,
             last_round=RoundRecord.model_validate_json(last) if last else None,
         )
 
@@ -154,7 +156,7 @@ class Store:
             while True:
                 try:
                     await p.watch(meta_key, self.k.active)
-                    status = await p.hget(meta_key, "status")
+                    status = await p.hget(meta_key, Meta.status)
                     if status is None:
                         raise NotFound(f"unknown run {run_id!r}")
                     current = RunStatus(status.decode())
@@ -164,12 +166,12 @@ class Store:
                     if action == "start" and active is not None and active.decode() != run_id:
                         raise Conflict(f"run {active.decode()} is already active; stop it first")
                     p.multi()
-                    p.hset(meta_key, "status", target.value)
+                    p.hset(meta_key, Meta.status, target.value)
                     if action == "start":
-                        p.hset(meta_key, "started_at", now().isoformat())
+                        p.hset(meta_key, Meta.started_at, now().isoformat())
                         p.set(self.k.active, run_id)
                     if action == "stop":
-                        p.hset(meta_key, "finished_at", now().isoformat())
+                        p.hset(meta_key, Meta.finished_at, now().isoformat())
                         if active is not None and active.decode() == run_id:
                             p.delete(self.k.active)
                     await p.execute()
@@ -234,7 +236,8 @@ class Store:
         entries = await self.r.xrange(self.k.buffer(run_id), count=count)
         return [
             BufferedContribution(
-                entry_id, EdgeContributionHeader.model_validate_json(fields[b"header"]), fields[b"blob"]
+                entry_id, EdgeContributionHeader.model_validate_json(fields[Entry.header.encode()]),
+                fields[Entry.blob.encode()],
             )
             for entry_id, fields in entries
         ]
@@ -261,20 +264,20 @@ class Store:
         async with self.r.pipeline(transaction=True) as p:
             try:
                 await p.watch(meta_key, self.k.active)
-                version, status = await p.hmget(meta_key, ["version", "status"])
+                version, status = await p.hmget(meta_key, [Meta.version, Meta.status])
                 if int(version) != expected_version or status.decode() not in _UPDATABLE:
                     return False
                 active = await p.get(self.k.active)
                 p.multi()
                 p.set(self.k.global_state(run_id), new_global)
                 p.set(self.k.cloud_state(run_id), new_cloud_state)
-                p.hset(meta_key, "version", expected_version + 1)
+                p.hset(meta_key, Meta.version, expected_version + 1)
                 p.rpush(self.k.history(run_id), record.model_dump_json())
                 p.xdel(self.k.buffer(run_id), *[c.entry_id for c in consumed])
                 p.hdel(self.k.pending(run_id), *[str(c.header.edge_id) for c in consumed])
                 if finished:
-                    p.hset(meta_key, mapping={"status": RunStatus.finished.value,
-                                              "finished_at": now().isoformat()})
+                    p.hset(meta_key, mapping={Meta.status: RunStatus.finished.value,
+                                              Meta.finished_at: now().isoformat()})
                     if active is not None and active.decode() == run_id:  # never another run's
                         p.delete(self.k.active)
                 await p.execute()
