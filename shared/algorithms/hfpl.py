@@ -38,7 +38,9 @@ WEIGHT, BIAS = "classifier.weight", "classifier.bias"
 CLASS_COUNTS, COUNTS, FEATURES, LABELS = "class_counts", "counts", "features", "labels"
 EXTRACTOR = "f."  # prefix of the client's own feature-extractor parameters in its state
 # Per-client evaluation the cloud keeps (latest report of each client; NaN until it reports).
-EVAL_METRICS = ("accuracy", "proto_accuracy", "test_loss")
+# What each client reports with its result; the cloud keeps every client's latest under "eval.<name>".
+ACCURACY, PROTO_ACCURACY, TEST_LOSS = "accuracy", "proto_accuracy", "test_loss"
+EVAL_METRICS = (ACCURACY, PROTO_ACCURACY, TEST_LOSS)
 
 
 class HFPLParams(BaseModel):
@@ -154,7 +156,7 @@ class HFPL(Algorithm):
             for client, metrics in c.metrics.items():
                 for name in EVAL_METRICS:
                     if name in metrics:
-                        state.setdefault(f"eval.{name}", _nan(self.config.data.num_clients))[client] = metrics[name]
+                        state.setdefault(_eval(name), _nan(self.config.data.num_clients))[client] = metrics[name]
         ids = _indices(state, "edge")
         x = torch.cat([state[f"edge{l}.{FEATURES}"] for l in ids])
         y = torch.cat([state[f"edge{l}.{LABELS}"] for l in ids])
@@ -184,11 +186,12 @@ class HFPL(Algorithm):
 
     def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
         """The mean over clients of each one's latest held-out figures (own f_i with G)."""
-        if "eval.accuracy" not in cloud_state:
+        accuracy = cloud_state.get(_eval(ACCURACY))
+        if accuracy is None:
             return Evaluation(math.nan, math.nan, 0)
-        seen = ~torch.isnan(cloud_state["eval.accuracy"])
-        loss = cloud_state.get("eval.test_loss", _nan(len(seen)))[seen]
-        return Evaluation(float(loss.mean()), float(cloud_state["eval.accuracy"][seen].mean()), int(seen.sum()))
+        seen = ~torch.isnan(accuracy)
+        loss = cloud_state.get(_eval(TEST_LOSS), _nan(len(seen)))[seen]
+        return Evaluation(float(loss.mean()), float(accuracy[seen].mean()), int(seen.sum()))
 
     # ---- edge ----------------------------------------------------------------------------------
     def result_spec(self, task: Tensors) -> TensorSpec:
@@ -320,12 +323,12 @@ def _evaluate(f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torc
         return {}
     z = f(test.x)
     logits = g(z)
-    metrics = {"accuracy": float((logits.argmax(1) == test.y).float().mean()),
-               "test_loss": float(F.cross_entropy(logits, test.y))}
+    metrics = {ACCURACY: float((logits.argmax(1) == test.y).float().mean()),
+               TEST_LOSS: float(F.cross_entropy(logits, test.y))}
     if bool(exists.any()):
         distance = torch.cdist(z.to(torch.float64), prototypes)
         distance[:, ~exists] = math.inf
-        metrics["proto_accuracy"] = float((distance.argmin(1) == test.y).float().mean())
+        metrics[PROTO_ACCURACY] = float((distance.argmin(1) == test.y).float().mean())
     return metrics
 
 
@@ -337,6 +340,10 @@ def _check_labels(labels: torch.Tensor, num_classes: int) -> None:
 def _indices(state: Tensors, kind: str) -> list[int]:
     """The ids i of keys '<kind><i>.*' in a state dict, sorted."""
     return sorted({int(k[len(kind):].split(".", 1)[0]) for k in state if k.startswith(kind) and k[len(kind)].isdigit()})
+
+
+def _eval(metric: str) -> str:
+    return f"eval.{metric}"
 
 
 def _nan(n: int) -> torch.Tensor:
