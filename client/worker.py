@@ -186,7 +186,10 @@ class Worker:
             # After re-registering, the task comes back and its stored result is sent without retraining.
             _check(response)
         elif response.status_code >= 400:
+            # E.g. a diverged update beyond the edge's bounds (422): the same result would be refused again,
+            # so it is not re-sent (it was, at once and forever); the edge drops the client for that round.
             log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id,
                       response.status_code, response.text[:300])
+            self.failed.add(header.task_id)
         else:
             self.completed += 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from cloud.store import BufferedContribution, Store, now
+from cloud.store import BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm
 from shared.config import RunConfig
@@ -102,9 +102,16 @@ class Orchestrator:
                               info.started_at or started, now())
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
         finished = info.version + 1 >= config.rounds
-        committed = await self.store.commit_update(
-            run_id, info.version, entries, encode(new_global, header), encode(new_state), record, finished
-        )
+        try:
+            committed = await self.store.commit_update(
+                run_id, info.version, entries, encode(new_global, header), encode(new_state), record, finished
+            )
+        except StateTooLarge:
+            # Recomputing would give the same result again: stop the run, loudly, so that it does not loop.
+            log.exception("run %s cannot store version %d; stopping it", run_id, info.version + 1)
+            await self.store.transition(run_id, "stop")
+            await self.announce()
+            return False
         if committed:
             log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
             await self.announce()

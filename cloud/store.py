@@ -32,6 +32,10 @@ class Conflict(Exception):
     """A request that is well-formed but not allowed in the run's current state (HTTP 409)."""
 
 
+class StateTooLarge(ValueError):
+    """A cloud update whose result cannot be stored: the run cannot go on."""
+
+
 class NotFound(Exception):
     """Unknown run or edge id (HTTP 404)."""
 
@@ -258,8 +262,8 @@ class Store:
             if len(blob) > _REDIS_MAX_VALUE:
                 # Redis would drop the connection, which redis-py reports as a WatchError inside a
                 # transaction: the update would be recomputed forever without a word.
-                raise ValueError(f"run {run_id}: the new {what} takes {len(blob) / 2**20:.0f} MiB, "
-                                 f"over the {_REDIS_MAX_VALUE // 2**20} MiB a Redis value can hold")
+                raise StateTooLarge(f"run {run_id}: the new {what} takes {len(blob) / 2**20:.0f} MiB, "
+                                    f"over the {_REDIS_MAX_VALUE // 2**20} MiB a Redis value can hold")
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             try:

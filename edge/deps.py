@@ -1,6 +1,7 @@
 """FastAPI dependencies of the edge."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -46,12 +47,23 @@ class ClientAuth:
 
 
 async def client_auth(request: Request) -> ClientAuth:
-    """401 without a valid token; a route that names a client in its path admits that client's token."""
+    """401 without a valid token, before anything else is looked at: the client a route names (in its
+    path, or a registration's body) may use its own token."""
     auth = ClientAuth(await bearer_token(request), request.app.state.settings.client_token)
-    raw = request.path_params.get("client_id")
-    if raw is not None:
-        auth.check(int(raw) if raw.isdigit() else None)
+    if "client_id" in request.path_params:
+        auth.check(_client_id(request.path_params["client_id"]))
+    else:  # registration: the id is in the body (already read and kept by FastAPI)
+        try:
+            claimed = json.loads(await request.body()).get("client_id")
+        except (ValueError, AttributeError):  # not JSON, or not an object: only the secret gets its 422
+            claimed = None
+        auth.check(claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else None)
     return auth
+
+
+def _client_id(raw: str) -> int | None:
+    # ASCII digits only: str.isdigit() admits '¹' and '①', which int() refuses.
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else None
 
 
 ClientAuthDep = Annotated[ClientAuth, Depends(client_auth)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import math
 import secrets
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
 
 from shared.transport.tensors import InvalidContent, M, PayloadError, Tensors, decode
 
@@ -107,15 +109,38 @@ async def _answer(send, code: int, detail: str) -> None:
 
 
 async def read_message(request: Request, message_type: type[M]) -> tuple[Tensors, M, bytes]:
-    """A binary message from the body: 400 if unreadable, 422 if the header is invalid (413: BodyLimit)."""
+    """A binary message from the body: 400 if unreadable, 422 if the header is invalid (413: BodyLimit).
+    Decoding copies every tensor: on a worker thread, so the loop keeps answering long-polls meanwhile."""
     blob = await request.body()
     try:
-        tensors, header = decode(blob, message_type)
+        tensors, header = await asyncio.to_thread(decode, blob, message_type)
     except InvalidContent as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
     except PayloadError as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     return tensors, header, blob
+
+
+async def read_json(request: Request, model: type[M]) -> M:
+    """A JSON body read by the route itself, after its dependencies (the token check) have run: FastAPI
+    parses a declared body first, so a bad token with a malformed body answered 422, not 401."""
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except ValueError as exc:  # as FastAPI words it for a declared body
+        error = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(exc, "pos", 0)),
+                                       "msg": "JSON decode error", "input": {}, "ctx": {"error": error}}]) from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
+                                      for e in exc.errors(include_url=False)]) from exc
+
+
+def json_body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a route that reads its JSON body with `read_json`."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
 def binary(blob: bytes, headers: dict[str, str] | None = None) -> Response:

@@ -1,6 +1,7 @@
 """Edge-facing API: register, long-poll the global state, submit a contribution to the buffer."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -79,8 +80,8 @@ async def submit(
     run_id = header.run_id
     algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
     global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
-    try:
-        check_contribution(algorithm, global_, header, tensors)
+    try:  # reads every value: on a worker thread, so long-polls are answered meanwhile
+        await asyncio.to_thread(check_contribution, algorithm, global_, header, tensors)
     except InvalidContent as exc:
         raise reject(exc) from exc
     outcome = await store.submit(header, blob, algorithm.synchronous)

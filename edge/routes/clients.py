@@ -5,20 +5,20 @@ import asyncio
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 
-from edge.deps import BoardDep, ClientAuthDep, RoundLoopDep, SettingsDep, client_auth
+from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
 from shared.schemas import ClientRegistration, ClientResultHeader, ResultReceipt
-from shared.transport.tensors import InvalidContent, PayloadError, Tensors, decode
-from shared.web import binary, reject
+from shared.transport.tensors import InvalidContent
+from shared.web import binary, json_body_doc, read_json, read_message, reject
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
 router = APIRouter(prefix="/api/v1/clients", tags=["clients"], dependencies=[Depends(client_auth)])
 
 
-@router.post("", responses={409: {"description": "not a client of this edge in the current run"}})
-async def register(reg: ClientRegistration, board: BoardDep, loop: RoundLoopDep,
-                   auth: ClientAuthDep) -> ClientRegistration:
-    auth.check(reg.client_id)
+@router.post("", responses={409: {"description": "not a client of this edge in the current run"}},
+             openapi_extra=json_body_doc(ClientRegistration))
+async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
+    reg = await read_json(request, ClientRegistration)  # after the token check
     loop.check_own_client(reg.client_id)
     board.register(reg)
     return reg
@@ -32,21 +32,9 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
     return binary(await asyncio.to_thread(found.blob))  # encoded on first fetch
 
 
-def _decode_result(blob: bytes) -> tuple[Tensors, ClientResultHeader]:
-    """As shared.web.read_message answers: 400 if unreadable, 422 if the header is invalid."""
-    try:
-        return decode(blob, ClientResultHeader)
-    except InvalidContent as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
-    except PayloadError as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
-
-
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED)
 async def result(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
-    blob = await request.body()  # bounded by BodyLimit (413)
-    # Decoding copies every tensor: on a worker thread, so long-polls and health checks are answered meanwhile.
-    tensors, header = await asyncio.to_thread(_decode_result, blob)
+    tensors, header, _ = await read_message(request, ClientResultHeader)
     if header.client_id != client_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                             f"header client_id {header.client_id} does not match the URL's {client_id}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -63,9 +64,10 @@ class _DuplicateKey(ValueError):
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """json.loads keeps the last of two equal keys; a tensor named twice would then be silently dropped."""
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise _DuplicateKey(f"duplicate keys {sorted({k for k in keys if keys.count(k) > 1})}")
+    counts = Counter(k for k, _ in pairs)
+    if len(counts) != len(pairs):
+        repeated = sorted(k for k, n in counts.items() if n > 1)
+        raise _DuplicateKey(f"duplicate keys {repeated[:5]}{' …' if len(repeated) > 5 else ''}")
     return dict(pairs)
 
 

@@ -212,3 +212,20 @@ async def test_a_device_with_its_own_token_serves_its_client_only(tmp_path):
         await edge.board.post([make_task(0), make_task(1)])
         async with running_worker(edge, [0, 1], tmp_path, token=client_token(CLIENT_TOKEN, 0)) as (worker, run, _):
             await until(lambda: answered(edge) == {0} and set(worker.stopped) == {1}, run)
+
+
+async def test_a_refused_result_is_not_sent_again_and_again(tmp_path):
+    """A 422 for a result (say, values beyond the edge's bounds) would be the same for the same result:
+    the client drops that task instead of re-sending it in a tight loop (208 uploads in 2 s, once)."""
+    def fault(request: httpx.Request) -> httpx.Response | None:
+        if request.method == "POST" and request.url.path == "/api/v1/clients/0/results":
+            return httpx.Response(422, json={"detail": "tensor 'w' has values beyond ±1e+06"})
+        return None
+
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path, fault=fault) as (_, run, double):
+            await until(lambda: answered(edge) == {1} and double.count("POST", "/api/v1/clients/0/results") >= 1, run)
+            await asyncio.sleep(1.0)
+            assert double.count("POST", "/api/v1/clients/0/results") == 1
+            assert not run.done()

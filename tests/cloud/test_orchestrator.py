@@ -87,3 +87,17 @@ def test_the_algorithm_cache_keeps_the_most_recent_runs_only() -> None:
         assert orchestrator.algorithm("run-0", config) is first  # in use: kept
     assert len(orchestrator._algorithms) == 4
     assert list(orchestrator._algorithms)[-1] == "run-0"
+
+
+async def test_an_update_too_large_to_store_stops_the_run(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis drops a value over its limit, which redis-py reported as a lost WATCH: the update was then
+    recomputed forever, silently. Now the run stops, and says why in the log."""
+    monkeypatch.setattr("cloud.store._REDIS_MAX_VALUE", 100)
+    run_id, global_ = await running_run(cloud, small_config(rounds=3))
+    assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
+    for _ in range(200):
+        if (await cloud.info(run_id))["status"] == "stopped":
+            break
+        await asyncio.sleep(0.05)
+    info = await cloud.info(run_id)
+    assert (info["status"], info["version"]) == ("stopped", 0)

@@ -47,6 +47,25 @@ OWN_ROUTES = {  # what client k does with its own token, by route
 }
 
 
+@pytest.mark.parametrize("path", ["/api/v1/clients/¹/task", "/api/v1/clients/①/task", "/api/v1/clients/" + "0" * 5001
+                                  + "1/task"], ids=["superscript", "circled", "5002-digits"])
+async def test_odd_client_ids_with_a_bogus_token_are_401(edge: Edge, path: str) -> None:
+    """str.isdigit() admits '¹' and '①', which int() refuses: a 500 once."""
+    r = await edge.http.get(path, params={"timeout": 0}, headers=auth("bogus"))
+    assert detail_of(r, 401) == "invalid bearer token"
+    r = await edge.http.get(path, params={"timeout": 0}, headers=auth())  # the secret: the id is the matter
+    assert r.status_code in (404, 422), r.text  # 0…01 is client 1, unknown here
+
+
+@pytest.mark.parametrize("body", [b'{"client_id": "zero"}', b"{not json", b"[1]", b'{"client_id": 1, "x": 1}'])
+async def test_registration_checks_the_token_before_the_body(edge: Edge, body: bytes) -> None:
+    before = await edge.snapshot()
+    r = await edge.http.post("/api/v1/clients", content=body,
+                             headers={**auth("bogus"), "Content-Type": "application/json"})
+    assert detail_of(r, 401) == "invalid bearer token"
+    assert await edge.snapshot() == before
+
+
 @pytest.mark.parametrize("route", OWN_ROUTES)
 async def test_a_clients_own_token_acts_for_it_alone(edge: Edge, route: str) -> None:
     """A device holds client_token(secret, k), not the edge's secret: it may answer its own tasks, and

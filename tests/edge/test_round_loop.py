@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-import edge.routes.clients as routes
+import shared.web as web
 from cloud.config import CloudSettings
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
@@ -178,7 +178,7 @@ async def test_round_tensor_work_runs_off_the_event_loop(monkeypatch) -> None:
 
 async def test_result_decoding_and_checks_run_off_the_event_loop(edge, monkeypatch) -> None:
     seen: list[tuple[str, int]] = []
-    real_decode = routes.decode
+    real_decode = web.decode
 
     def decode(*args, **kwargs):
         seen.append(("decode", threading.get_ident()))
@@ -188,7 +188,7 @@ async def test_result_decoding_and_checks_run_off_the_event_loop(edge, monkeypat
         seen.append(("check", threading.get_ident()))
         check_tensors(tensors, spec_of(task_tensors(0)))
 
-    monkeypatch.setattr(routes, "decode", decode)
+    monkeypatch.setattr(web, "decode", decode)
     await edge.register(0)
     header = ClientTaskHeader(task_id=task_id(0), run_id=RUN_ID, client_id=0, round=0, version=0, config=CONFIG)
     await edge.board.post([Task(header, task_tensors(0), check)])
