@@ -38,5 +38,5 @@ def _check_weight(algorithm: Algorithm, header: EdgeContributionHeader) -> None:
     weights = [algorithm.client_weight(c.num_samples) for c in header.clients]
     low, high = min(weights), sum(weights)
     if not low * (1 - 1e-9) <= header.weight <= high * (1 + 1e-9):
-        raise InvalidContent(f"weight {header.weight:g} is not one its clients give: expected between "
-                             f"{low:g} (one client) and {high:g} (all of them)")
+        raise InvalidContent(f"weight {header.weight:.12g} is not one its clients give: expected between "
+                             f"{low:.12g} (one client) and {high:.12g} (all of them)")

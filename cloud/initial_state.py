@@ -2,21 +2,25 @@
 (HTTP 422) rather than discovered by every client at its first task."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from shared.algorithms import registry
+from shared.algorithms.base import Algorithm
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.federation import initial_model
 from shared.schemas import GlobalStateHeader
-from shared.transport.tensors import encode
+from shared.selection import num_selected
+from shared.transport.tensors import Dim, Tensors, encode
 
 
 class InvalidRun(ValueError):
     """A config whose data cannot be loaded or whose model does not fit that data (HTTP 422)."""
 
 
-def initial_global(run_id: str, config: RunConfig, max_state_bytes: int) -> bytes:
+def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_payload_bytes: int) -> bytes:
     try:
         data = load_federated(config.data, config.seed)
     except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed
@@ -36,4 +40,20 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int) -> byte
             raise InvalidRun(f"the run's {what} would take {size / 2**20:.0f} MiB, over the "
                              f"{max_state_bytes / 2**20:.0f} MiB one Redis value may hold here "
                              "(FL_CLOUD_MAX_STATE_BYTES); use fewer clients or clusters, or a smaller model")
+    largest = max(_contribution_bytes(algorithm, global_, edge) for edge in range(config.topology.num_edges))
+    if largest + len(blob) > max_payload_bytes:  # the header carries the run's config, as the state's does
+        raise InvalidRun(f"an edge's contribution would take up to {largest / 2**20:.0f} MiB, over the "
+                         f"{max_payload_bytes / 2**20:.0f} MiB the cloud accepts (FL_CLOUD_MAX_PAYLOAD_BYTES); "
+                         "use fewer clients per edge, a smaller fraction or a smaller model")
     return blob
+
+
+def _contribution_bytes(algorithm: Algorithm, global_: Tensors, edge: int) -> int:
+    """The most an edge's contribution can hold: its tensors for as many of its clients as one global
+    round can involve (m per edge round, κ edge rounds)."""
+    config = algorithm.config
+    own = config.clients_of_edge(edge)
+    clients = own[:min(len(own), num_selected(config.fraction, len(own)) * config.topology.edge_rounds)]
+    spec = algorithm.contribution_spec(global_, clients)
+    return sum(math.prod(d.max if isinstance(d, Dim) else d for d in shape) * torch.empty(0, dtype=dtype).element_size()
+               for shape, dtype in spec.values())

@@ -97,6 +97,15 @@ class Orchestrator:
         new_global, new_state, evaluation = await asyncio.to_thread(
             self._update, algorithm, config, global_blob, state_blob, entries, info.version
         )
+        broken = sorted(n for n, t in new_global.items() if t.is_floating_point() and not bool(t.isfinite().all()))
+        if broken:
+            # Diverged (e.g. too large a learning rate): publishing it would make every client fail on it,
+            # and recomputing gives the same. Stop the run, and say why.
+            log.error("run %s diverged: version %d would have non-finite %s; stopping it",
+                      run_id, info.version + 1, broken)
+            await self.store.transition(run_id, "stop")
+            await self.announce()
+            return False
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
         record = round_record(info.version, [e.header for e in entries], evaluation, started,
                               info.started_at or started, now())

@@ -55,7 +55,7 @@ async def client_auth(request: Request) -> ClientAuth:
     else:  # registration: the id is in the body (already read and kept by FastAPI)
         try:
             claimed = json.loads(await request.body()).get("client_id")
-        except (ValueError, AttributeError):  # not JSON, or not an object: only the secret gets its 422
+        except (ValueError, AttributeError, RecursionError):  # not a JSON object: only the secret gets its 4xx
             claimed = None
         auth.check(claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else None)
     return auth

@@ -33,6 +33,10 @@ from shared.transport.tensors import PayloadError, Tensors, decode, decode_tenso
 log = logging.getLogger("edge.round_loop")
 
 
+class RoundAbandoned(Exception):
+    """The cloud moved on while the round waited for clients that cannot answer."""
+
+
 class EdgeRoundLoop:
     # Wait before re-running a failed round: doubles after each failure up to the cap, back to the start on success.
     retry_backoff_s: float = 1.0
@@ -72,6 +76,9 @@ class EdgeRoundLoop:
                 await self.run_round(header, global_)
             except asyncio.CancelledError:
                 raise
+            except RoundAbandoned as exc:
+                log.warning("edge %d: round abandoned: %s", self.edge_id, exc)
+                continue  # the poll now answers with what the cloud moved on to
             except Exception:
                 if header is None:
                     log.exception("edge %d: fetching the state after version %d failed; retrying in %g s",
@@ -145,10 +152,12 @@ class EdgeRoundLoop:
 
     async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
         self.current = header
+        # Before any run was known, any client id could register; now the run says which are this edge's.
+        self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
         algorithm = self.algorithm(header)
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
-            return await self.collect([self._task(header, t, algorithm) for t in tasks], header.config.policy)
+            return await self.collect(header, [self._task(header, t, algorithm) for t in tasks], header.config.policy)
 
         started = time.monotonic()
         before = self._edge_state  # algorithms return new dicts: this one stays as it is
@@ -173,8 +182,9 @@ class EdgeRoundLoop:
         )
         return Task(message, task.tensors, partial(algorithm.check_result, task.tensors))
 
-    async def collect(self, tasks: list[Task], policy: RoundPolicy) -> list[ClientResult]:
-        """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered."""
+    async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy) -> list[ClientResult]:
+        """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered; after
+        max_retries, goes on with any answer, waiting for a first one only while the cloud still wants it."""
         quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
         try:
@@ -185,11 +195,21 @@ class EdgeRoundLoop:
                 log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
                             self.edge_id, len(results), len(tasks), quorum, attempt + 1)
             while not results:
+                # No client can answer (e.g. every one fails on a diverged model): without this check the
+                # edge would wait here for good, even after its run was stopped and another one started.
+                if await self._moved_on(header):
+                    raise RoundAbandoned(f"run {header.run_id} moved on from version {header.version}")
                 results = await self.board.wait_results(policy.deadline_s)
             log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
             return results
         finally:
             await self.board.clear()
+
+    async def _moved_on(self, header: GlobalStateHeader) -> bool:
+        """Whether the cloud now offers this edge something newer: another run, or a newer version."""
+        response = await send(self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
+                              params={"run_id": header.run_id, "after": header.version, "timeout": 0})
+        return response.status_code == 200
 
     async def submit(self, header: GlobalStateHeader, tensors: Tensors, weight: float,
                      results: list[ClientResult]) -> None:
@@ -204,6 +224,10 @@ class EdgeRoundLoop:
         )
         blob = await asyncio.to_thread(encode, tensors, message)
         response = await send(self.cloud, "POST", f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob))
-        if response.status_code >= 400:
-            log.warning("edge %d: cloud refused the contribution: %s %s",
-                        self.edge_id, response.status_code, response.text[:300])
+        if response.status_code == 409:  # counted already, or the run moved on: nothing to do
+            log.info("edge %d: %s", self.edge_id, response.text[:300])
+        elif response.status_code >= 400:
+            # The same contribution would be refused again (too large, values beyond the bounds): the run
+            # cannot use this round. Said loudly: a synchronous run waits for this edge.
+            log.error("edge %d: cloud refused the contribution of version %d: %s %s", self.edge_id,
+                      header.version, response.status_code, response.text[:300])

@@ -53,6 +53,10 @@ class TaskBoard:
     def register(self, reg: ClientRegistration) -> None:
         self.clients[reg.client_id] = reg
 
+    def keep_only(self, client_ids: set[int]) -> None:
+        """Forgets the registrations of other clients (they hear 404, register again and are refused)."""
+        self.clients = {k: reg for k, reg in self.clients.items() if k in client_ids}
+
     def _known(self, client_id: int) -> None:
         if client_id not in self.clients:
             raise UnknownClient(f"unknown client {client_id}; register first")

@@ -30,8 +30,8 @@ class DataConfig(Strict):
     shards_per_client: int = Field(2, ge=1)
     num_clients: int = Field(10, ge=1, le=100_000)
     # FedProx's Synthetic(α, β): α controls how much local models differ, β how much local data differ.
-    synthetic_alpha: float = Field(1.0, ge=0)
-    synthetic_beta: float = Field(1.0, ge=0)
+    synthetic_alpha: float = Field(1.0, ge=0, le=100)
+    synthetic_beta: float = Field(1.0, ge=0, le=100)
     test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
 
     @model_validator(mode="after")
@@ -55,7 +55,7 @@ class ModelConfig(Strict):
 class LocalTrainingConfig(Strict):
     epochs: int = Field(1, ge=1, le=1000, description="E: local epochs")
     batch_size: int = Field(32, ge=0, description="B: minibatch size; 0 means full batch")
-    lr: float = Field(0.2, gt=0, description="eta_k: client learning rate (0.2 suits the default CNN)")
+    lr: float = Field(0.2, gt=0, le=1000, description="eta_k: client learning rate (0.2 suits the default CNN)")
     optimizer: Literal["sgd", "nesterov"] = "sgd"
     momentum: float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
 
@@ -67,7 +67,7 @@ class TopologyConfig(Strict):
 
 
 class RoundPolicy(Strict):
-    deadline_s: float = Field(120.0, gt=0, description="how long an edge waits for its clients")
+    deadline_s: float = Field(120.0, ge=0.1, le=86_400, description="how long an edge waits for its clients")
     min_fraction: float = Field(
         0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
     )
@@ -85,7 +85,7 @@ class RunConfig(Strict):
     weighting: Literal["samples", "uniform"] = Field(
         "samples", description="p_k: option 1 |D_k|/sum |D_i| or option 2 1/m"
     )
-    server_lr: float = Field(1.0, gt=0, description="eta_s")
+    server_lr: float = Field(1.0, gt=0, le=1000, description="eta_s")
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     local: LocalTrainingConfig = LocalTrainingConfig()

@@ -127,6 +127,8 @@ async def read_json(request: Request, model: type[M]) -> M:
     body = await request.body()
     try:
         data = json.loads(body)
+    except RecursionError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "JSON body nested too deeply") from exc
     except ValueError as exc:  # as FastAPI words it for a declared body
         error = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(exc, "pos", 0)),

@@ -11,13 +11,14 @@ from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, requ
 from cloud.store import NotFound
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
 from shared.transport.tensors import InvalidContent, decode
-from shared.web import binary, read_message, reject
+from shared.web import binary, json_body_doc, read_json, read_message, reject
 
 router = APIRouter(prefix="/api/v1", tags=["edges"], dependencies=[require_edge])
 
 
-@router.post("/edges")
-async def register(reg: EdgeRegistration, store: StoreDep) -> EdgeRegistration:
+@router.post("/edges", openapi_extra=json_body_doc(EdgeRegistration))
+async def register(request: Request, store: StoreDep) -> EdgeRegistration:
+    reg = await read_json(request, EdgeRegistration)  # after the token check
     await store.register_edge(reg)
     return reg
 

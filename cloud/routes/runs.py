@@ -4,22 +4,24 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Request, status
 
 from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_admin
 from cloud.initial_state import initial_global
 from shared.config import RunConfig
 from shared.schemas import GlobalStateHeader, RoundRecord, RunInfo
 from shared.transport.tensors import decode, encode
-from shared.web import binary
+from shared.web import binary, json_body_doc, read_json
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_admin])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
-async def create_run(config: RunConfig, store: StoreDep, settings: SettingsDep) -> RunInfo:
+@router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=json_body_doc(RunConfig))
+async def create_run(request: Request, store: StoreDep, settings: SettingsDep) -> RunInfo:
+    config = await read_json(request, RunConfig)  # after the token check
     run_id = store.new_run_id()
-    blob = await asyncio.to_thread(initial_global, run_id, config, settings.max_state_bytes)
+    blob = await asyncio.to_thread(initial_global, run_id, config, settings.max_state_bytes,
+                                   settings.max_payload_bytes)
     await store.create_run(run_id, config, blob)
     return await store.info(run_id)
 

@@ -85,10 +85,26 @@ async def test_control_api_refuses_non_bearer_scheme(cloud: Cloud) -> None:
     assert await cloud.snapshot() == before
 
 
+NESTED = b"[" * 5000 + b"]" * 5000
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"rounds": -1}', NESTED], ids=["not-json", "invalid", "nested"])
+@pytest.mark.parametrize(("path", "token"), [("/api/v1/runs", "admin"), ("/api/v1/edges", "edge")])
+async def test_the_token_is_checked_before_the_body(cloud: Cloud, path: str, token: str, body: bytes) -> None:
+    before = await cloud.snapshot()
+    headers = {"Authorization": "Bearer wrong", "Content-Type": "application/json"}
+    r = await cloud.http.post(path, content=body, headers=headers)
+    assert detail_of(r, 401) == "invalid bearer token"
+    right = bearer(ADMIN_TOKEN if token == "admin" else EDGE_TOKEN)
+    r = await cloud.http.post(path, content=body, headers={**headers, **right})
+    assert r.status_code == (400 if body == NESTED else 422), r.text
+    assert await cloud.snapshot() == before
+
+
 @pytest.mark.parametrize(
     ("body", "error_type"),
     [(b'{"rounds": 2,', "json_invalid"), (b"rounds=2", "json_invalid"), (b"\xff\xfe", "json_invalid"),
-     (b"[]", "model_attributes_type"), (b'"fedavg"', "model_attributes_type")],
+     (b"[]", "model_type"), (b'"fedavg"', "model_type")],
     ids=["truncated", "not-json", "not-utf8", "array", "string"],
 )
 async def test_create_run_malformed_json(cloud: Cloud, body: bytes, error_type: str) -> None:
@@ -201,6 +217,19 @@ async def test_create_run_whose_server_memory_would_not_fit(redis_url: str) -> N
         assert await cloud.snapshot() == before
         r = await cloud.admin("POST", "/api/v1/runs", json={**config, "data": {**config["data"], "num_clients": 3}})
         assert r.status_code == 201, r.text  # 7.8 kB fits
+
+
+async def test_create_run_whose_contributions_would_exceed_the_payload_limit(redis_url: str) -> None:
+    """FedVARP sends each selected client's Δw: 6 logreg copies (15.6 kB) against a 12 kB body limit. The
+    run used to be created, and every contribution then answered 413: stalled at version 0 for good."""
+    async with running_cloud(redis_url, max_payload_bytes=12_000) as cloud:
+        before = await cloud.snapshot()
+        config = small_config(algorithm="fedvarp", data={"dataset": "digits", "num_clients": 6})
+        r = await cloud.admin("POST", "/api/v1/runs", json=config)
+        detail_of(r, 422, "an edge's contribution would take up to", "FL_CLOUD_MAX_PAYLOAD_BYTES")
+        assert await cloud.snapshot() == before
+        r = await cloud.admin("POST", "/api/v1/runs", json={**config, "fraction": 0.5})  # 3 clients a round
+        assert r.status_code == 201, r.text
 
 
 @pytest.mark.parametrize(
@@ -543,12 +572,17 @@ async def test_contribution_wrong_tensors(cloud: Cloud, case: str) -> None:
     assert ok.status_code == 202, ok.text
 
 
+PAYLOAD_LIMIT = 20_000  # small_config's logreg contributions take 5.3 kB
+
+
 @pytest.mark.parametrize("length", OVERSIZED.values(), ids=OVERSIZED.keys())
 async def test_contribution_oversized(redis_url: str, length: str) -> None:
-    async with running_cloud(redis_url, max_payload_bytes=1000) as cloud:
+    # The limit admits the run's contributions (or it could not be created); this one carries padding.
+    async with running_cloud(redis_url, max_payload_bytes=PAYLOAD_LIMIT) as cloud:
         run_id, global_ = await running_run(cloud)
         before = await cloud.snapshot(run_id)
-        await assert_refuses_oversized(partial(cloud.submit, 0), contribution(global_, run_id), length, 1000)
+        padded = raw_message(zeros_like(global_), contribution_header(run_id).model_dump_json() + " " * PAYLOAD_LIMIT)
+        await assert_refuses_oversized(partial(cloud.submit, 0), padded, length, PAYLOAD_LIMIT)
         assert await cloud.snapshot(run_id) == before
 
 
@@ -556,20 +590,20 @@ async def test_contribution_oversized(redis_url: str, length: str) -> None:
 @pytest.mark.parametrize("endpoint", ["create-run", "register-edge"])
 async def test_json_body_oversized(redis_url: str, endpoint: str, length: str) -> None:
     """The payload limit covers the JSON routes too (valid JSON, padded past the limit)."""
-    async with running_cloud(redis_url, max_payload_bytes=1000) as cloud:
+    async with running_cloud(redis_url, max_payload_bytes=PAYLOAD_LIMIT) as cloud:
         run_id = await cloud.create_run()
         before = await cloud.snapshot(run_id)
         path, body, token = {
             "create-run": ("/api/v1/runs", small_config(), ADMIN_TOKEN),
             "register-edge": ("/api/v1/edges", {"edge_id": 3}, EDGE_TOKEN),
         }[endpoint]
-        blob = json.dumps(body).encode() + b" " * 2000
+        blob = json.dumps(body).encode() + b" " * PAYLOAD_LIMIT
 
         def post(content: Any, headers: dict[str, str] | None = None) -> Awaitable[httpx.Response]:
             return cloud.http.post(path, content=content, headers={
                 **bearer(token), "Content-Type": "application/json", **(headers or {})})
 
-        await assert_refuses_oversized(post, blob, length, 1000)
+        await assert_refuses_oversized(post, blob, length, PAYLOAD_LIMIT)
         assert await cloud.snapshot(run_id) == before
 
 

@@ -11,7 +11,8 @@ from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
 from cloud.store import Store
 from shared.config import RunConfig
-from tests.cloud.harness import Cloud, contribution, running_run, small_config
+from tests.cloud.harness import ADMIN_TOKEN, Cloud, contribution, running_run, small_config
+from tests.web import bearer
 
 pytestmark = pytest.mark.anyio
 
@@ -101,3 +102,25 @@ async def test_an_update_too_large_to_store_stops_the_run(cloud: Cloud, monkeypa
         await asyncio.sleep(0.05)
     info = await cloud.info(run_id)
     assert (info["status"], info["version"]) == ("stopped", 0)
+
+
+async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-finite global model would make every client fail on it, and recomputing gives the same."""
+    compute = Orchestrator._update
+
+    def diverged(*args, **kwargs):
+        new_global, new_state, evaluation = compute(*args, **kwargs)
+        return {n: t.fill_(float("inf")) for n, t in new_global.items()}, new_state, evaluation
+
+    monkeypatch.setattr(Orchestrator, "_update", staticmethod(diverged))
+    run_id, global_ = await running_run(cloud, small_config(rounds=3))
+    v0 = await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))
+    assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
+    for _ in range(200):
+        if (await cloud.info(run_id))["status"] == "stopped":
+            break
+        await asyncio.sleep(0.05)
+    info = await cloud.info(run_id)
+    assert (info["status"], info["version"]) == ("stopped", 0)
+    assert (await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))).content == v0.content

@@ -57,7 +57,8 @@ async def test_odd_client_ids_with_a_bogus_token_are_401(edge: Edge, path: str) 
     assert r.status_code in (404, 422), r.text  # 0…01 is client 1, unknown here
 
 
-@pytest.mark.parametrize("body", [b'{"client_id": "zero"}', b"{not json", b"[1]", b'{"client_id": 1, "x": 1}'])
+@pytest.mark.parametrize("body", [b'{"client_id": "zero"}', b"{not json", b"[1]", b'{"client_id": 1, "x": 1}',
+                                  b"[" * 5000 + b"]" * 5000], ids=["string-id", "not-json", "array", "extra", "nested"])
 async def test_registration_checks_the_token_before_the_body(edge: Edge, body: bytes) -> None:
     before = await edge.snapshot()
     r = await edge.http.post("/api/v1/clients", content=body,
