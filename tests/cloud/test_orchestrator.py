@@ -96,12 +96,7 @@ async def test_an_update_too_large_to_store_stops_the_run(cloud: Cloud, monkeypa
     monkeypatch.setattr("cloud.store._REDIS_MAX_VALUE", 100)
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
-    for _ in range(200):
-        if (await cloud.info(run_id))["status"] == "stopped":
-            break
-        await asyncio.sleep(0.05)
-    info = await cloud.info(run_id)
-    assert (info["status"], info["version"]) == ("stopped", 0)
+    await stopped_at_version_0(cloud, run_id)
 
 
 async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud,
@@ -117,10 +112,14 @@ async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     v0 = await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))
     assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
+    await stopped_at_version_0(cloud, run_id)
+    assert (await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))).content == v0.content
+
+
+async def stopped_at_version_0(cloud: Cloud, run_id: str) -> None:
     for _ in range(200):
         if (await cloud.info(run_id))["status"] == "stopped":
             break
         await asyncio.sleep(0.05)
     info = await cloud.info(run_id)
     assert (info["status"], info["version"]) == ("stopped", 0)
-    assert (await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))).content == v0.content
