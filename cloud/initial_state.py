@@ -41,7 +41,7 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_pay
                              f"{max_state_bytes / 2**20:.0f} MiB one Redis value may hold here "
                              "(FL_CLOUD_MAX_STATE_BYTES); use fewer clients or clusters, or a smaller model")
     largest = max(_contribution_bytes(algorithm, global_, edge) for edge in range(config.topology.num_edges))
-    if largest + len(blob) > max_payload_bytes:  # the header carries the run's config, as the state's does
+    if largest > max_payload_bytes:
         raise InvalidRun(f"an edge's contribution would take up to {largest / 2**20:.0f} MiB, over the "
                          f"{max_payload_bytes / 2**20:.0f} MiB the cloud accepts (FL_CLOUD_MAX_PAYLOAD_BYTES); "
                          "use fewer clients per edge, a smaller fraction or a smaller model")
@@ -55,5 +55,7 @@ def _contribution_bytes(algorithm: Algorithm, global_: Tensors, edge: int) -> in
     own = config.clients_of_edge(edge)
     clients = own[:min(len(own), num_selected(config.fraction, len(own)) * config.topology.edge_rounds)]
     spec = algorithm.contribution_spec(global_, clients)
-    return sum(math.prod(d.max if isinstance(d, Dim) else d for d in shape) * torch.empty(0, dtype=dtype).element_size()
+    data = sum(math.prod(d.max if isinstance(d, Dim) else d for d in shape) * torch.empty(0, dtype=dtype).element_size()
                for shape, dtype in spec.values())
+    # The safetensors header: an entry per tensor, and the message with a line per client (a few metrics).
+    return data + 100 * len(spec) + 300 * len(clients) + 1_000

@@ -29,6 +29,7 @@ SettingsDep = Annotated[EdgeSettings, Depends(_settings)]
 BoardDep = Annotated[TaskBoard, Depends(_board)]
 RoundLoopDep = Annotated[EdgeRoundLoop, Depends(_loop)]
 
+
 @dataclass(frozen=True)
 class ClientAuth:
     """What the caller's token allows: every client (the edge's client secret, held by an operator's
