@@ -192,6 +192,10 @@ class EdgeRoundLoop:
                 results = await self.board.wait_results(policy.deadline_s)
                 if len(results) >= quorum:
                     return results
+                # A stopped run's missing clients are not worth another deadline: the next run waits.
+                if await self._moved_on(header, to_another_run=True):
+                    raise RoundAbandoned(f"run {header.run_id} was replaced while version {header.version} "
+                                         "waited for its quorum")
                 log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
                             self.edge_id, len(results), len(tasks), quorum, attempt + 1)
             while not results:
@@ -205,11 +209,18 @@ class EdgeRoundLoop:
         finally:
             await self.board.clear()
 
-    async def _moved_on(self, header: GlobalStateHeader) -> bool:
-        """Whether the cloud now offers this edge something newer: another run, or a newer version."""
+    async def _moved_on(self, header: GlobalStateHeader, to_another_run: bool = False) -> bool:
+        """Whether the cloud now offers this edge something newer: another run, or (unless only another
+        run counts) a newer version of this one. A round short of its quorum is worth finishing on an
+        older version of an asynchronous run: its late clients may still answer."""
         response = await send(self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
                               params={"run_id": header.run_id, "after": header.version, "timeout": 0})
-        return response.status_code == 200
+        if response.status_code != 200:
+            return False
+        if not to_another_run:
+            return True
+        _, offered = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
+        return offered.run_id != header.run_id
 
     async def submit(self, header: GlobalStateHeader, tensors: Tensors, weight: float,
                      results: list[ClientResult]) -> None:

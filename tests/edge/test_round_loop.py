@@ -293,3 +293,23 @@ async def test_a_round_nobody_can_answer_is_abandoned_when_the_cloud_moves_on() 
         finally:
             clients.cancel()
     assert [c.run_id for c in cloud.contributions] == ["the-next-run"]
+
+
+async def test_a_round_short_of_its_quorum_is_dropped_when_its_run_is_replaced() -> None:
+    """Its clients 1..3 are gone (say, their process was killed) and the run was stopped for another:
+    the edge must not wait out its retries (20 × 0.3 s here; 4 × 120 s by default) before serving it."""
+    short = RunConfig.model_validate({**FAST.model_dump(),
+                                      "policy": {"deadline_s": 0.3, "max_retries": 20, "min_fraction": 1.0}})
+    cloud = CloudDouble(short)
+    async with running_edge(cloud_transport=cloud.transport(), state_dir=None) as edge:
+        loop = edge.app.state.round_loop
+        only_client_0 = asyncio.create_task(answer_tasks(edge, [0]))
+        try:
+            await until(lambda: loop.current is not None and edge.board.results(), what="client 0 answers")
+            cloud.config, cloud.run_id = FAST, "the-next-run"
+            started = time.monotonic()
+            await until(lambda: loop.current.run_id == "the-next-run", timeout=3.0, what="the next run is served")
+            assert time.monotonic() - started < 3.0
+        finally:
+            only_client_0.cancel()
+    assert cloud.contributions == []  # the replaced run's round was not submitted

@@ -61,6 +61,15 @@ def test_start_set_get_stop_removes_temp_dir() -> None:
     server.stop()  # idempotent
 
 
+def test_every_acknowledged_write_is_fsynced_by_default(tmp_path: Path) -> None:
+    """What the cloud answers 202 for must survive a host crash, not only a process kill."""
+    with RedisServer(dir=tmp_path / "d") as server:
+        client = _client(server)
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("appendfsync") == {"appendfsync": "always"}
+        client.close()
+
+
 def test_restart_on_same_dir_keeps_data_via_aof(tmp_path: Path) -> None:
     data_dir = tmp_path / "redis-data"
     with RedisServer(dir=data_dir, fsync_always=True) as first:
