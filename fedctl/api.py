@@ -11,9 +11,15 @@ from shared.transport.tensors import Tensors, decode_tensors
 
 
 class CloudAPI:
-    def __init__(self, base_url: str, admin_token: str, timeout: float = 60.0):
+    # Reads are retried through a passing fault (a 5xx, a dropped connection: right after a Redis restart
+    # one request in about ninety met a stale pooled connection); writes are not, since a create is not
+    # idempotent.
+    read_attempts = 5
+
+    def __init__(self, base_url: str, admin_token: str, timeout: float = 60.0,
+                 transport: httpx.BaseTransport | None = None):
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"},
-                                 timeout=timeout)
+                                 timeout=timeout, **({"transport": transport} if transport else {}))
 
     def close(self) -> None:
         self.http.close()
@@ -30,25 +36,39 @@ class CloudAPI:
                                f"{response.status_code} {response.text[:500]}")
         return response
 
+    def _get(self, path: str) -> httpx.Response:
+        for attempt in range(self.read_attempts):
+            last = attempt == self.read_attempts - 1
+            try:
+                response = self.http.get(path)
+            except httpx.TransportError:
+                if last:
+                    raise
+            else:
+                if response.status_code < 500 or last:
+                    return self._ok(response)
+            time.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
+
     def create_run(self, config: RunConfig) -> RunInfo:
         response = self.http.post("/api/v1/runs", content=config.model_dump_json(),
                                   headers={"Content-Type": "application/json"})
         return RunInfo.model_validate_json(self._ok(response).content)
 
     def run(self, run_id: str) -> RunInfo:
-        return RunInfo.model_validate_json(self._ok(self.http.get(f"/api/v1/runs/{run_id}")).content)
+        return RunInfo.model_validate_json(self._get(f"/api/v1/runs/{run_id}").content)
 
     def runs(self) -> list[RunInfo]:
-        return [RunInfo.model_validate(x) for x in self._ok(self.http.get("/api/v1/runs")).json()]
+        return [RunInfo.model_validate(x) for x in self._get("/api/v1/runs").json()]
 
     def action(self, run_id: str, action: str) -> RunInfo:
         return RunInfo.model_validate_json(self._ok(self.http.post(f"/api/v1/runs/{run_id}/{action}")).content)
 
     def history(self, run_id: str) -> list[RoundRecord]:
-        return [RoundRecord.model_validate(x) for x in self._ok(self.http.get(f"/api/v1/runs/{run_id}/history")).json()]
+        return [RoundRecord.model_validate(x) for x in self._get(f"/api/v1/runs/{run_id}/history").json()]
 
     def model(self, run_id: str) -> Tensors:
-        return decode_tensors(self._ok(self.http.get(f"/api/v1/runs/{run_id}/model")).content)
+        return decode_tensors(self._get(f"/api/v1/runs/{run_id}/model").content)
 
     def wait(self, run_id: str, timeout_s: float = 600.0, poll_s: float = 0.5, on_poll=None) -> RunInfo:
         """Polls until the run is finished or stopped; `on_poll(info)` sees every poll."""

@@ -1,0 +1,51 @@
+import httpx
+import pytest
+
+from fedctl.api import CloudAPI
+
+RUN = {"run_id": "r", "status": "running", "version": 1, "rounds": 3, "buffered": 0,
+       "created_at": "2026-11-22T00:00:00Z",
+       "config": {"name": "x", "model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 4}}}
+
+
+def api_answering(*answers) -> tuple[CloudAPI, list[str]]:
+    """A CloudAPI whose requests get `answers` in turn: a status code, or an exception to raise."""
+    seen, queue = [], list(answers)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        answer = queue.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return httpx.Response(answer, json=RUN if answer == 200 else {"detail": "x"})
+
+    api = CloudAPI("http://cloud", "t", transport=httpx.MockTransport(handle))
+    api.read_attempts = 4
+    return api, seen
+
+
+def test_reads_go_through_a_passing_fault(monkeypatch):
+    monkeypatch.setattr("fedctl.api.time.sleep", lambda s: None)
+    api, seen = api_answering(500, httpx.ConnectError("reset"), 200)
+    assert api.run("r").version == 1
+    assert seen == ["GET /api/v1/runs/r"] * 3
+
+
+def test_client_errors_and_lasting_faults_are_not_retried_forever(monkeypatch):
+    monkeypatch.setattr("fedctl.api.time.sleep", lambda s: None)
+    api, seen = api_answering(404)
+    with pytest.raises(RuntimeError, match="404"):
+        api.run("r")
+    assert len(seen) == 1
+    api, seen = api_answering(500, 500, 500, 500)
+    with pytest.raises(RuntimeError, match="500"):
+        api.run("r")
+    assert len(seen) == 4
+
+
+def test_writes_are_sent_once(monkeypatch):
+    monkeypatch.setattr("fedctl.api.time.sleep", lambda s: None)
+    api, seen = api_answering(500)
+    with pytest.raises(RuntimeError, match="500"):
+        api.action("r", "stop")
+    assert seen == ["POST /api/v1/runs/r/stop"]
