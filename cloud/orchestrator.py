@@ -103,9 +103,7 @@ class Orchestrator:
             # and recomputing gives the same. Stop the run, and say why.
             log.error("run %s diverged: version %d would have non-finite %s; stopping it",
                       run_id, info.version + 1, broken)
-            await self.store.transition(run_id, "stop")
-            await self.announce()
-            return False
+            return await self._stop(run_id)
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
         record = round_record(info.version, [e.header for e in entries], evaluation, started,
                               info.started_at or started, now())
@@ -118,13 +116,17 @@ class Orchestrator:
         except StateTooLarge:
             # Recomputing would give the same result again: stop the run, loudly, so that it does not loop.
             log.exception("run %s cannot store version %d; stopping it", run_id, info.version + 1)
-            await self.store.transition(run_id, "stop")
-            await self.announce()
-            return False
+            return await self._stop(run_id)
         if committed:
             log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
             await self.announce()
         return committed
+
+    async def _stop(self, run_id: str) -> bool:
+        """Stops a run whose update cannot be published: recomputing would only give the same again."""
+        await self.store.transition(run_id, "stop")
+        await self.announce()
+        return False
 
     @staticmethod
     def _update(algorithm, config, global_blob, state_blob, entries: list[BufferedContribution], version):

@@ -5,12 +5,12 @@ import json
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, Request
 
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import TaskBoard
-from shared.web import bearer_token, client_token, same_token
+from shared.web import bearer_token, client_token, same_token, unauthorized
 
 
 def _settings(request: Request) -> EdgeSettings:
@@ -43,8 +43,7 @@ class ClientAuth:
         if same_token(self.token, self.secret):
             return
         if client_id is None or not same_token(self.token, client_token(self.secret, client_id)):
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise unauthorized()
 
 
 async def client_auth(request: Request) -> ClientAuth:

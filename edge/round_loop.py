@@ -61,11 +61,7 @@ class EdgeRoundLoop:
         while True:
             header: GlobalStateHeader | None = None
             try:
-                response = await send(
-                    self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
-                    params={"after": version, "timeout": self.settings.long_poll_max_s,
-                            **({"run_id": run_id} if run_id else {})},
-                )
+                response = await self._poll(run_id, version, self.settings.long_poll_max_s)
                 if response.status_code == 204:
                     continue
                 if response.status_code == 404:  # the cloud lost our registration (fresh Redis)
@@ -91,6 +87,12 @@ class EdgeRoundLoop:
                 continue
             run_id, version = header.run_id, header.version
             backoff = self.retry_backoff_s
+
+    async def _poll(self, run_id: str | None, after: int, timeout: float) -> httpx.Response:
+        """The cloud's long-poll: 200 with a global state newer than `after` of `run_id` (or of another
+        run, once the cloud has moved on), 204 if none comes within `timeout`."""
+        return await send(self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
+                          params={"after": after, "timeout": timeout, **({"run_id": run_id} if run_id else {})})
 
     async def register(self) -> None:
         reg = EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url)
@@ -213,8 +215,7 @@ class EdgeRoundLoop:
         """Whether the cloud now offers this edge something newer: another run, or (unless only another
         run counts) a newer version of this one. A round short of its quorum is worth finishing on an
         older version of an asynchronous run: its late clients may still answer."""
-        response = await send(self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
-                              params={"run_id": header.run_id, "after": header.version, "timeout": 0})
+        response = await self._poll(header.run_id, header.version, timeout=0)
         if response.status_code != 200:
             return False
         if not to_another_run:

@@ -25,12 +25,15 @@ SAFETENSORS = "application/vnd.safetensors"
 _bearer = HTTPBearer(auto_error=False)
 
 
+def unauthorized(detail: str = "invalid bearer token") -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
 async def bearer_token(request: Request) -> str:
     """The request's bearer token, or 401."""
     creds: HTTPAuthorizationCredentials | None = await _bearer(request)
     if creds is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise unauthorized("missing bearer token")
     return creds.credentials
 
 
@@ -43,8 +46,7 @@ def bearer_guard(expected: Callable[[Request], str]):
 
     async def guard(request: Request) -> None:
         if not same_token(await bearer_token(request), expected(request)):
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise unauthorized()
 
     return guard
 
