@@ -106,7 +106,9 @@ def test_a_killed_edge_restarts_with_its_client_memory(three_edges):
     # Half of each edge's clients per round: a client that sits out after the restart is only in the
     # edge's means through the memory on disk (with everyone every round, a forgetful edge would
     # rebuild the same means in one round and this test could not fail).
-    config = RunConfig(name="hfpl-edge-crash", rounds=10, fraction=0.5,
+    # 25 rounds: the pause/resume probe below lets a few updates through each time it misses edge 0, and
+    # with 10 rounds a loaded machine could see the run finish before edge 0 had a triple waiting.
+    config = RunConfig(name="hfpl-edge-crash", rounds=25, fraction=0.5,
                        topology={"num_edges": 3, "buffer_size": 2}, **CONFIG)
     run_id = api.create_run(config).run_id
     api.action(run_id, "start")
