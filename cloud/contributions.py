@@ -33,8 +33,8 @@ def check_contribution(algorithm: Algorithm, global_: Tensors, header: EdgeContr
 
 
 def _check_weight(algorithm: Algorithm, header: EdgeContributionHeader) -> None:
-    # The weight of some of the listed clients: all of them (FedAvg), those of the last of κ edge rounds,
-    # or pFedMe's sample S of those that answered; so between one client's weight and all of theirs.
+    # The weight of some of the listed clients: all of them (FedAvg, pFedMe's S), or those of the last of
+    # κ edge rounds; so between one client's weight and all of theirs.
     weights = [algorithm.client_weight(c.num_samples) for c in header.clients]
     low, high = min(weights), sum(weights)
     if not low * (1 - 1e-9) <= header.weight <= high * (1 + 1e-9):

@@ -10,9 +10,10 @@ import logging
 
 from cloud.store import BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
-from shared.algorithms.base import Algorithm
+from shared.algorithms.base import Algorithm, Contribution
+from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
 from shared.config import RunConfig
-from shared.federation import contribution, evaluate_global, round_record
+from shared.federation import contribution
 from shared.schemas import GlobalStateHeader, RunStatus
 from shared.transport.tensors import decode, decode_tensors, encode
 
@@ -94,24 +95,21 @@ class Orchestrator:
         algorithm = self.algorithm(run_id, config)
         global_blob = await self.store.global_blob(run_id)
         state_blob = await self.store.cloud_state_blob(run_id)
-        new_global, new_state, evaluation = await asyncio.to_thread(
-            self._update, algorithm, config, global_blob, state_blob, entries, info.version
-        )
-        broken = sorted(n for n, t in new_global.items() if t.is_floating_point() and not bool(t.isfinite().all()))
-        if broken:
-            # Diverged (e.g. too large a learning rate): publishing it would make every client fail on it,
-            # and recomputing gives the same. Stop the run, and say why.
-            log.error("run %s diverged: version %d would have non-finite %s; stopping it",
-                      run_id, info.version + 1, broken)
+        try:
+            contributions, outcome = await asyncio.to_thread(
+                self._update, algorithm, global_blob, state_blob, entries, info.version
+            )
+        except Diverged as e:  # recomputing gives the same: stop the run, and say why
+            log.error("run %s %s; stopping it", run_id, e)
             return await self._stop(run_id)
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
-        record = round_record(info.version, [e.header for e in entries], evaluation, started,
-                              info.started_at or started, now())
+        record = round_record(info.version, contributions, outcome, started, info.started_at or started, now())
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
         finished = info.version + 1 >= config.rounds
         try:
             committed = await self.store.commit_update(
-                run_id, info.version, entries, encode(new_global, header), encode(new_state), record, finished
+                run_id, info.version, entries, encode(outcome.global_, header), encode(outcome.cloud_state), record,
+                finished,
             )
         except StateTooLarge:
             # Recomputing would give the same result again: stop the run, loudly, so that it does not loop.
@@ -129,9 +127,9 @@ class Orchestrator:
         return False
 
     @staticmethod
-    def _update(algorithm, config, global_blob, state_blob, entries: list[BufferedContribution], version):
+    def _update(algorithm: Algorithm, global_blob: bytes, state_blob: bytes | None,
+                entries: list[BufferedContribution], version: int) -> tuple[list[Contribution], CloudRoundOutcome]:
         global_, _ = decode(global_blob, GlobalStateHeader)
         cloud_state = decode_tensors(state_blob) if state_blob else {}
         contributions = [contribution(e.header, decode_tensors(e.blob)) for e in entries]
-        new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
-        return new_global, new_state, evaluate_global(config, algorithm, new_global, new_state)
+        return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version)

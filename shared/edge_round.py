@@ -36,7 +36,7 @@ async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
 class EdgeRoundOutcome:
     aggregate: EdgeAggregate
     edge_state: Tensors
-    results: list[ClientResult]  # of every edge round, for the history
+    results: list[ClientResult]  # of every edge round, those its aggregate sums: for the history
 
 
 async def run_edge_round(
@@ -50,8 +50,8 @@ async def run_edge_round(
         r = client_round(config, version, e)
         chosen = algorithm.select(config.clients_of_edge(edge_id), r, edge_id)
         results = await train(await offload(_tasks, algorithm, edge_global, chosen, r))
-        all_results.extend(results)
         aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r)
+        all_results.extend(x for x in results if aggregate.clients is None or x.client_id in aggregate.clients)
         if e < kappa - 1:
             edge_global = await offload(algorithm.edge_round_update, edge_global, aggregate)
     if kappa > 1:

@@ -1,11 +1,11 @@
 """What the services and the reference runner must agree on to produce the same model.
 
 Client selection, each client's RNG, the initial model and the global evaluation are defined here
-once; the edge, the client, the cloud and `shared.reference` all call these functions.
+once; the edge, the client, the cloud and `shared.reference` all call these functions (the cloud round
+itself, with its history record, is shared/cloud_round.py).
 """
 from __future__ import annotations
 
-from datetime import datetime
 from functools import partial
 
 from torch import nn
@@ -14,7 +14,7 @@ from shared.algorithms.base import Algorithm, ClientResult, Contribution, LocalJ
 from shared.config import RunConfig
 from shared.data.datasets import ClientData, load_federated
 from shared.models import build_model
-from shared.schemas import ClientParticipation, ClientRecord, ContributionRecord, EdgeContributionHeader, RoundRecord
+from shared.schemas import ClientParticipation, EdgeContributionHeader
 from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
 from shared.training import Evaluation, evaluate, load_parameters
 from shared.transport.tensors import Tensors
@@ -46,49 +46,12 @@ def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -
 
 def contribution(header: EdgeContributionHeader, tensors: Tensors) -> Contribution:
     """An accepted edge message as the cloud's update sees it."""
-    return Contribution(header.edge_id, header.base_version, tensors, header.weight,
-                        tuple(c.client_id for c in header.clients),
-                        {c.client_id: dict(c.metrics) for c in header.clients})
+    return Contribution(header.edge_id, header.base_version, tensors, header.weight, tuple(header.clients))
 
 
 def participation(results: list[ClientResult]) -> list[ClientParticipation]:
     return [ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss, metrics=r.metrics)
             for r in sorted(results, key=lambda r: r.client_id)]
-
-
-def round_record(version: int, contributions: list[EdgeContributionHeader], evaluation: Evaluation,
-                 started: datetime, run_started: datetime, finished: datetime) -> RoundRecord:
-    """The history entry of the cloud update that consumed `contributions` at `version`."""
-    clients = sorted(
-        (ClientRecord(client_id=c.client_id, edge_id=h.edge_id, num_samples=c.num_samples, loss=c.loss,
-                      metrics=c.metrics)
-         for h in contributions for c in h.clients),
-        key=lambda c: (c.client_id, c.edge_id),
-    )
-    samples = max(sum(c.num_samples for c in clients), 1)
-    names = sorted({name for c in clients for name in c.metrics})
-    return RoundRecord(
-        round=version,
-        version=version + 1,
-        edges=sorted({h.edge_id for h in contributions}),
-        clients=clients,
-        contributions=[
-            ContributionRecord(edge_id=h.edge_id, base_version=h.base_version, staleness=version - h.base_version,
-                               weight=h.weight)
-            for h in contributions
-        ],
-        train_loss=sum(c.loss * c.num_samples for c in clients) / samples,
-        test_loss=evaluation.loss,
-        test_accuracy=evaluation.accuracy,
-        client_metrics={
-            name: sum(c.metrics[name] * c.num_samples for c in clients if name in c.metrics)
-            / max(sum(c.num_samples for c in clients if name in c.metrics), 1)
-            for name in names
-        },
-        started_at=started,
-        finished_at=finished,
-        elapsed_s=(finished - run_started).total_seconds(),
-    )
 
 
 def evaluate_global(config: RunConfig, algorithm: Algorithm, global_, cloud_state) -> Evaluation:

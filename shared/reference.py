@@ -1,9 +1,10 @@
 """The in-process reference runner: the services' round loop without HTTP, Redis or processes.
 
-It runs the same edge round (shared/edge_round.py), the same algorithm hooks, selection and seeds as
-cloud/edge/client, so for a given config it yields the same global model as a distributed run (up to
-float summation order), and the same history records, except that a record lists its contributions in
-the order its buffer received them, which in a service run is the order the edges happened to submit.
+It runs the same edge round (shared/edge_round.py) and cloud round (shared/cloud_round.py, which raises
+Diverged on a non-finite model), the same algorithm hooks, selection and seeds as cloud/edge/client, so
+for a given config it yields the same global model as a distributed run (up to float summation order),
+and the same history records, except that a record lists its contributions in the order its buffer
+received them, which in a service run is the order the edges happened to submit.
 
 Which edge triples each cloud update consumes is the one thing timing decides. Synchronous algorithms
 (B = L) consume every edge's triple each time. With B < L the runner either replays a `schedule` (the
@@ -19,12 +20,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from shared.algorithms import registry
-from shared.algorithms.base import Algorithm, ClientResult
+from shared.algorithms.base import Algorithm, ClientResult, Contribution
+from shared.cloud_round import round_record, run_cloud_round
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
-from shared.federation import contribution, evaluate_global, initial_model, local_job, participation, round_record
-from shared.schemas import EdgeContributionHeader, RoundRecord
+from shared.federation import initial_model, local_job, participation
+from shared.schemas import RoundRecord
 from shared.transport.tensors import Tensors
 
 # One cloud update's buffer: (edge_id, base_version) per triple.
@@ -82,7 +84,6 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
     algorithm = registry.create(config)
     clients = _InProcessClients(algorithm)
     globals_ = [algorithm.init_global(initial_model(config))]
-    cloud_state: Tensors = {}
     edge_states: dict[int, Tensors] = {e: {} for e in range(config.topology.num_edges)}
     pending: dict[int, _Pending] = {}
 
@@ -110,19 +111,16 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
                     await start(edge_id, base, now)
         consumed = [pending.pop(e) for e in arrived]
         now = max([now, *(p.done_at for p in consumed)])
-        headers = [
-            EdgeContributionHeader(
-                run_id="reference", edge_id=e, base_version=p.base_version, idempotency_key=f"{e}:{p.base_version}",
-                weight=p.outcome.aggregate.weight, clients=participation(p.outcome.results))
+        contributions = [
+            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight,
+                         tuple(participation(p.outcome.results)))
             for e, p in zip(arrived, consumed, strict=True)
         ]
-        contributions = [contribution(h, p.outcome.aggregate.tensors) for h, p in zip(headers, consumed, strict=True)]
-        new_global, cloud_state = algorithm.cloud_update(globals_[version], contributions, cloud_state, version)
-        globals_.append(new_global)
+        outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)
-        evaluation = evaluate_global(config, algorithm, new_global, cloud_state)
-        result.history.append(round_record(version, headers, evaluation, started, run_started, finished))
-        result.global_state, result.cloud_state, started = new_global, cloud_state, finished
+        result.history.append(round_record(version, contributions, outcome, started, run_started, finished))
+        globals_.append(outcome.global_)
+        result.global_state, result.cloud_state, started = outcome.global_, outcome.cloud_state, finished
         if schedule is None and version + 1 < rounds:
             for e in arrived:
                 await start(e, version + 1, now)

@@ -133,6 +133,8 @@ class RoundRecord(Message):
     test_accuracy: float
     # Sample-weighted means of what clients reported (e.g. pFedMe's personalised accuracy).
     client_metrics: dict[str, float] = Field(default_factory=dict)
+    # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).
+    server_metrics: dict[str, float] = Field(default_factory=dict)
     started_at: datetime
     finished_at: datetime
     elapsed_s: float

@@ -1,8 +1,9 @@
 """The algorithm extension point.
 
-An algorithm is one class in one file under `shared/algorithms/`. It provides pure hooks; the round
-loop lives once in the services (edge/round_loop.py, cloud/orchestrator.py) and once in the in-process
-reference runner (shared/reference.py), and both call the same hooks in the same order:
+An algorithm is one class in one file under `shared/algorithms/`. It provides pure hooks; an edge round
+(shared/edge_round.py) and a cloud round (shared/cloud_round.py) are written once and called by the
+services (edge/round_loop.py, cloud/orchestrator.py) and by the in-process reference runner
+(shared/reference.py), so both call the same hooks in the same order:
 
     cloud:  init_global ............................................. version 0
     edge:   select(client_ids, round, edge) -> the clients that train this round
@@ -11,6 +12,7 @@ reference runner (shared/reference.py), and both call the same hooks in the same
     edge:   edge_aggregate(results, edge_state) -> EdgeAggregate           (an associative partial)
     edge:   [κ > 1 edge rounds: edge_round_update, then edge_contribution]
     cloud:  cloud_update(global, contributions, cloud_state) -> new global (server memory goes here)
+    cloud:  evaluate, server_metrics(global, cloud_state) -> the round's figures for the history
 
 Everything that crosses a process boundary is a `Tensors` dict (name -> tensor) plus typed metadata,
 so it travels as safetensors and is stored as safetensors (client disk, Redis). State is declared by
@@ -28,6 +30,7 @@ from torch import nn
 from shared.algorithms import aggregate
 from shared.config import RunConfig
 from shared.data.datasets import ClientData
+from shared.schemas import ClientParticipation
 from shared.selection import select_clients
 from shared.training import Evaluation
 from shared.transport.tensors import MAX_ABS, Tensors, TensorSpec, check_magnitude, check_tensors, spec_of
@@ -75,6 +78,9 @@ class ClientResult:
 class EdgeAggregate:
     tensors: Tensors
     weight: float
+    # The clients whose results it sums, when that is not every result (pFedMe's sample S): the round's
+    # history lists the clients behind the model, so the edge reports only these.
+    clients: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,9 +91,17 @@ class Contribution:
     base_version: int
     tensors: Tensors
     weight: float
-    clients: tuple[int, ...] = ()  # the clients behind it, in id order
-    # What each of those clients reported with its result (e.g. its held-out accuracy).
-    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    # The clients behind it, in id order, with what each reported (samples, loss, e.g. held-out accuracy):
+    # what the round's history records of them.
+    participation: tuple[ClientParticipation, ...] = ()
+
+    @property
+    def clients(self) -> tuple[int, ...]:
+        return tuple(c.client_id for c in self.participation)
+
+    @property
+    def metrics(self) -> dict[int, dict[str, float]]:
+        return {c.client_id: dict(c.metrics) for c in self.participation}
 
 
 class Algorithm:
@@ -154,6 +168,10 @@ class Algorithm:
     def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
         """The round's figures when the global state is not one model to test centrally (None: it is)."""
         return None
+
+    def server_metrics(self, global_: Tensors, cloud_state: Tensors) -> dict[str, float]:
+        """Figures the cloud computes after an update, recorded in the round's history (`server_metrics`)."""
+        return {}
 
     # ---- edge ----------------------------------------------------------------------------------
     def select(self, client_ids: list[int], round: int, edge_id: int) -> list[int]:

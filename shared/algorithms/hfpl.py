@@ -193,6 +193,13 @@ class HFPL(Algorithm):
         loss = cloud_state.get(_eval(TEST_LOSS), _nan(len(seen)))[seen]
         return Evaluation(float(loss.mean()), float(accuracy[seen].mean()), int(seen.sum()))
 
+    def server_metrics(self, global_: Tensors, cloud_state: Tensors) -> dict[str, float]:
+        """The mean over clients of each one's latest nearest-prototype accuracy (its f_i against C̄),
+        which the history would otherwise only have for the clients of each update."""
+        accuracy = cloud_state.get(_eval(PROTO_ACCURACY))
+        seen = accuracy[~torch.isnan(accuracy)] if accuracy is not None else torch.empty(0)
+        return {PROTO_ACCURACY: float(seen.mean())} if len(seen) else {}
+
     # ---- edge ----------------------------------------------------------------------------------
     def result_spec(self, task: Tensors) -> TensorSpec:
         num_classes, d = task[PROTOTYPES].shape

@@ -10,12 +10,13 @@ Client k (every client, every round), starting from ω = θ_k = θ:
                      ω ← ω − η·λ·(ω − θ_k)
     keeps θ_k (its personalised model, client state) and returns ω itself (not ω − θ).
     It also reports θ_k's loss and accuracy on its own held-out split (`personal_loss`,
-    `personal_accuracy`); the round history averages them over clients (weighted by training samples),
-    so the personalised accuracy of round r is that of θ_k after round r's local training.
+    `personal_accuracy`); the round history averages them over the clients of S (weighted by training
+    samples), so the personalised accuracy of round r is that of θ_k after round r's local training.
 Edge: S is a uniform sample of m = max(⌊λ_part·n⌋, 1) of the n clients whose ω arrived, drawn with
     shared.selection.select_clients(config, answered, round, edge) — the same (seed, SELECTION, round,
     edge) stream plain selection would use, free here because `select` takes everyone without drawing.
-    The edge sends Σ_{k∈S} ω_k (float64) with weight |S|.
+    The edge sends Σ_{k∈S} ω_k (float64) with weight |S|, on behalf of S: the history lists the clients
+    of S, as every algorithm's lists the clients whose updates entered the model.
 Cloud: θ ← (1 − β)·θ + β · (Σ_l Σ_{k∈S_l} ω_k) / (Σ_l |S_l|), applied once over all edges' partials.
 
 Deviations from the paper and its code, all following issue 3:
@@ -119,7 +120,7 @@ class PFedMe(Algorithm):
         chosen = set(self.sampled([r.client_id for r in results], round))
         ordered = sorted((r for r in results if r.client_id in chosen), key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
-        return EdgeAggregate(partial.sums, partial.weight), edge_state
+        return EdgeAggregate(partial.sums, partial.weight, tuple(r.client_id for r in ordered)), edge_state
 
     # ---- cloud ---------------------------------------------------------------------------------
     def cloud_update(

@@ -5,9 +5,10 @@ from datetime import datetime, timezone
 import pytest
 
 from fedctl.report import client_reports, group_summary, save_results
+from shared.algorithms.base import Contribution
+from shared.cloud_round import CloudRoundOutcome, round_record
 from shared.config import RunConfig
-from shared.federation import round_record
-from shared.schemas import ClientParticipation, EdgeContributionHeader, RunInfo, RunStatus
+from shared.schemas import ClientParticipation, RunInfo, RunStatus
 from shared.training import Evaluation
 
 # 6 clients over 3 edges; families take turns over k // 3: clients 0-2 mlp, 3-5 cnn.
@@ -18,11 +19,9 @@ AT = datetime.now(timezone.utc)
 
 
 def update(version: int, edge: int, reports: dict[int, float]):
-    header = EdgeContributionHeader(
-        run_id="r", edge_id=edge, base_version=version, idempotency_key=f"{edge}:{version}", weight=1.0,
-        clients=[ClientParticipation(client_id=k, num_samples=5, loss=0.1, metrics={"accuracy": a})
-                 for k, a in reports.items()])
-    return round_record(version, [header], Evaluation(0.0, 0.0, 0), AT, AT, AT)
+    contribution = Contribution(edge, version, {}, 1.0, tuple(
+        ClientParticipation(client_id=k, num_samples=5, loss=0.1, metrics={"accuracy": a}) for k, a in reports.items()))
+    return round_record(version, [contribution], CloudRoundOutcome({}, {}, Evaluation(0.0, 0.0, 0), {}), AT, AT, AT)
 
 
 HISTORY = [update(0, 0, {0: 0.5, 3: 0.7}), update(1, 1, {1: 0.9, 4: 0.6}), update(2, 0, {0: 0.8, 3: 0.9})]

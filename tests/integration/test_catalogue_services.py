@@ -10,7 +10,7 @@ from fedctl.api import CloudAPI
 from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.reference import run_reference
-from shared.schemas import RunStatus
+from shared.schemas import RoundRecord, RunStatus
 from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,7 @@ def two_edges(tmp_path_factory):
         yield api
 
 
-def check_against_reference(api: CloudAPI, config: RunConfig) -> None:
+def check_against_reference(api: CloudAPI, config: RunConfig) -> list[RoundRecord]:
     run_id = api.create_run(config).run_id
     api.action(run_id, "start")
     final = api.wait(run_id, timeout_s=300)
@@ -72,11 +72,15 @@ def check_against_reference(api: CloudAPI, config: RunConfig) -> None:
     for got, want in zip(history, reference.history, strict=True):
         assert got.test_accuracy == pytest.approx(want.test_accuracy, abs=3e-3)
         assert got.client_metrics == pytest.approx(want.client_metrics, abs=1e-6)
+    return history
 
 
 @pytest.mark.parametrize("name", list(FLAT))
 def test_flat_algorithm_equals_reference(flat, name):
-    check_against_reference(flat, config_for(name, FLAT[name], 1))
+    history = check_against_reference(flat, config_for(name, FLAT[name], 1))
+    # Each round lists the m = ⌊λN⌋ = 3 clients whose updates entered the model; for pFedMe, whose six
+    # clients all train every round, that is its sample S.
+    assert all(len(h.clients) == 3 for h in history)
 
 
 @pytest.mark.parametrize("name", list(HIERARCHICAL))

@@ -153,3 +153,6 @@ def test_single_edge_buffer_of_one_runs_synchronously_and_equals_the_reference(t
     for name, value in reference.global_state.items():
         assert torch.allclose(model[name].to(value.dtype), value, atol=1e-4), name
     assert [h.test_accuracy for h in history] == pytest.approx([h.test_accuracy for h in reference.history], abs=1e-6)
+    assert history[-1].server_metrics  # the mean nearest-prototype accuracy, once C̄ exists
+    for got, want in zip(history, reference.history, strict=True):
+        assert got.server_metrics == pytest.approx(want.server_metrics, abs=1e-6)

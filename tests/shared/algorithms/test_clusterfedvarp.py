@@ -9,6 +9,7 @@ from shared.algorithms.clustering import canonical_labels, kmeans, label_histogr
 from shared.algorithms.fedvarp import FedVARP
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
+from shared.federation import participation
 from shared.reference import run_reference
 from shared.transport.tensors import check_tensors, decode_tensors, encode
 from tests.shared.algorithms.determinism import assert_reference_is_deterministic
@@ -27,7 +28,7 @@ def algo(clusters: list[int] | None, num_clients: int = 4, server_lr: float = 1.
 def contribution(algorithm, deltas: dict[int, float]) -> Contribution:
     results = [ClientResult(k, 10 * (k + 1), 0.0, {"w": torch.tensor([d])}) for k, d in deltas.items()]
     agg, _ = algorithm.edge_aggregate(results, {}, 0)
-    return Contribution(0, 0, agg.tensors, agg.weight, tuple(sorted(deltas)))
+    return Contribution(0, 0, agg.tensors, agg.weight, tuple(participation(results)))
 
 
 def test_cloud_update_by_hand_with_a_given_map():
@@ -67,8 +68,8 @@ def test_singleton_clusters_are_fedvarp():
                                                        "data": {"dataset": "digits", "num_clients": 4}}))):
         results = [ClientResult(k, 1, 0.0, {"w": d}) for k, d in deltas.items()]
         agg, _ = a.edge_aggregate(results, {}, 0)
-        outcomes.append(a.cloud_update(global_, [Contribution(0, 0, agg.tensors, agg.weight, (0, 2))],
-                                       {"y.w": memory.to(a.memory_dtype(global_["w"]))}, 0))
+        contribution = Contribution(0, 0, agg.tensors, agg.weight, tuple(participation(results)))
+        outcomes.append(a.cloud_update(global_, [contribution], {"y.w": memory.to(a.memory_dtype(global_["w"]))}, 0))
     (w_c, y_c), (w_f, y_f) = outcomes
     assert torch.equal(w_c["w"], w_f["w"])
     assert torch.equal(y_c["y.w"].float(), y_f["y.w"])
@@ -79,9 +80,11 @@ def test_contribution_spec_and_state_round_trip():
     global_ = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
     assert a.contribution_spec(global_, [2]) == {
         "client.2.w": ((2, 3), torch.float32), "client.2.b": ((3,), torch.float32)}
-    agg, _ = a.edge_aggregate([ClientResult(2, 5, 0.1, {"w": torch.ones(2, 3), "b": torch.ones(3)})], {}, 0)
+    results = [ClientResult(2, 5, 0.1, {"w": torch.ones(2, 3), "b": torch.ones(3)})]
+    agg, _ = a.edge_aggregate(results, {}, 0)
     check_tensors(decode_tensors(encode(agg.tensors)), a.contribution_spec(global_, [2]))
-    _, state = a.cloud_update(global_, [Contribution(0, 0, agg.tensors, agg.weight, (2,))], {}, 0)
+    contribution = Contribution(0, 0, agg.tensors, agg.weight, tuple(participation(results)))
+    _, state = a.cloud_update(global_, [contribution], {}, 0)
     assert {k: (tuple(v.shape), v.dtype) for k, v in state.items()} == {
         "y.w": ((2, 2, 3), torch.float64), "y.b": ((2, 3), torch.float64)}
     assert torch.equal(decode_tensors(encode(state))["y.w"], state["y.w"])

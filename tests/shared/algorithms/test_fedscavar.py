@@ -10,6 +10,7 @@ from shared.algorithms.fedscavar import FedSCAVAR, covered_memory, masked_varp_d
 from shared.algorithms.fedvarp import updated_memory, varp_direction
 from shared.config import ModelConfig, RunConfig
 from shared.data.datasets import ArrayDataset, ClientData
+from shared.federation import participation
 from shared.models import build_model
 from shared.reference import run_reference
 from shared.transport.tensors import decode_tensors, encode, spec_of
@@ -101,7 +102,8 @@ def test_cloud_step_by_hand():
     assert torch.equal(aggregate.tensors["client.2.fc1.bias"], torch.tensor([0.0, 4.0, 6.0, 8.0]))
     blob = decode_tensors(encode(aggregate.tensors))
     memory = {"y.fc1.bias": torch.tensor([[1.0] * 4, [2.0] * 4], dtype=torch.float64)}
-    new, state = algo.cloud_update(global_, [Contribution(0, 1, blob, aggregate.weight, (1, 2))], memory, 1)
+    contribution = Contribution(0, 1, blob, aggregate.weight, tuple(participation(results)))
+    new, state = algo.cloud_update(global_, [contribution], memory, 1)
     assert torch.allclose(new["fc1.bias"], torch.tensor([3.0, 7.0, 11.0, 9.0]))
     assert torch.allclose(new["fc3.bias"], torch.tensor([4.0, 4.0]))
     assert torch.allclose(new["control.fc1.bias"], torch.tensor([0.0, 0.875, 0.875, 0.75]))

@@ -5,6 +5,7 @@ import torch
 from shared.algorithms.base import ClientResult, Contribution
 from shared.algorithms.fedvarp import FedVARP
 from shared.config import RunConfig
+from shared.federation import participation
 from shared.reference import run_reference
 from shared.transport.tensors import InvalidContent, check_tensors, decode_tensors, encode
 from tests.shared.algorithms.determinism import assert_reference_is_deterministic
@@ -24,7 +25,7 @@ def contribution(algorithm: FedVARP, deltas: dict[int, dict[str, torch.Tensor]])
     """What the edge submits for these clients' Δw (num_samples differ to show they do not weigh)."""
     results = [ClientResult(k, 10 * (k + 1), 0.0, d) for k, d in deltas.items()]
     agg, _ = algorithm.edge_aggregate(results, {}, 0)
-    return Contribution(0, 0, agg.tensors, agg.weight, tuple(sorted(deltas)))
+    return Contribution(0, 0, agg.tensors, agg.weight, tuple(participation(results)))
 
 
 def w1(x: float) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ all four seeds (the worst ratio is 0.79).
 import pytest
 import torch
 
-import shared.reference
+import shared.cloud_round
 from shared.config import RunConfig
 from shared.data.datasets import ArrayDataset, load_federated
 from shared.federation import initial_model
@@ -39,7 +39,7 @@ def pooled_training_data(config: RunConfig) -> ArrayDataset:
 def training_losses(config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The global model's loss on the pooled training data after every round."""
     pool, losses = pooled_training_data(config), []
-    evaluate_global = shared.reference.evaluate_global
+    evaluate_global = shared.cloud_round.evaluate_global
 
     def recording(cfg, algorithm, global_, *rest):
         model = load_parameters(initial_model(cfg), algorithm.model_parameters(global_))
@@ -47,7 +47,7 @@ def training_losses(config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> list[
         return evaluate_global(cfg, algorithm, global_, *rest)
 
     with monkeypatch.context() as patch:
-        patch.setattr(shared.reference, "evaluate_global", recording)
+        patch.setattr(shared.cloud_round, "evaluate_global", recording)
         run_reference(config)
     assert len(losses) == config.rounds
     return losses

@@ -12,6 +12,7 @@ from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.federation import initial_model, local_job
 from shared.reference import run_reference, schedule_of
+from shared.schemas import ClientParticipation
 from shared.training import Evaluation
 from shared.transport.tensors import InvalidContent
 
@@ -216,7 +217,8 @@ def triple(prototypes, counts, seed: int) -> dict:
 
 
 def contribution(edge: int, tensors: dict, metrics: dict | None = None) -> Contribution:
-    return Contribution(edge, 0, tensors, 1.0, tuple(sorted(metrics or {})), metrics or {})
+    clients = (ClientParticipation(client_id=k, num_samples=1, loss=0.0, metrics=m) for k, m in (metrics or {}).items())
+    return Contribution(edge, 0, tensors, 1.0, tuple(sorted(clients, key=lambda c: c.client_id)))
 
 
 def accuracy(global_, x, y) -> float:
@@ -365,3 +367,18 @@ def test_a_slow_edge_arrives_stale_and_replaying_the_schedule_reproduces_the_run
     assert replay.cloud_state.keys() == run.cloud_state.keys()
     for k in run.cloud_state:  # eval.* hold NaN for clients never seen, and NaN != NaN
         assert torch.equal(replay.cloud_state[k].nan_to_num(-1.0), run.cloud_state[k].nan_to_num(-1.0)), k
+
+
+def test_history_has_the_mean_of_every_clients_latest_nearest_prototype_accuracy():
+    """A server-side figure: the cloud keeps each client's latest report, while a record's client_metrics
+    only average the clients of that update."""
+    run = run_reference(config().model_copy(update={"rounds": 4}))
+    latest: dict[int, float] = {}
+    for record in run.history:
+        latest.update({c.client_id: c.metrics["proto_accuracy"]
+                       for c in record.clients if "proto_accuracy" in c.metrics})
+        if latest:
+            assert record.server_metrics == {"proto_accuracy": pytest.approx(sum(latest.values()) / len(latest))}
+        else:  # no global prototypes yet in the clients' first round
+            assert record.server_metrics == {}
+    assert latest and len(latest) > len(run.history[-1].clients)  # more clients than the last update's

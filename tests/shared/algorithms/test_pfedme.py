@@ -171,12 +171,16 @@ REF = RunConfig(**{**SMALL, "local": {"lr": 0.1, "batch_size": 16}}, rounds=2, f
                 params={"local_rounds": 3, "inner_steps": 2, "personal_lr": 0.05, "lam": 5.0, "beta": 0.7})
 
 
-def test_reference_runs_every_client_and_reports_personal_accuracy():
+def test_reference_runs_every_client_and_records_the_sample_s_with_its_personal_accuracy():
     a, b = run_reference(REF), run_reference(REF)
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
-    for record in a.history:
-        assert [c.client_id for c in record.clients] == list(range(6))  # everyone trains every round
+    for r, record in enumerate(a.history):
+        # Everyone trains every round (all six keep a θ_k, below), but only S's ω entered θ: the history
+        # lists S, as every algorithm's lists the clients whose updates entered the model.
+        sample = select_clients(REF, list(range(6)), r, 0)
+        assert len(sample) == 3
+        assert [c.client_id for c in record.clients] == sample
         acc = record.client_metrics["personal_accuracy"]
         assert 0.0 <= acc <= 1.0
         # the history's value is the training-sample-weighted mean of what the clients reported
@@ -215,3 +219,14 @@ def test_two_edges_equal_one_edge_when_everyone_is_sampled():
         assert torch.allclose(flat.global_state[name], hier.global_state[name], atol=1e-6)
     for f, h in zip(flat.history, hier.history, strict=True):
         assert f.client_metrics == pytest.approx(h.client_metrics)
+
+
+def test_with_two_edges_the_history_lists_each_edges_own_sample():
+    config = RunConfig(**{**REF.model_dump(), "topology": {"num_edges": 2, "buffer_size": 2}})
+    result = run_reference(config, rounds=2)
+    for r, record in enumerate(result.history):
+        samples = {edge: select_clients(config, config.clients_of_edge(edge), r, edge) for edge in (0, 1)}
+        assert all(len(s) == 1 for s in samples.values())  # m = ⌊0.5·3⌋ of each edge's three clients
+        assert [(c.client_id, c.edge_id) for c in record.clients] == \
+            sorted((k, edge) for edge, s in samples.items() for k in s)
+        assert [c.weight for c in record.contributions] == [1.0, 1.0]  # |S_l|

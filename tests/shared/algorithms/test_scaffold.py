@@ -9,7 +9,7 @@ from shared.algorithms.base import ClientResult, Contribution, LocalJob
 from shared.algorithms.scaffold import Scaffold, step_length
 from shared.config import LocalTrainingConfig, ModelConfig, RunConfig
 from shared.data.datasets import ArrayDataset, ClientData, load_federated
-from shared.federation import initial_model, local_job
+from shared.federation import initial_model, local_job, participation
 from shared.models import build_model
 from shared.reference import run_reference
 from shared.transport.tensors import decode_tensors, encode, spec_of
@@ -97,7 +97,8 @@ def test_cloud_update_by_hand():
                ClientResult(1, 1, 0.0, {"w": torch.tensor([1.0, 0.0]), "control.w": torch.tensor([0.4, 0.0])})]
     partial_, _ = algo.edge_aggregate(results, {}, 0)
     global_ = {"w": torch.ones(2), "control.w": torch.tensor([0.5, 0.0])}
-    new, _ = algo.cloud_update(global_, [Contribution(0, 0, partial_.tensors, partial_.weight, (1, 4))], {}, 0)
+    contribution = Contribution(0, 0, partial_.tensors, partial_.weight, tuple(participation(results)))
+    new, _ = algo.cloud_update(global_, [contribution], {}, 0)
     assert torch.allclose(new["w"], torch.tensor([1.5, 2.5]))
     assert torch.allclose(new["control.w"], torch.tensor([0.5 + 1 / 30, 0.2]))
     assert new["w"].dtype == new["control.w"].dtype == torch.float32

@@ -1,0 +1,87 @@
+"""One cloud update as the cloud runs it, written once for the cloud service and the reference runner.
+
+The cloud consumes a buffer of edge contributions: `cloud_update`, then the check that the new global
+state is finite, then the round's figures (evaluation and the algorithm's server metrics). Where the
+contributions come from and where the result goes is the caller's: the orchestrator reads them from
+the Redis stream and commits the outcome in one transaction, the reference runner takes them from its
+in-process edge rounds and keeps the outcome in memory. The history record of the update is built here
+too, from the contributions, so both record the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from shared.algorithms.base import Algorithm, Contribution
+from shared.federation import evaluate_global
+from shared.schemas import ClientRecord, ContributionRecord, RoundRecord
+from shared.training import Evaluation
+from shared.transport.tensors import Tensors
+
+
+class Diverged(ArithmeticError):
+    """The update gave a global state with non-finite values (e.g. too large a learning rate).
+
+    Publishing it would make every client fail on it, and recomputing gives the same: the cloud stops
+    the run, the reference runner lets this propagate."""
+
+    def __init__(self, version: int, names: list[str]):
+        super().__init__(f"diverged: version {version} would have non-finite {names}")
+        self.version, self.names = version, names
+
+
+@dataclass(frozen=True)
+class CloudRoundOutcome:
+    global_: Tensors
+    cloud_state: Tensors
+    evaluation: Evaluation
+    server_metrics: dict[str, float]
+
+
+def run_cloud_round(algorithm: Algorithm, global_: Tensors, contributions: list[Contribution],
+                    cloud_state: Tensors, version: int) -> CloudRoundOutcome:
+    """The update of global state `version` with `contributions`; raises Diverged rather than return a
+    non-finite global state."""
+    new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
+    broken = sorted(n for n, t in new_global.items() if t.is_floating_point() and not bool(t.isfinite().all()))
+    if broken:
+        raise Diverged(version + 1, broken)
+    evaluation = evaluate_global(algorithm.config, algorithm, new_global, new_state)
+    metrics = {name: float(value) for name, value in algorithm.server_metrics(new_global, new_state).items()}
+    return CloudRoundOutcome(new_global, new_state, evaluation, metrics)
+
+
+def round_record(version: int, contributions: list[Contribution], outcome: CloudRoundOutcome,
+                 started: datetime, run_started: datetime, finished: datetime) -> RoundRecord:
+    """The history entry of the cloud update that consumed `contributions` at `version`."""
+    clients = sorted(
+        (ClientRecord(client_id=c.client_id, edge_id=contribution.edge_id, num_samples=c.num_samples, loss=c.loss,
+                      metrics=c.metrics)
+         for contribution in contributions for c in contribution.participation),
+        key=lambda c: (c.client_id, c.edge_id),
+    )
+    samples = max(sum(c.num_samples for c in clients), 1)
+    names = sorted({name for c in clients for name in c.metrics})
+    return RoundRecord(
+        round=version,
+        version=version + 1,
+        edges=sorted({c.edge_id for c in contributions}),
+        clients=clients,
+        contributions=[
+            ContributionRecord(edge_id=c.edge_id, base_version=c.base_version, staleness=version - c.base_version,
+                               weight=c.weight)
+            for c in contributions
+        ],
+        train_loss=sum(c.loss * c.num_samples for c in clients) / samples,
+        test_loss=outcome.evaluation.loss,
+        test_accuracy=outcome.evaluation.accuracy,
+        client_metrics={
+            name: sum(c.metrics[name] * c.num_samples for c in clients if name in c.metrics)
+            / max(sum(c.num_samples for c in clients if name in c.metrics), 1)
+            for name in names
+        },
+        server_metrics=outcome.server_metrics,
+        started_at=started,
+        finished_at=finished,
+        elapsed_s=(finished - run_started).total_seconds(),
+    )
