@@ -181,16 +181,17 @@ class Stopping:
 
 
 def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
-                errors: dict[type[Exception], int]) -> FastAPI:
+                errors: dict[type[Exception], int], **fastapi_options: Any) -> FastAPI:
     """A service's FastAPI app: bounded bodies, its routers, its domain errors answered with their status
-    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`)."""
+    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`).
+    `fastapi_options` go to FastAPI (e.g. docs_url=None for a service that serves its own docs)."""
     @asynccontextmanager
     async def bound(app: FastAPI):
         app.state.stopping.bind()  # on the loop that serves
         async with lifespan(app):
             yield
 
-    app = FastAPI(title=title, version="0.1.0", lifespan=bound)
+    app = FastAPI(title=title, version="0.1.0", lifespan=bound, **fastapi_options)
     app.state.stopping = Stopping()
     app.add_middleware(BodyLimit, limit=max_payload_bytes)
     for router in routers:
