@@ -13,7 +13,8 @@ function chart(id, series, yLabel) {
   const plot = new uPlot({
     width: width(), height: 260,
     scales: { x: { time: false } },
-    axes: [{ label: "round (global model version)" }, { label: yLabel }],
+    // Versions are whole numbers: no tick at 1.5.
+    axes: [{ label: "round (global model version)", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: yLabel }],
     series: [{ label: "version" }, ...series.map(([label, stroke]) => ({ label, stroke, width: 2, points: { size: 5 } }))],
   }, [[], ...series.map(() => [])], target);
   new ResizeObserver(() => plot.setSize({ width: width(), height: 260 })).observe(target);
