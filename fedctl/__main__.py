@@ -93,6 +93,8 @@ def demo(
     console.print(f"starting redis, cloud, {edges} edge(s), {n} clients in {procs * edges} client processes "
                   f"(logs in {workdir})")
     with LocalTopology(num_clients=n, num_edges=edges, procs_per_edge=procs, workdir=workdir / "services") as topo:
+        console.print(f"dashboard: [bold]{topo.cloud_url}/ui/[/] (sign in with the cloud's admin token, "
+                      f"FL_CLOUD_ADMIN_TOKEN; this demo's is {topo.admin_token!r})")
         with CloudAPI(topo.cloud_url, topo.admin_token) as api:
             info = api.create_run(cfg)
             api.action(info.run_id, "start")
