@@ -61,6 +61,14 @@ def browser() -> Iterator[Browser]:
         browser.close()
 
 
+def host(url: str) -> str | None:
+    """Where a request goes: None for data: URLs (no request leaves the page); a blob: URL (ReDoc's worker)
+    belongs to the origin that made it."""
+    if url.startswith("data:"):
+        return None
+    return urlsplit(url.removeprefix("blob:")).netloc
+
+
 class Watched:
     """A page whose console errors, uncaught exceptions, failed requests and requests to any host other
     than the cloud are recorded."""
@@ -74,7 +82,7 @@ class Watched:
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         self.page.on("requestfailed", lambda r: self._failed(r))
-        self.page.on("request", lambda r: urlsplit(r.url).netloc != cloud and self.foreign.append(r.url))
+        self.page.on("request", lambda r: host(r.url) not in (cloud, None) and self.foreign.append(r.url))
 
     def _failed(self, request) -> None:
         # Leaving or reloading a page aborts its open requests (its event stream, a refresh of the list):
