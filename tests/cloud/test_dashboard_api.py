@@ -2,8 +2,10 @@
 event stream of a run, and the pages and docs it serves (the browser test drives them for real)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 
 import pytest
 
@@ -136,3 +138,21 @@ async def test_the_api_docs_load_their_assets_from_the_cloud(cloud: Cloud, path:
     assert json.loads(openapi)["paths"]["/api/v1/runs/{run_id}/events"]
     # pydantic's local references would point at the OpenAPI document's root: ReDoc refused it whole.
     assert "#/$defs/" not in openapi
+
+
+async def test_an_open_stream_follows_the_run_and_ends_once_the_cloud_is_stopping(cloud: Cloud):
+    run_id, global_ = await running_run(cloud, small_config(rounds=5))
+    stream = asyncio.create_task(cloud.admin("GET", f"/api/v1/runs/{run_id}/events"))
+    await asyncio.sleep(0.3)
+    r = await cloud.submit(0, contribution(global_, run_id, edge_id=0))
+    assert r.status_code == 202, r.text
+    await cloud.wait_version(run_id, 1)
+    await asyncio.sleep(0.8)  # one look (0.5 s) later the stream has sent version 1
+    assert not stream.done()
+    started = time.monotonic()
+    cloud.app.state.stopping.set()
+    r = await asyncio.wait_for(stream, timeout=5)
+    assert time.monotonic() - started < 2  # one look, not a keepalive period or forever
+    updates = [RunUpdate.model_validate_json(data) for _, data in parse_events(r.text)]
+    assert updates[0].info.version == 0 and updates[-1].info.version == 1
+    assert [h.version for u in updates for h in u.rounds] == [1]  # each round sent once
