@@ -133,6 +133,7 @@ function ready() {
   const start = onReady;
   onReady = null;
   if (start) start();
+  else location.reload();  // signed in again after a refusal: the page's loops had stopped
 }
 
 // ---- formatting shared by both pages -----------------------------------------------------------------
