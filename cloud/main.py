@@ -15,7 +15,7 @@ from cloud.config import CloudSettings
 from cloud.initial_state import InvalidRun
 from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
-from cloud.routes import edges, health, runs
+from cloud.routes import edges, health, runs, ui
 from cloud.store import Conflict, NotFound, Store
 from shared.web import serve, service_app
 
@@ -40,8 +40,10 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
                 await loop_task
             await redis.aclose()
 
-    return service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
-                       errors={NotFound: 404, Conflict: 409, InvalidRun: 422})
+    app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
+                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422}, **ui.app_options)
+    ui.mount(app)
+    return app
 
 
 def main() -> None:

@@ -288,3 +288,32 @@ class Store:
                 return True
             except WatchError:
                 return False
+
+    # ---- dashboard reads -----------------------------------------------------------------------
+    async def history_since(self, run_id: str, start: int) -> list[RoundRecord]:
+        """The run's history from record `start` on: a live view reads only what it has not seen."""
+        await self._meta(run_id)
+        return [RoundRecord.model_validate_json(x) for x in await self.r.lrange(self.k.history(run_id), start, -1)]
+
+    async def buffered_headers(self, run_id: str) -> list[tuple[datetime, EdgeContributionHeader]]:
+        """The contributions waiting in the buffer, each with when it was accepted (its stream id's
+        milliseconds). The headers only: a status view must not pull every blob out of Redis."""
+        entries = await self.r.eval(_HEADERS, 1, self.k.buffer(run_id), Entry.header.value)
+        return [(datetime.fromtimestamp(int(entries[i].split(b"-")[0]) / 1000, timezone.utc),
+                 EdgeContributionHeader.model_validate_json(entries[i + 1])) for i in range(0, len(entries), 2)]
+
+    async def registered_edges(self) -> set[int]:
+        return {int(edge_id) for edge_id in await self.r.hkeys(self.k.edges)}
+
+
+# Every stream entry's id and its header field, in stream order: {id1, header1, id2, header2, ...}.
+_HEADERS = """
+local out = {}
+for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == ARGV[1] then out[#out + 1] = entry[1]; out[#out + 1] = fields[i + 1] end
+  end
+end
+return out
+"""

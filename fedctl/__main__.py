@@ -2,6 +2,7 @@
 a cloud anywhere through its REST API."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import tomllib
@@ -84,6 +85,8 @@ def demo(
     algorithm: Optional[str] = typer.Option(None, help="override the algorithm"),
     clients_per_process: int = typer.Option(5, help="logical clients hosted by one client process"),
     out: Path = typer.Option(Path("results"), help="where results are written"),
+    keep: bool = typer.Option(False, "--keep", help="keep the services and the dashboard up after the run, "
+                                                     "until Ctrl-C"),
 ) -> None:
     """Start Redis, the cloud, the edges and the clients as processes here, train, and save results."""
     cfg = load_config(config, rounds=rounds, algorithm=algorithm)
@@ -93,11 +96,18 @@ def demo(
     console.print(f"starting redis, cloud, {edges} edge(s), {n} clients in {procs * edges} client processes "
                   f"(logs in {workdir})")
     with LocalTopology(num_clients=n, num_edges=edges, procs_per_edge=procs, workdir=workdir / "services") as topo:
+        console.print(f"dashboard: [bold]{topo.cloud_url}/ui/[/] (sign in with the cloud's admin token, "
+                      f"FL_CLOUD_ADMIN_TOKEN; this demo's is {topo.admin_token!r})")
         with CloudAPI(topo.cloud_url, topo.admin_token) as api:
             info = api.create_run(cfg)
             api.action(info.run_id, "start")
             info = watch_run(api, info.run_id)
             finish(api, info, workdir)
+        if keep:
+            console.print(f"the services are still up: the dashboard at {topo.cloud_url}/ui/; Ctrl-C stops them")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
 
 
 @app.command()

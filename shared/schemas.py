@@ -166,3 +166,38 @@ class EdgeHealth(Message):
     clients: int  # registered logical clients
     run_id: str | None = None  # the run of the last global state it received
     version: int | None = None
+
+
+# ---- cloud -> dashboard (admin) -----------------------------------------------------------------
+class EdgeStatus(Message):
+    """One edge of a run as the cloud sees it: its last contribution and whether one waits in the buffer."""
+
+    edge_id: int
+    registered: bool
+    waiting: bool  # a contribution of this edge is in the buffer, not yet consumed by a cloud update
+    base_version: int | None = None  # the version its last contribution was computed on
+    # Waiting: how stale it would be if consumed now (run version − base_version); else as recorded.
+    staleness: int | None = None
+    received_at: datetime | None = None  # when the waiting contribution was accepted
+    consumed_in: int | None = None  # the version whose cloud update consumed its last contribution
+    consumed: int = 0  # how many of its contributions the run consumed
+
+
+class RunEdges(Message):
+    """The buffer of a run against B, and each of its edges."""
+
+    run_id: str
+    version: int
+    buffer_size: int  # B
+    buffered: int
+    edges: list[EdgeStatus]
+
+
+class RunUpdate(Message):
+    """One event of a run's live stream (`GET /api/v1/runs/{id}/events`)."""
+
+    info: RunInfo
+    edges: RunEdges
+    # Mean and spread (population std) over clients of their latest reports, per client group.
+    groups: dict[str, dict[str, tuple[float, float]]]
+    rounds: list[RoundRecord]  # history records this stream has not sent before

@@ -143,8 +143,24 @@ async def read_json(request: Request, model: type[M]) -> M:
 
 
 def json_body_doc(model: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI for a route that reads its JSON body with `read_json`."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    """OpenAPI for a route that reads its JSON body with `read_json`. The nested models are written in
+    place: pydantic's `#/$defs/...` references would point at the root of the OpenAPI document, where
+    there is no `$defs` (ReDoc refused the whole document: "Invalid reference token: $defs")."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": _inline(schema, defs)}}}}
+
+
+def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    # The request models are not recursive, so writing each reference out ends.
+    if isinstance(schema, dict):
+        inlined = {k: _inline(v, defs) for k, v in schema.items() if k != "$ref"}
+        if "$ref" in schema:  # keep what sits beside the reference (a field's description, default)
+            return {**_inline(defs[schema["$ref"].removeprefix("#/$defs/")], defs), **inlined}
+        return inlined
+    if isinstance(schema, list):
+        return [_inline(v, defs) for v in schema]
+    return schema
 
 
 def binary(blob: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -181,16 +197,17 @@ class Stopping:
 
 
 def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
-                errors: dict[type[Exception], int]) -> FastAPI:
+                errors: dict[type[Exception], int], **fastapi_options: Any) -> FastAPI:
     """A service's FastAPI app: bounded bodies, its routers, its domain errors answered with their status
-    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`)."""
+    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`).
+    `fastapi_options` go to FastAPI (e.g. docs_url=None for a service that serves its own docs)."""
     @asynccontextmanager
     async def bound(app: FastAPI):
         app.state.stopping.bind()  # on the loop that serves
         async with lifespan(app):
             yield
 
-    app = FastAPI(title=title, version="0.1.0", lifespan=bound)
+    app = FastAPI(title=title, version="0.1.0", lifespan=bound, **fastapi_options)
     app.state.stopping = Stopping()
     app.add_middleware(BodyLimit, limit=max_payload_bytes)
     for router in routers:

@@ -5,11 +5,13 @@ import asyncio
 from typing import Literal
 
 from fastapi import APIRouter, Request, status
+from fastapi.responses import StreamingResponse
 
-from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_admin
+from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
 from cloud.initial_state import initial_global
+from cloud.ui.view import LiveRun, read_edges
 from shared.config import RunConfig
-from shared.schemas import GlobalStateHeader, RoundRecord, RunInfo
+from shared.schemas import GlobalStateHeader, RoundRecord, RunEdges, RunInfo
 from shared.transport.tensors import decode, encode
 from shared.web import binary, json_body_doc, read_json
 
@@ -58,3 +60,22 @@ async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
     tensors, header = decode(await store.global_blob(run_id), GlobalStateHeader)
     params = orchestrator.algorithm(run_id, config).model_parameters(tensors)
     return binary(encode(params, header), headers={"X-FL-Version": str(header.version)})
+
+
+@router.get("/{run_id}/edges")
+async def edges(run_id: str, store: StoreDep) -> RunEdges:
+    """The buffer against B, and per edge its last contribution: the version it was computed on, its
+    staleness, and whether it still waits in the buffer."""
+    return await read_edges(store, await store.info(run_id), await store.history(run_id))
+
+
+@router.get("/{run_id}/events", response_class=StreamingResponse, responses={200: {
+    "content": {"text/event-stream": {}}, "description": "`event: update`, data: a RunUpdate (JSON)"}})
+async def events(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, stopping: StoppingDep):
+    """Server-sent events of a run for the dashboard: an update whenever it changes (the first one with
+    the whole history, later ones with the new rounds), a comment every 15 s otherwise; the stream ends
+    after the final state of a finished or stopped run."""
+    live = LiveRun(store, run_id)
+    first = await live.update()  # an unknown run is a 404 here, before the stream starts
+    return StreamingResponse(live.stream(first, orchestrator, stopping), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

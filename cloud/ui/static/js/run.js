@@ -1,0 +1,149 @@
+// One run, live: its state, accuracy and loss curves, edges against the buffer, history and clients.
+// Everything arrives on the run's event stream; the page never reloads.
+import { ApiError, controls, element, fixed, follow, parseJSON, percent, when, withToken } from "./api.js";
+
+const runId = new URLSearchParams(location.search).get("id");
+const history = [];
+let selected = null;  // the round whose clients are shown (null: the latest)
+let charts = null;
+
+function chart(id, series, yLabel) {
+  const target = document.getElementById(id);
+  const width = () => Math.max(300, target.clientWidth);
+  const plot = new uPlot({
+    width: width(), height: 260,
+    scales: { x: { time: false } },
+    // Versions are whole numbers: no tick at 1.5.
+    axes: [{ label: "round (global model version)", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: yLabel }],
+    series: [{ label: "version" }, ...series.map(([label, stroke]) => ({ label, stroke, width: 2, points: { size: 5 } }))],
+  }, [[], ...series.map(() => [])], target);
+  new ResizeObserver(() => plot.setSize({ width: width(), height: 260 })).observe(target);
+  return plot;
+}
+
+function drawCharts() {
+  const x = history.map((h) => h.version);
+  charts.accuracy.setData([x, history.map((h) => (h.test_accuracy === null ? null : 100 * h.test_accuracy))]);
+  charts.loss.setData([x, history.map((h) => h.train_loss), history.map((h) => h.test_loss)]);
+  // What the browser test counts: points drawn on the accuracy chart.
+  document.getElementById("accuracy-chart").dataset.points = String(history.length);
+}
+
+function maxStaleness(h) {
+  return h.contributions.length ? Math.max(...h.contributions.map((c) => c.staleness)) : 0;
+}
+
+function drawHistory() {
+  const rows = history.slice().reverse().map((h) => element("tr", {
+    "data-version": h.version, class: h.version === (selected ?? history.at(-1)?.version) ? "selected" : "",
+    onclick: () => { selected = h.version; drawHistory(); },
+  },
+    element("td", { class: "num" }, String(h.round)), element("td", { class: "num" }, String(h.version)),
+    element("td", {}, h.edges.join(", ")), element("td", { class: "num" }, String(h.clients.length)),
+    element("td", { class: "num" }, String(maxStaleness(h))), element("td", { class: "num" }, fixed(h.train_loss)),
+    element("td", { class: "num" }, fixed(h.test_loss)), element("td", { class: "num" }, percent(h.test_accuracy)),
+    element("td", { class: "num" }, `${fixed(h.elapsed_s, 1)} s`)));
+  document.querySelector("#history tbody").replaceChildren(...rows);
+  const round = history.find((h) => h.version === selected) ?? history.at(-1);
+  document.getElementById("clients-round").textContent = round ? `${round.round} → version ${round.version}` : "–";
+  document.querySelector("#clients tbody").replaceChildren(...(round?.clients ?? []).map((c) => element("tr", {},
+    element("td", { class: "num" }, String(c.client_id)), element("td", { class: "num" }, String(c.edge_id)),
+    element("td", { class: "num" }, String(c.num_samples)), element("td", { class: "num" }, fixed(c.loss)),
+    element("td", {}, Object.entries(c.metrics).map(([k, v]) => `${k} ${fixed(v)}`).join(", ") || "–"))));
+}
+
+function drawEdges(edges) {
+  document.getElementById("buffer").textContent = `${edges.buffered} / B = ${edges.buffer_size}`;
+  const meter = document.getElementById("buffer-meter");
+  meter.max = edges.buffer_size;
+  meter.value = edges.buffered;
+  document.querySelector("#edges tbody").replaceChildren(...edges.edges.map((e) => element("tr", { "data-edge": e.edge_id },
+    element("td", { class: "num" }, String(e.edge_id)),
+    element("td", {}, e.registered ? "yes" : "no"),
+    element("td", {}, e.waiting ? element("span", { class: "status paused" }, "waiting") : "–"),
+    element("td", { class: "num" }, e.base_version ?? "–"),
+    element("td", { class: "num" }, e.staleness ?? "–"),
+    element("td", {}, e.waiting ? `received ${when(e.received_at)}`
+      : e.consumed_in !== null ? `consumed into version ${e.consumed_in}` : "none yet"),
+    element("td", { class: "num" }, String(e.consumed)))));
+}
+
+function drawGroups(groups) {
+  const names = [...new Set(Object.values(groups).flatMap((metrics) => Object.keys(metrics)))].sort();
+  document.getElementById("groups-section").hidden = names.length === 0;
+  document.querySelector("#groups thead").replaceChildren(element("tr", {},
+    element("th", {}, "family"), ...names.map((n) => element("th", {}, n))));
+  document.querySelector("#groups tbody").replaceChildren(...Object.entries(groups).map(([group, metrics]) =>
+    element("tr", {}, element("td", {}, group), ...names.map((n) => element("td", { class: "num" },
+      metrics[n] ? `${percentOrFixed(n, metrics[n][0])} ± ${percentOrFixed(n, metrics[n][1])}` : "–")))));
+}
+
+const percentOrFixed = (name, value) => (name.includes("accuracy") ? percent(value) : fixed(value));
+
+function drawInfo(info) {
+  document.title = `FL cloud · run ${info.run_id}`;
+  document.getElementById("run-id").textContent = info.run_id;
+  document.getElementById("run-name").textContent = info.config.name;
+  const status = document.getElementById("status");
+  status.textContent = info.status;
+  status.className = `status ${info.status}`;
+  document.getElementById("algorithm").textContent = info.config.algorithm;
+  document.getElementById("version").textContent = `${info.version} / ${info.rounds}`;
+  document.getElementById("accuracy").textContent = percent(info.last_round?.test_accuracy);
+  document.getElementById("started").textContent = when(info.started_at);
+  document.getElementById("controls").replaceChildren(controls(info, (changed, error) => {
+    document.getElementById("run-error").textContent = error ? error.message : "";
+    if (changed) drawInfo(changed);  // the stream confirms it a moment later
+  }));
+}
+
+function onUpdate(update, fresh) {
+  if (fresh) history.length = 0;  // a new connection starts with the whole history again
+  history.push(...update.rounds);
+  drawInfo(update.info);
+  drawEdges(update.edges);
+  drawGroups(update.groups);
+  drawCharts();
+  drawHistory();
+}
+
+// Follows the run's stream, reconnecting after a drop, until the run has ended.
+async function live() {
+  const state = document.getElementById("live");
+  for (let wait = 1000; ; wait = Math.min(2 * wait, 15_000)) {
+    let fresh = true, ended = false;
+    try {
+      state.textContent = "connected";
+      await follow(`/api/v1/runs/${runId}/events`, (name, data) => {
+        if (name !== "update") return;
+        const update = parseJSON(data);
+        onUpdate(update, fresh);
+        fresh = false;
+        wait = 1000;
+        ended = ["finished", "stopped"].includes(update.info.status);
+      });
+      if (ended) { state.textContent = "ended"; return; }
+    } catch (error) {
+      if (error instanceof ApiError && [401, 404].includes(error.status)) {
+        state.textContent = "–";
+        document.getElementById("run-error").textContent = error.message;
+        return;
+      }
+    }
+    state.textContent = "reconnecting…";
+    await new Promise((resolve) => setTimeout(resolve, wait));
+  }
+}
+
+withToken(() => {
+  document.getElementById("app").hidden = false;
+  if (!runId) {
+    document.getElementById("run-error").textContent = "no run id: open a run from the runs page";
+    return;
+  }
+  charts = {
+    accuracy: chart("accuracy-chart", [["test accuracy", "#1f77b4"]], "%"),
+    loss: chart("loss-chart", [["train loss", "#d62728"], ["test loss", "#2ca02c"]], "loss"),
+  };
+  live();
+});

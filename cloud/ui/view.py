@@ -1,0 +1,104 @@
+"""What the dashboard shows of a run beyond its info and history: each edge against the buffer, and the
+clients' latest reports per group, built from the store's reads so that the routes stay thin."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+from cloud.orchestrator import Orchestrator
+from cloud.store import Store
+from shared.client_reports import client_reports, group_summary
+from shared.schemas import (
+    ContributionRecord,
+    EdgeContributionHeader,
+    EdgeStatus,
+    RoundRecord,
+    RunEdges,
+    RunInfo,
+    RunStatus,
+    RunUpdate,
+)
+from shared.web import Stopping
+
+# A stream says something at least this often, so proxies and browsers keep an idle connection open.
+KEEPALIVE_S = 15.0
+# How often a stream looks for contributions entering the buffer: those wake no one (only new versions
+# and state changes are announced), and another cloud process sharing the Redis announces nothing here.
+LOOK_S = 0.5
+_ENDED = {RunStatus.finished, RunStatus.stopped}
+
+
+def run_edges(info: RunInfo, registered: set[int], buffered: list[tuple[datetime, EdgeContributionHeader]],
+              history: list[RoundRecord]) -> RunEdges:
+    """Each of the run's edges: its waiting contribution if there is one, else the last one consumed."""
+    last: dict[int, tuple[ContributionRecord, int]] = {}
+    consumed: Counter[int] = Counter()
+    for record in history:
+        for c in record.contributions:
+            last[c.edge_id] = (c, record.version)
+            consumed[c.edge_id] += 1
+    waiting = {header.edge_id: (at, header) for at, header in buffered}
+    edges = []
+    for edge_id in range(info.config.topology.num_edges):
+        common = dict(edge_id=edge_id, registered=edge_id in registered, consumed=consumed[edge_id])
+        if edge_id in waiting:
+            at, header = waiting[edge_id]
+            edges.append(EdgeStatus(**common, waiting=True, base_version=header.base_version,
+                                    staleness=info.version - header.base_version, received_at=at))
+        elif edge_id in last:
+            record, version = last[edge_id]
+            edges.append(EdgeStatus(**common, waiting=False, base_version=record.base_version,
+                                    staleness=record.staleness, consumed_in=version))
+        else:
+            edges.append(EdgeStatus(**common, waiting=False))
+    return RunEdges(run_id=info.run_id, version=info.version, buffer_size=info.config.topology.buffer_size,
+                    buffered=len(buffered), edges=edges)
+
+
+async def read_edges(store: Store, info: RunInfo, history: list[RoundRecord]) -> RunEdges:
+    return run_edges(info, await store.registered_edges(), await store.buffered_headers(info.run_id), history)
+
+
+class LiveRun:
+    """One dashboard's live stream of a run. It keeps the history it has sent, so each turn reads only
+    the new records, and it sends an update only when something changed."""
+
+    def __init__(self, store: Store, run_id: str):
+        self.store, self.run_id = store, run_id
+        self.history: list[RoundRecord] = []
+        self._shown: tuple[RunInfo, RunEdges] | None = None
+        self._groups: dict[str, dict[str, tuple[float, float]]] = {}
+
+    async def update(self) -> RunUpdate | None:
+        """What changed since the last update (the first carries everything); None if nothing did.
+        Raises NotFound for an unknown run."""
+        info = await self.store.info(self.run_id)
+        new = await self.store.history_since(self.run_id, len(self.history))
+        self.history += new
+        edges = await read_edges(self.store, info, self.history)
+        if self._shown == (info, edges) and not new:
+            return None
+        if new or self._shown is None:
+            self._groups = group_summary(info.config, client_reports(self.history))
+        self._shown = (info, edges)
+        return RunUpdate(info=info, edges=edges, groups=self._groups, rounds=new)
+
+    async def stream(self, first: RunUpdate, orchestrator: Orchestrator, stopping: Stopping) -> AsyncIterator[str]:
+        """Server-sent events until the run has ended (after its final state) or the cloud stops."""
+        update: RunUpdate | None = first
+        said = time.monotonic()
+        while True:
+            if update is not None:
+                yield f"event: update\ndata: {update.model_dump_json()}\n\n"
+                said = time.monotonic()
+                if update.info.status in _ENDED:
+                    return
+            elif time.monotonic() - said >= KEEPALIVE_S:
+                yield ": keepalive\n\n"
+                said = time.monotonic()
+            if stopping.is_set():
+                return
+            await orchestrator.wait_for_change(LOOK_S)
+            update = await self.update()

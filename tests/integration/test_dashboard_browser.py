@@ -1,0 +1,236 @@
+"""The dashboard in a real browser (headless Chromium driven by Playwright) against a real federation:
+create, start, watch, pause, resume and stop a run from the pages, with no console error and no request
+to any host but the cloud; the API docs render offline too.
+
+`./fl test` installs Chromium where it is missing (as root, with apt). FL_SCREENSHOTS=docs/ saves the
+README's screenshots of the two pages.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from shared.schemas import RunStatus
+from tests.integration.topology import federation
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("FL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+# Small and quick, but long enough (40 rounds) to be paused while it trains; written as TOML, as a user may.
+CONFIG_TOML = """\
+name = "browser"
+rounds = 40
+fraction = 1.0
+
+[model]
+name = "mlp"
+
+[data]
+dataset = "digits"
+num_clients = 4
+
+[local]
+epochs = 1
+batch_size = 16
+lr = 0.1
+"""
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    with federation(tmp_path_factory, num_clients=4) as topology_and_api:
+        yield topology_and_api
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine: `./fl test` installs it as root with apt; elsewhere install "
+                    "your distribution's chromium package (or set FL_CHROMIUM to its path)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        yield browser
+        browser.close()
+
+
+def host(url: str) -> str | None:
+    """Where a request goes: None for data: URLs (no request leaves the page); a blob: URL (ReDoc's worker)
+    belongs to the origin that made it."""
+    if url.startswith("data:"):
+        return None
+    return urlsplit(url.removeprefix("blob:")).netloc
+
+
+class Watched:
+    """A page whose console errors, uncaught exceptions, failed requests and requests to any host other
+    than the cloud are recorded."""
+
+    def __init__(self, browser: Browser, cloud_url: str):
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        self.page: Page = self.context.new_page()
+        self.errors: list[str] = []
+        self.foreign: list[str] = []
+        cloud = urlsplit(cloud_url).netloc
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
+        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        self.page.on("requestfailed", lambda r: self._failed(r))
+        self.page.on("request", lambda r: host(r.url) not in (cloud, None) and self.foreign.append(r.url))
+
+    def _failed(self, request) -> None:
+        # Leaving or reloading a page aborts its open requests (its event stream, a refresh of the list):
+        # the browser's doing, not a failure.
+        if request.failure != "net::ERR_ABORTED":
+            self.errors.append(f"request failed: {request.url} {request.failure}")
+
+    def close(self) -> None:
+        self.context.close()
+
+    def assert_clean(self) -> None:
+        assert self.errors == [], self.errors
+        assert self.foreign == [], f"requests to other hosts: {self.foreign}"
+
+
+@pytest.fixture
+def watched(browser, running) -> Iterator[Watched]:
+    topology, _ = running
+    w = Watched(browser, topology.cloud_url)
+    yield w
+    w.close()
+
+
+def sign_in(page: Page, token: str) -> None:
+    page.get_by_label("Admin token").fill(token)
+    page.get_by_role("button", name="Use").click()
+    expect(page.locator("#app")).to_be_visible()
+
+
+def points(page: Page) -> int:
+    return int(page.locator("#accuracy-chart").get_attribute("data-points") or 0)
+
+
+def wait_points(page: Page, at_least: int, timeout_s: float = 120) -> int:
+    page.wait_for_function(f"Number(document.querySelector('#accuracy-chart').dataset.points || 0) >= {at_least}",
+                           timeout=timeout_s * 1000)
+    return points(page)
+
+
+def screenshot(page: Page, name: str) -> None:
+    folder = os.environ.get("FL_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+def test_a_run_is_created_started_watched_paused_resumed_and_stopped_from_the_pages(running, watched):
+    topology, api = running
+    page = watched.page
+    started = time.monotonic()
+    page.goto(topology.cloud_url + "/")
+    assert urlsplit(page.url).path == "/ui/"  # / redirects to the dashboard
+    sign_in(page, topology.admin_token)
+
+    page.locator("#create textarea").fill(CONFIG_TOML)
+    page.get_by_role("button", name="Create").click()
+    row = page.locator("#runs tbody tr").first
+    expect(row).to_have_attribute("data-status", "created")
+    run_id = row.get_attribute("data-run")
+    assert api.run(run_id).config.rounds == 40 and api.run(run_id).config.model.name == "mlp"
+    row.locator("[data-action=start]").click()
+    expect(row).to_have_attribute("data-status", "running")
+
+    row.get_by_role("link", name=run_id).click()
+    expect(page.locator("#run-id")).to_have_text(run_id)
+    before = wait_points(page, 2)  # the chart gains points while it trains, with no reload
+    page.locator("[data-action=pause]").click()
+    expect(page.locator("#status")).to_have_text("paused")
+    assert api.run(run_id).status == RunStatus.paused
+    time.sleep(1.0)  # an update already buffered when we paused may still land
+    held = api.run(run_id).version
+    time.sleep(1.5)
+    assert api.run(run_id).version == held < 40
+    page.wait_for_function(f"Number(document.querySelector('#accuracy-chart').dataset.points) === {held}")
+
+    page.locator("[data-action=resume]").click()
+    expect(page.locator("#status")).to_have_text("running")
+    after = wait_points(page, held + 2)
+    assert after > before
+    # The page shows what the API says: the history, the edge and the buffer against B.
+    expect(page.locator("#history tbody tr")).to_have_count(points(page))
+    expect(page.locator("#edges tbody tr")).to_have_count(1)
+    expect(page.locator("#edges tbody tr").first.locator("td").nth(1)).to_have_text("yes")
+    expect(page.locator("#buffer")).to_contain_text("/ B = 1")
+    expect(page.locator("#clients tbody tr")).to_have_count(4)
+    screenshot(page, "dashboard-run.png")
+
+    page.get_by_role("link", name="Runs").click()
+    row = page.locator(f"#runs tr[data-run='{run_id}']")
+    expect(row).to_have_attribute("data-status", "running")
+    screenshot(page, "dashboard-runs.png")
+    row.get_by_role("link", name=run_id).click()
+    page.locator("[data-action=stop]").click()
+    expect(page.locator("#status")).to_have_text("stopped")
+    expect(page.locator("#live")).to_have_text("ended")  # a stopped run's stream ends; no reconnecting
+    assert api.run(run_id).status == RunStatus.stopped
+    watched.assert_clean()
+    print(f"browser flow took {time.monotonic() - started:.1f}s")
+
+
+def test_an_invalid_config_shows_the_apis_422_detail_inline(running, watched):
+    topology, api = running
+    page = watched.page
+    page.goto(topology.cloud_url + "/ui/")
+    sign_in(page, topology.admin_token)
+    bad = {"rounds": 0, "model": {"name": "nope"}}
+    expected = httpx.post(f"{topology.cloud_url}/api/v1/runs", json=bad,
+                          headers={"Authorization": f"Bearer {topology.admin_token}"})
+    assert expected.status_code == 422
+    lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in expected.json()["detail"]]
+    runs_before = len(api.runs())
+    page.locator("#create textarea").fill('{"rounds": 0, "model": {"name": "nope"}}')
+    page.get_by_role("button", name="Create").click()
+    expect(page.locator("#create-errors li")).to_have_text(lines)
+    page.locator("#create textarea").fill("rounds = = 3")
+    page.get_by_role("button", name="Create").click()
+    expect(page.locator("#create-errors li")).to_have_count(1)
+    expect(page.locator("#create-errors li")).to_contain_text("not valid TOML")
+    assert len(api.runs()) == runs_before
+    # The browser reports the refused request itself; nothing else may go wrong.
+    assert all("status of 422" in e for e in watched.errors), watched.errors
+    assert watched.foreign == []
+
+
+def test_a_wrong_token_is_refused_and_the_right_one_kept_for_the_tab(running, watched):
+    topology, _ = running
+    page = watched.page
+    page.goto(topology.cloud_url + "/ui/")
+    page.get_by_label("Admin token").fill("wrong")
+    page.get_by_role("button", name="Use").click()
+    expect(page.locator("#login-error")).to_have_text("The cloud refused this token.")
+    expect(page.locator("#app")).to_be_hidden()
+    sign_in(page, topology.admin_token)
+    page.reload()
+    expect(page.locator("#app")).to_be_visible()  # entered once: kept for this tab
+    assert topology.admin_token not in page.url
+    page.get_by_role("button", name="forget").click()
+    expect(page.get_by_label("Admin token")).to_be_visible()
+    expect(page.locator("#app")).to_be_hidden()
+    assert all("status of 401" in e for e in watched.errors), watched.errors
+    assert watched.foreign == []
+
+
+@pytest.mark.parametrize("path, rendered", [("/docs", ".swagger-ui .info .title"), ("/redoc", "h1")])
+def test_the_api_docs_render_offline(running, watched, path, rendered):
+    topology, _ = running
+    page = watched.page
+    page.goto(topology.cloud_url + path)
+    expect(page.locator(rendered).first).to_contain_text("FL cloud", timeout=30_000)
+    page.wait_for_load_state("networkidle")
+    watched.assert_clean()
