@@ -17,6 +17,7 @@ from rich.table import Table
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
 from fedctl.report import client_reports, group_summary, save_results
+from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.schemas import RunInfo
 from shared.web import client_token
@@ -34,7 +35,7 @@ def load_config(path: Optional[Path], **overrides) -> RunConfig:
         text = path.read_text()
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return RunConfig.model_validate(data)
+    return registry.parse_config(data)
 
 
 def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:

@@ -123,9 +123,11 @@ async def read_message(request: Request, message_type: type[M]) -> tuple[Tensors
     return tensors, header, blob
 
 
-async def read_json(request: Request, model: type[M]) -> M:
+async def read_json(request: Request, model: type[M], parse: Callable[[Any], M] | None = None) -> M:
     """A JSON body read by the route itself, after its dependencies (the token check) have run: FastAPI
-    parses a declared body first, so a bad token with a malformed body answered 422, not 401."""
+    parses a declared body first, so a bad token with a malformed body answered 422, not 401. `parse`
+    replaces `model.model_validate` where a model needs checks it cannot make itself (a RunConfig's
+    algorithm); its ValidationError is a 422 all the same."""
     body = await request.body()
     try:
         data = json.loads(body)
@@ -136,7 +138,7 @@ async def read_json(request: Request, model: type[M]) -> M:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(exc, "pos", 0)),
                                        "msg": "JSON decode error", "input": {}, "ctx": {"error": error}}]) from exc
     try:
-        return model.model_validate(data)
+        return (parse or model.model_validate)(data)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
                                       for e in exc.errors(include_url=False)]) from exc
