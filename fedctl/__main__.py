@@ -20,7 +20,7 @@ from fedctl.report import client_reports, group_summary, save_results
 from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.schemas import RunInfo
-from shared.web import client_token
+from shared.transport.wire import client_token
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()

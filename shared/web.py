@@ -1,10 +1,9 @@
 """HTTP pieces both servers (cloud and edge) use: bearer auth, bounded body reads, binary replies, and
-serving with long-polls that end as soon as the process is told to stop."""
+serving with long-polls that end as soon as the process is told to stop. Server side only: what the client
+and fedctl share with the servers is in shared/transport/wire.py."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import math
 import secrets
@@ -20,8 +19,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 
 from shared.transport.tensors import InvalidContent, M, PayloadError, Tensors, decode
+from shared.transport.wire import SAFETENSORS
 
-SAFETENSORS = "application/vnd.safetensors"
 _bearer = HTTPBearer(auto_error=False)
 
 
@@ -49,12 +48,6 @@ def bearer_guard(expected: Callable[[Request], str]):
             raise unauthorized()
 
     return guard
-
-
-def client_token(secret: str, client_id: int) -> str:
-    """Client `client_id`'s own token, derived from the edge's client secret: a device given it can act as
-    that client only, where the secret itself would let it answer any client's tasks."""
-    return hmac.new(secret.encode(), f"fl-client:{client_id}".encode(), hashlib.sha256).hexdigest()
 
 
 class _TooLarge(HTTPException):

@@ -24,7 +24,7 @@ from safetensors.torch import save as st_save
 from shared.algorithms import registry
 from shared.schemas import ClientParticipation
 from shared.transport.tensors import Tensors, encode
-from shared.web import SAFETENSORS
+from shared.transport.wire import SAFETENSORS
 from tests.cloud.harness import (
     ADMIN_TOKEN,
     EDGE_TOKEN,

@@ -29,7 +29,7 @@ from shared.schemas import (
     SubmitReceipt,
 )
 from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
-from shared.web import SAFETENSORS
+from shared.transport.wire import SAFETENSORS
 from tests.web import bearer
 
 CLIENT_TOKEN = "test-client-token"
