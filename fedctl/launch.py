@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.redis_server import RedisServer, free_port
+from fedctl.redis_server import RedisServer, free_port
 from shared.schemas import EdgeHealth
 
 ROOT = Path(__file__).resolve().parent.parent
