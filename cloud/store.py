@@ -157,7 +157,7 @@ class RedisStore(Store):
         raw = await self.r.hgetall(self.k.meta(run_id))
         if not raw:
             raise NotFound(f"unknown run {run_id!r}")
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return {_text(k): _text(v) for k, v in raw.items()}
 
     async def config(self, run_id: str) -> RunConfig:
         return RunConfig.model_validate_json((await self._meta(run_id))[Meta.config])
@@ -184,11 +184,11 @@ class RedisStore(Store):
         )
 
     async def run_ids(self) -> list[str]:
-        return [x.decode() for x in await self.r.lrange(self.k.runs, 0, -1)]
+        return [_text(x) for x in await self.r.lrange(self.k.runs, 0, -1)]
 
     async def active_run(self) -> str | None:
         value = await self.r.get(self.k.active)
-        return value.decode() if value else None
+        return _text(value) if value else None
 
     async def transition(self, run_id: str, action: str) -> RunStatus:
         allowed, target = _TRANSITIONS[action]
@@ -200,12 +200,12 @@ class RedisStore(Store):
                     status = await p.hget(meta_key, Meta.status)
                     if status is None:
                         raise NotFound(f"unknown run {run_id!r}")
-                    current = RunStatus(status.decode())
+                    current = RunStatus(_text(status))
                     if current not in allowed:
                         raise Conflict(f"cannot {action} a run that is {current.value}")
                     active = await p.get(self.k.active)
-                    if action == "start" and active is not None and active.decode() != run_id:
-                        raise Conflict(f"run {active.decode()} is already active; stop it first")
+                    if action == "start" and active is not None and _text(active) != run_id:
+                        raise Conflict(f"run {_text(active)} is already active; stop it first")
                     p.multi()
                     p.hset(meta_key, Meta.status, target.value)
                     if action == "start":
@@ -213,7 +213,7 @@ class RedisStore(Store):
                         p.set(self.k.active, run_id)
                     if action == "stop":
                         p.hset(meta_key, Meta.finished_at, now().isoformat())
-                        if active is not None and active.decode() == run_id:
+                        if active is not None and _text(active) == run_id:
                             p.delete(self.k.active)
                     await p.execute()
                     return target
@@ -221,13 +221,13 @@ class RedisStore(Store):
                     continue
 
     async def global_blob(self, run_id: str) -> bytes:
-        blob = await self.r.get(self.k.global_state(run_id))
+        blob = _blob(await self.r.get(self.k.global_state(run_id)))
         if blob is None:
             raise NotFound(f"unknown run {run_id!r}")
         return blob
 
     async def cloud_state_blob(self, run_id: str) -> bytes | None:
-        return await self.r.get(self.k.cloud_state(run_id))
+        return _blob(await self.r.get(self.k.cloud_state(run_id)))
 
     async def history(self, run_id: str) -> list[RoundRecord]:
         await self._meta(run_id)
@@ -275,13 +275,7 @@ class RedisStore(Store):
 
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:
         entries = await self.r.xrange(self.k.buffer(run_id), count=count)
-        return [
-            BufferedContribution(
-                entry_id, EdgeContributionHeader.model_validate_json(fields[Entry.header.encode()]),
-                fields[Entry.blob.encode()],
-            )
-            for entry_id, fields in entries
-        ]
+        return [_buffered(entry_id, fields) for entry_id, fields in entries or []]
 
     async def commit_update(
         self,
@@ -306,7 +300,8 @@ class RedisStore(Store):
             try:
                 await p.watch(meta_key, self.k.active)
                 version, status = await p.hmget(meta_key, [Meta.version, Meta.status])
-                if int(version) != expected_version or status.decode() not in _UPDATABLE:
+                if (version is None or status is None or int(_text(version)) != expected_version
+                        or _text(status) not in _UPDATABLE):
                     return False
                 active = await p.get(self.k.active)
                 p.multi()
@@ -319,9 +314,32 @@ class RedisStore(Store):
                 if finished:
                     p.hset(meta_key, mapping={Meta.status: RunStatus.finished.value,
                                               Meta.finished_at: now().isoformat()})
-                    if active is not None and active.decode() == run_id:  # never another run's
+                    if active is not None and _text(active) == run_id:  # never another run's
                         p.delete(self.k.active)
                 await p.execute()
                 return True
             except WatchError:
                 return False
+
+
+# redis-py types every reply as bytes | str (str under decode_responses=True); this store's client is made
+# without it, so its replies are bytes. These say so once instead of at every call.
+def _text(reply: bytes | str) -> str:
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def _bytes(reply: bytes | str) -> bytes:
+    if isinstance(reply, str):
+        raise TypeError("the store's Redis client must not decode responses: its values are binary")
+    return reply
+
+
+def _blob(reply: bytes | str | None) -> bytes | None:
+    return None if reply is None else _bytes(reply)
+
+
+def _buffered(entry_id: bytes | str | None, fields: dict[bytes | str, bytes | str] | None) -> BufferedContribution:
+    if not isinstance(entry_id, bytes) or fields is None:  # XRANGE gives neither (only XCLAIM's deleted entries)
+        raise TypeError(f"unexpected stream entry {entry_id!r} in the contribution buffer")
+    header = EdgeContributionHeader.model_validate_json(fields[Entry.header.encode()])
+    return BufferedContribution(entry_id, header, _bytes(fields[Entry.blob.encode()]))

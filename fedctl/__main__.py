@@ -7,7 +7,7 @@ import time
 import tomllib
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -30,7 +30,7 @@ TOKEN = typer.Option("dev-admin-token", envvar="FL_ADMIN_TOKEN", help="admin bea
 
 
 def load_config(path: Optional[Path], **overrides) -> RunConfig:
-    data = {}
+    data: dict[str, Any] = {}
     if path is not None:
         text = path.read_text()
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.transport.tensors import InvalidContent, M, PayloadError, Tensors, decode
 from shared.transport.wire import SAFETENSORS
@@ -64,21 +65,22 @@ class BodyLimit:
     or lying upload is cut off as well; JSON and binary routes are covered alike.
     """
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app: ASGIApp, limit: int):
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and not declared.isdigit():
-            return await _answer(send, 400, "invalid Content-Length")
+            return await _answer(scope, receive, send, 400, "invalid Content-Length")
         if declared is not None and int(declared) > self.limit:
-            return await _answer(send, 413, f"payload of {int(declared)} bytes exceeds the limit of {self.limit}")
+            return await _answer(scope, receive, send, 413,
+                                 f"payload of {int(declared)} bytes exceeds the limit of {self.limit}")
         received, started = 0, False
 
-        async def counting_receive():
+        async def counting_receive() -> Message:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
@@ -87,7 +89,7 @@ class BodyLimit:
                     raise _TooLarge(self.limit)
             return message
 
-        async def tracking_send(message):
+        async def tracking_send(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
@@ -96,11 +98,11 @@ class BodyLimit:
             await self.app(scope, counting_receive, tracking_send)
         except _TooLarge as exc:  # raised where no exception handler runs (e.g. in another middleware)
             if not started:
-                await _answer(send, exc.status_code, exc.detail)
+                await _answer(scope, receive, send, exc.status_code, exc.detail)
 
 
-async def _answer(send, code: int, detail: str) -> None:
-    await JSONResponse({"detail": detail}, status_code=code)({"type": "http"}, None, send)
+async def _answer(scope: Scope, receive: Receive, send: Send, code: int, detail: str) -> None:
+    await JSONResponse({"detail": detail}, status_code=code)(scope, receive, send)
 
 
 async def read_message(request: Request, message_type: type[M]) -> tuple[Tensors, M, bytes]:
@@ -192,7 +194,9 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
         app.include_router(router)
     for error, status_code in errors.items():
         app.add_exception_handler(error, _answer_with(status_code))
-    app.add_exception_handler(RequestValidationError, _invalid_request)
+    # Starlette's stub wants a handler of any Exception, though it calls this one with the class it is
+    # registered for only.
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     return app
 
 
