@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import typer
@@ -25,7 +25,7 @@ def run(
     data_path: Optional[str] = typer.Option(None, help="this machine's copy of an npz federated dataset"),
     threads: Optional[int] = typer.Option(None, help="torch threads for local training"),
 ) -> None:
-    overrides = {k: v for k, v in {
+    overrides: dict[str, Any] = {k: v for k, v in {
         "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,
         "data_path": data_path, "torch_threads": threads,
     }.items() if v is not None}

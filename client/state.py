@@ -22,7 +22,7 @@ class ClientStateStore:
         self._state = self.dir / "state.safetensors"
         self._result = self.dir / "result.safetensors"
 
-    def _write(self, path: Path, write: Callable[[Path], None]) -> None:
+    def _write(self, path: Path, write: Callable[[Path], object]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         write(tmp)

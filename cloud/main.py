@@ -16,7 +16,7 @@ from cloud.initial_state import InvalidRun
 from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs, ui
-from cloud.store import Conflict, NotFound, Store
+from cloud.store import Conflict, NotFound, RedisStore
 from shared.web import serve, service_app
 
 
@@ -27,7 +27,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
         redis = aioredis.Redis.from_url(settings.redis_url)
-        store = Store(redis, Keys(settings.key_prefix))
+        store = RedisStore(redis, Keys(settings.key_prefix))
         orchestrator = Orchestrator(store)
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
         loop_task = asyncio.create_task(orchestrator.run_forever())

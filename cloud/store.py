@@ -1,6 +1,7 @@
-"""The cloud's state in Redis: runs, the global state, the contribution buffer and the history.
+"""The cloud's state: runs, the global state, the contribution buffer and the history.
 
-Invariants that make a crash lose nothing and count nothing twice:
+`Store` is what the routes and the orchestrator may ask of it; `RedisStore` keeps it in Redis (every key in
+cloud/keys.py). Invariants that make a crash lose nothing and count nothing twice:
 - a contribution is accepted by one Lua script that checks the idempotency key, the run's status and
   version, the edge's slot and that the edge has no contribution still waiting in the buffer, then
   appends to the buffer stream; either all of that happens or none;
@@ -15,6 +16,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from string import Template
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
@@ -41,24 +43,31 @@ class NotFound(Exception):
 
 
 _SUBMIT = Template("""
-local slot = ARGV[2] .. ':' .. ARGV[3]
-local prev = redis.call('HGET', KEYS[2], ARGV[1])
+-- KEYS: the run's meta hash, idempotency key -> entry id, slot (edge:version) -> idempotency key,
+--       the buffer stream, edge -> its entry still in the buffer
+local meta, idempotency, slots, buffer, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- ARGV: the submission's idempotency key, edge id, base version, header JSON, safetensors blob, and
+--       '1' if the algorithm is synchronous (a contribution must be on the current version)
+local key, edge, base_version, header, blob, synchronous = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+
+local slot = edge .. ':' .. base_version
+local prev = redis.call('HGET', idempotency, key)
 if prev then
-  if redis.call('HGET', KEYS[3], slot) == ARGV[1] then return {'duplicate', prev} end
+  if redis.call('HGET', slots, slot) == key then return {'duplicate', prev} end
   return {'key_reused', prev}
 end
-local status = redis.call('HGET', KEYS[1], '$status')
+local status = redis.call('HGET', meta, '$status')
 if status ~= '$running' and status ~= '$paused' then return {'not_running', status or 'missing'} end
-local version = tonumber(redis.call('HGET', KEYS[1], '$version'))
-local base = tonumber(ARGV[3])
+local version = tonumber(redis.call('HGET', meta, '$version'))
+local base = tonumber(base_version)
 if base > version then return {'future', tostring(version)} end
-if ARGV[6] == '1' and base ~= version then return {'stale', tostring(version)} end
-if redis.call('HEXISTS', KEYS[3], slot) == 1 then return {'conflict', tostring(version)} end
-if redis.call('HEXISTS', KEYS[5], ARGV[2]) == 1 then return {'pending', tostring(version)} end
-local id = redis.call('XADD', KEYS[4], '*', '$blob', ARGV[5], '$header', ARGV[4])
-redis.call('HSET', KEYS[2], ARGV[1], id)
-redis.call('HSET', KEYS[3], slot, ARGV[1])
-redis.call('HSET', KEYS[5], ARGV[2], id)
+if synchronous == '1' and base ~= version then return {'stale', tostring(version)} end
+if redis.call('HEXISTS', slots, slot) == 1 then return {'conflict', tostring(version)} end
+if redis.call('HEXISTS', pending, edge) == 1 then return {'pending', tostring(version)} end
+local id = redis.call('XADD', buffer, '*', '$blob', blob, '$header', header)
+redis.call('HSET', idempotency, key, id)
+redis.call('HSET', slots, slot, key)
+redis.call('HSET', pending, edge, id)
 return {'accepted', id}
 """).substitute(status=Meta.status, version=Meta.version, blob=Entry.blob, header=Entry.header,
                running=RunStatus.running.value, paused=RunStatus.paused.value)
@@ -93,7 +102,36 @@ _REDIS_MAX_VALUE = 512 * 2**20
 _UPDATABLE = {RunStatus.running.value, RunStatus.paused.value}
 
 
-class Store:
+class Store(Protocol):
+    """The cloud's state as the routes and the orchestrator see it (RedisStore keeps it in Redis)."""
+
+    def new_run_id(self) -> str: ...
+    async def ping(self) -> None:
+        """Raises if the storage cannot be reached (the health route's check)."""
+    async def create_run(self, run_id: str, config: RunConfig, initial_global: bytes) -> None: ...
+    async def config(self, run_id: str) -> RunConfig: ...
+    async def status(self, run_id: str) -> tuple[RunStatus, int]: ...
+    async def info(self, run_id: str) -> RunInfo: ...
+    async def run_ids(self) -> list[str]: ...
+    async def active_run(self) -> str | None: ...
+    async def transition(self, run_id: str, action: str) -> RunStatus: ...
+    async def global_blob(self, run_id: str) -> bytes: ...
+    async def cloud_state_blob(self, run_id: str) -> bytes | None: ...
+    async def history(self, run_id: str) -> list[RoundRecord]: ...
+    async def register_edge(self, reg: EdgeRegistration) -> None: ...
+    async def edge_known(self, edge_id: int) -> bool: ...
+    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome: ...
+    async def has_pending(self, run_id: str, edge_id: int) -> bool: ...
+    async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]: ...
+    async def commit_update(self, run_id: str, expected_version: int, consumed: list[BufferedContribution],
+                            new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool) -> bool: ...
+    # What the dashboard reads.
+    async def history_since(self, run_id: str, start: int) -> list[RoundRecord]: ...
+    async def buffered_headers(self, run_id: str) -> list[tuple[datetime, EdgeContributionHeader]]: ...
+    async def registered_edges(self) -> set[int]: ...
+
+
+class RedisStore(Store):
     def __init__(self, redis: aioredis.Redis, keys: Keys):
         self.r = redis
         self.k = keys
@@ -103,6 +141,9 @@ class Store:
     @staticmethod
     def new_run_id() -> str:
         return secrets.token_hex(6)
+
+    async def ping(self) -> None:
+        await self.r.ping()
 
     async def create_run(self, run_id: str, config: RunConfig, initial_global: bytes) -> None:
         async with self.r.pipeline(transaction=True) as p:
@@ -120,7 +161,7 @@ class Store:
         raw = await self.r.hgetall(self.k.meta(run_id))
         if not raw:
             raise NotFound(f"unknown run {run_id!r}")
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return {_text(k): _text(v) for k, v in raw.items()}
 
     async def config(self, run_id: str) -> RunConfig:
         return RunConfig.model_validate_json((await self._meta(run_id))[Meta.config])
@@ -147,11 +188,11 @@ class Store:
         )
 
     async def run_ids(self) -> list[str]:
-        return [x.decode() for x in await self.r.lrange(self.k.runs, 0, -1)]
+        return [_text(x) for x in await self.r.lrange(self.k.runs, 0, -1)]
 
     async def active_run(self) -> str | None:
         value = await self.r.get(self.k.active)
-        return value.decode() if value else None
+        return _text(value) if value else None
 
     async def transition(self, run_id: str, action: str) -> RunStatus:
         allowed, target = _TRANSITIONS[action]
@@ -163,12 +204,12 @@ class Store:
                     status = await p.hget(meta_key, Meta.status)
                     if status is None:
                         raise NotFound(f"unknown run {run_id!r}")
-                    current = RunStatus(status.decode())
+                    current = RunStatus(_text(status))
                     if current not in allowed:
                         raise Conflict(f"cannot {action} a run that is {current.value}")
                     active = await p.get(self.k.active)
-                    if action == "start" and active is not None and active.decode() != run_id:
-                        raise Conflict(f"run {active.decode()} is already active; stop it first")
+                    if action == "start" and active is not None and _text(active) != run_id:
+                        raise Conflict(f"run {_text(active)} is already active; stop it first")
                     p.multi()
                     p.hset(meta_key, Meta.status, target.value)
                     if action == "start":
@@ -176,7 +217,7 @@ class Store:
                         p.set(self.k.active, run_id)
                     if action == "stop":
                         p.hset(meta_key, Meta.finished_at, now().isoformat())
-                        if active is not None and active.decode() == run_id:
+                        if active is not None and _text(active) == run_id:
                             p.delete(self.k.active)
                     await p.execute()
                     return target
@@ -184,13 +225,13 @@ class Store:
                     continue
 
     async def global_blob(self, run_id: str) -> bytes:
-        blob = await self.r.get(self.k.global_state(run_id))
+        blob = _blob(await self.r.get(self.k.global_state(run_id)))
         if blob is None:
             raise NotFound(f"unknown run {run_id!r}")
         return blob
 
     async def cloud_state_blob(self, run_id: str) -> bytes | None:
-        return await self.r.get(self.k.cloud_state(run_id))
+        return _blob(await self.r.get(self.k.cloud_state(run_id)))
 
     async def history(self, run_id: str) -> list[RoundRecord]:
         await self._meta(run_id)
@@ -206,7 +247,7 @@ class Store:
 
     # ---- buffer --------------------------------------------------------------------------------
     async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome:
-        outcome, detail = await self._submit(
+        outcome, detail = await self._submit(  # in the order the script's header names them
             keys=[self.k.meta(header.run_id), self.k.idempotency(header.run_id),
                   self.k.slots(header.run_id), self.k.buffer(header.run_id), self.k.pending(header.run_id)],
             args=[header.idempotency_key, header.edge_id, header.base_version,
@@ -238,13 +279,7 @@ class Store:
 
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:
         entries = await self.r.xrange(self.k.buffer(run_id), count=count)
-        return [
-            BufferedContribution(
-                entry_id, EdgeContributionHeader.model_validate_json(fields[Entry.header.encode()]),
-                fields[Entry.blob.encode()],
-            )
-            for entry_id, fields in entries
-        ]
+        return [_buffered(entry_id, fields) for entry_id, fields in entries or []]
 
     async def commit_update(
         self,
@@ -269,7 +304,8 @@ class Store:
             try:
                 await p.watch(meta_key, self.k.active)
                 version, status = await p.hmget(meta_key, [Meta.version, Meta.status])
-                if int(version) != expected_version or status.decode() not in _UPDATABLE:
+                if (version is None or status is None or int(_text(version)) != expected_version
+                        or _text(status) not in _UPDATABLE):
                     return False
                 active = await p.get(self.k.active)
                 p.multi()
@@ -282,7 +318,7 @@ class Store:
                 if finished:
                     p.hset(meta_key, mapping={Meta.status: RunStatus.finished.value,
                                               Meta.finished_at: now().isoformat()})
-                    if active is not None and active.decode() == run_id:  # never another run's
+                    if active is not None and _text(active) == run_id:  # never another run's
                         p.delete(self.k.active)
                 await p.execute()
                 return True
@@ -317,3 +353,25 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
 end
 return out
 """
+
+# redis-py types every reply as bytes | str (str under decode_responses=True); this store's client is made
+# without it, so its replies are bytes. These say so once instead of at every call.
+def _text(reply: bytes | str) -> str:
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def _bytes(reply: bytes | str) -> bytes:
+    if isinstance(reply, str):
+        raise TypeError("the store's Redis client must not decode responses: its values are binary")
+    return reply
+
+
+def _blob(reply: bytes | str | None) -> bytes | None:
+    return None if reply is None else _bytes(reply)
+
+
+def _buffered(entry_id: bytes | str | None, fields: dict[bytes | str, bytes | str] | None) -> BufferedContribution:
+    if not isinstance(entry_id, bytes) or fields is None:  # XRANGE gives neither (only XCLAIM's deleted entries)
+        raise TypeError(f"unexpected stream entry {entry_id!r} in the contribution buffer")
+    header = EdgeContributionHeader.model_validate_json(fields[Entry.header.encode()])
+    return BufferedContribution(entry_id, header, _bytes(fields[Entry.blob.encode()]))

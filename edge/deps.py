@@ -10,7 +10,8 @@ from fastapi import Depends, Request
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import TaskBoard
-from shared.web import bearer_token, client_token, same_token, unauthorized
+from shared.transport.wire import client_token
+from shared.web import bearer_token, same_token, unauthorized
 
 
 def _settings(request: Request) -> EdgeSettings:

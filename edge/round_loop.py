@@ -68,7 +68,9 @@ class EdgeRoundLoop:
                     await self.register()
                     continue
                 response.raise_for_status()
-                global_, header = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
+                # Unpacked into a new name: mypy does not narrow `header` through an awaited tuple.
+                global_, received = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
+                header = received
                 await self.run_round(header, global_)
             except asyncio.CancelledError:
                 raise

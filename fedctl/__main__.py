@@ -8,7 +8,7 @@ import time
 import tomllib
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -18,9 +18,10 @@ from rich.table import Table
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
 from fedctl.report import client_reports, group_summary, save_results
+from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.schemas import RunInfo
-from shared.web import client_token
+from shared.transport.wire import client_token
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -30,12 +31,12 @@ TOKEN = typer.Option("dev-admin-token", envvar="FL_ADMIN_TOKEN", help="admin bea
 
 
 def load_config(path: Optional[Path], **overrides) -> RunConfig:
-    data = {}
+    data: dict[str, Any] = {}
     if path is not None:
         text = path.read_text()
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return RunConfig.model_validate(data)
+    return registry.parse_config(data)
 
 
 def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:

@@ -19,7 +19,7 @@ class CloudAPI:
     def __init__(self, base_url: str, admin_token: str, timeout: float = 60.0,
                  transport: httpx.BaseTransport | None = None):
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"},
-                                 timeout=timeout, **({"transport": transport} if transport else {}))
+                                 timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self.http.close()

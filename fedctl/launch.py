@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.redis_server import RedisServer, free_port
+from fedctl.redis_server import RedisServer, free_port
 from shared.schemas import EdgeHealth
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +78,12 @@ class Service:
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} not healthy after {timeout}s:\n{self.log_tail()}")
 
+    def address(self) -> str:
+        """Where the service answers HTTP (a client process answers none)."""
+        if self.url is None:
+            raise ValueError(f"{self.name} serves no HTTP")
+        return self.url
+
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
 
@@ -92,7 +98,7 @@ class LocalTopology:
     num_clients: int = 10
     num_edges: int = 1
     procs_per_edge: int = 2
-    workdir: Path | None = None
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fl-")))
     redis_url: str | None = None
     torch_threads: int = 1
     admin_token: str = "dev-admin-token"
@@ -108,7 +114,7 @@ class LocalTopology:
     client_prefix: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="fl-"))
+        self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.redis: RedisServer | None = None
         self.cloud: Service | None = None
@@ -117,9 +123,16 @@ class LocalTopology:
 
     @property
     def cloud_url(self) -> str:
-        return self.cloud.url
+        return self._cloud().address()
+
+    def _cloud(self) -> Service:
+        if self.cloud is None:
+            raise RuntimeError("the topology is not started")
+        return self.cloud
 
     def _cloud_service(self, port: int) -> Service:
+        if self.redis_url is None:
+            raise RuntimeError("the cloud needs Redis: start() starts one when no redis_url is given")
         return Service("cloud", ["-m", "cloud.main"], {
             "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": self.redis_url,
             "FL_CLOUD_KEY_PREFIX": self.key_prefix, "FL_CLOUD_ADMIN_TOKEN": self.admin_token,
@@ -137,7 +150,7 @@ class LocalTopology:
             port = free_port()
             edge = Service(f"edge{edge_id}", ["-m", "edge.main"], {
                 "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_HOST": self.edge_host, "FL_EDGE_PORT": str(port),
-                "FL_EDGE_CLOUD_URL": self.cloud.url,
+                "FL_EDGE_CLOUD_URL": self.cloud_url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
                 "FL_EDGE_TORCH_THREADS": str(self.torch_threads), "FL_EDGE_LOG_LEVEL": "warning",
                 "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"),
@@ -148,7 +161,7 @@ class LocalTopology:
         for edge_id, edge in enumerate(self.edges):
             for p, ids in enumerate(split(list(range(edge_id, self.num_clients, self.num_edges)), self.procs_per_edge)):
                 client = Service(f"client{edge_id}.{p}", ["-m", "client.main"], {
-                    "FL_CLIENT_EDGE_URL": edge.url, "FL_CLIENT_CLIENTS": ids_spec(ids),
+                    "FL_CLIENT_EDGE_URL": edge.address(), "FL_CLIENT_CLIENTS": ids_spec(ids),
                     "FL_CLIENT_CLIENT_TOKEN": self.client_token, "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
                     **self.extra_env,
@@ -181,8 +194,8 @@ class LocalTopology:
         raise RuntimeError(f"clients did not register in {timeout}s: {seen} of {expected}")
 
     def restart_cloud(self, sig: int = signal.SIGKILL) -> None:
-        port = int(self.cloud.url.rsplit(":", 1)[1])
-        self.cloud.stop(sig)
+        port = int(self.cloud_url.rsplit(":", 1)[1])
+        self._cloud().stop(sig)
         self.cloud = self._cloud_service(port)
         self.cloud.start()
         self.cloud.wait_healthy()

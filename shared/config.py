@@ -77,8 +77,10 @@ class RoundPolicy(Strict):
 class RunConfig(Strict):
     name: str = Field("run", min_length=1, max_length=200)
     seed: int = Field(0, ge=0, lt=2**31)
+    # The algorithm and its params are checked by shared.algorithms.registry (`parse_config`, `check`),
+    # where runs are created and where the reference runner starts: they need the algorithm's class,
+    # and importing it here would make this plain model import torch (and close an import cycle).
     algorithm: str = "fedavg"
-    # Validated against the algorithm's own Params model (see shared.algorithms.registry).
     params: dict[str, Any] = Field(default_factory=dict)
     rounds: int = Field(10, ge=1, le=100_000, description="T: global rounds")
     fraction: float = Field(1.0, gt=0, le=1, description="lambda: client participation fraction")
@@ -93,13 +95,8 @@ class RunConfig(Strict):
     policy: RoundPolicy = RoundPolicy()
 
     @model_validator(mode="after")
-    def _check_algorithm(self) -> "RunConfig":
-        from shared.algorithms.registry import get_algorithm_class
-
-        cls = get_algorithm_class(self.algorithm)  # raises ValueError on unknown names
+    def _check(self) -> "RunConfig":
         _check_finite(self.params, "params")
-        cls.Params.model_validate(self.params)
-        cls.check_config(self)
         if self.model.name == "cnn" and self.data.dataset in ("synthetic", "mnist1d"):
             raise ValueError(f"the cnn needs images; {self.data.dataset} has 1-D features (use logreg or mlp)")
         if self.data.num_clients < self.topology.num_edges:

@@ -45,7 +45,7 @@ async def run_edge_round(
 ) -> EdgeRoundOutcome:
     config = algorithm.config
     kappa = config.topology.edge_rounds
-    edge_global, all_results = global_, []
+    edge_global, all_results = global_, list[ClientResult]()
     for e in range(kappa):
         r = client_round(config, version, e)
         chosen = algorithm.select(config.clients_of_edge(edge_id), r, edge_id)

@@ -23,6 +23,13 @@ class LocalStats:
     mean_loss: float  # mean minibatch loss over all steps (before each step)
 
 
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    """p's gradient after backward(): a parameter the loss does not reach has none, which is a model bug."""
+    if p.grad is None:
+        raise ValueError("a parameter received no gradient: the loss does not depend on it")
+    return p.grad
+
+
 def parameters_of(model: nn.Module) -> Tensors:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
@@ -72,7 +79,7 @@ def local_sgd(
             loss.backward()
             if correction is not None:
                 for name, p in named.items():
-                    p.grad.add_(correction[name])
+                    grad_of(p).add_(correction[name])
             opt.step()
             steps += 1
     return LocalStats(steps, loss_sum / max(steps, 1))
@@ -84,7 +91,7 @@ def full_gradient(model: nn.Module, data: ArrayDataset) -> tuple[Tensors, float]
     model.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(data.x), data.y)
     loss.backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    grads = {name: grad_of(p).detach().clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads, loss.item()
 

@@ -1,10 +1,9 @@
 """HTTP pieces both servers (cloud and edge) use: bearer auth, bounded body reads, binary replies, and
-serving with long-polls that end as soon as the process is told to stop."""
+serving with long-polls that end as soon as the process is told to stop. Server side only: what the client
+and fedctl share with the servers is in shared/transport/wire.py."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import math
 import secrets
@@ -18,10 +17,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.transport.tensors import InvalidContent, M, PayloadError, Tensors, decode
+from shared.transport.wire import SAFETENSORS
 
-SAFETENSORS = "application/vnd.safetensors"
 _bearer = HTTPBearer(auto_error=False)
 
 
@@ -51,12 +51,6 @@ def bearer_guard(expected: Callable[[Request], str]):
     return guard
 
 
-def client_token(secret: str, client_id: int) -> str:
-    """Client `client_id`'s own token, derived from the edge's client secret: a device given it can act as
-    that client only, where the secret itself would let it answer any client's tasks."""
-    return hmac.new(secret.encode(), f"fl-client:{client_id}".encode(), hashlib.sha256).hexdigest()
-
-
 class _TooLarge(HTTPException):
     # An HTTPException, so FastAPI's body parsing re-raises it (rather than answering 400) and its
     # exception handler turns it into the 413 response.
@@ -71,21 +65,22 @@ class BodyLimit:
     or lying upload is cut off as well; JSON and binary routes are covered alike.
     """
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app: ASGIApp, limit: int):
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and not declared.isdigit():
-            return await _answer(send, 400, "invalid Content-Length")
+            return await _answer(scope, receive, send, 400, "invalid Content-Length")
         if declared is not None and int(declared) > self.limit:
-            return await _answer(send, 413, f"payload of {int(declared)} bytes exceeds the limit of {self.limit}")
+            return await _answer(scope, receive, send, 413,
+                                 f"payload of {int(declared)} bytes exceeds the limit of {self.limit}")
         received, started = 0, False
 
-        async def counting_receive():
+        async def counting_receive() -> Message:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
@@ -94,7 +89,7 @@ class BodyLimit:
                     raise _TooLarge(self.limit)
             return message
 
-        async def tracking_send(message):
+        async def tracking_send(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
@@ -103,11 +98,11 @@ class BodyLimit:
             await self.app(scope, counting_receive, tracking_send)
         except _TooLarge as exc:  # raised where no exception handler runs (e.g. in another middleware)
             if not started:
-                await _answer(send, exc.status_code, exc.detail)
+                await _answer(scope, receive, send, exc.status_code, exc.detail)
 
 
-async def _answer(send, code: int, detail: str) -> None:
-    await JSONResponse({"detail": detail}, status_code=code)({"type": "http"}, None, send)
+async def _answer(scope: Scope, receive: Receive, send: Send, code: int, detail: str) -> None:
+    await JSONResponse({"detail": detail}, status_code=code)(scope, receive, send)
 
 
 async def read_message(request: Request, message_type: type[M]) -> tuple[Tensors, M, bytes]:
@@ -123,9 +118,11 @@ async def read_message(request: Request, message_type: type[M]) -> tuple[Tensors
     return tensors, header, blob
 
 
-async def read_json(request: Request, model: type[M]) -> M:
+async def read_json(request: Request, model: type[M], parse: Callable[[Any], M] | None = None) -> M:
     """A JSON body read by the route itself, after its dependencies (the token check) have run: FastAPI
-    parses a declared body first, so a bad token with a malformed body answered 422, not 401."""
+    parses a declared body first, so a bad token with a malformed body answered 422, not 401. `parse`
+    replaces `model.model_validate` where a model needs checks it cannot make itself (a RunConfig's
+    algorithm); its ValidationError is a 422 all the same."""
     body = await request.body()
     try:
         data = json.loads(body)
@@ -136,7 +133,7 @@ async def read_json(request: Request, model: type[M]) -> M:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(exc, "pos", 0)),
                                        "msg": "JSON decode error", "input": {}, "ctx": {"error": error}}]) from exc
     try:
-        return model.model_validate(data)
+        return (parse or model.model_validate)(data)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
                                       for e in exc.errors(include_url=False)]) from exc
@@ -214,7 +211,9 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
         app.include_router(router)
     for error, status_code in errors.items():
         app.add_exception_handler(error, _answer_with(status_code))
-    app.add_exception_handler(RequestValidationError, _invalid_request)
+    # Starlette's stub wants a handler of any Exception, though it calls this one with the class it is
+    # registered for only.
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     return app
 
 

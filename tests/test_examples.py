@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import RunConfig
+from shared.algorithms import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted([*ROOT.glob("examples/*.json"), *ROOT.glob("docker/*.json")])
@@ -16,5 +16,5 @@ def test_there_are_examples():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_example_config_is_valid(path):
-    config = RunConfig.model_validate(json.loads(path.read_text()))
+    config = registry.parse_config(json.loads(path.read_text()))
     assert config.name == path.stem

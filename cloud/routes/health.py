@@ -10,5 +10,5 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health")
 async def health(store: StoreDep) -> CloudHealth:
-    await store.r.ping()  # unreachable Redis: an error, not "ok"
+    await store.ping()  # unreachable Redis: an error, not "ok"
     return CloudHealth()

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
 from cloud.initial_state import initial_global
 from cloud.ui.view import LiveRun, read_edges
+from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.schemas import GlobalStateHeader, RoundRecord, RunEdges, RunInfo
 from shared.transport.tensors import decode, encode
@@ -20,7 +21,7 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_a
 
 @router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=json_body_doc(RunConfig))
 async def create_run(request: Request, store: StoreDep, settings: SettingsDep) -> RunInfo:
-    config = await read_json(request, RunConfig)  # after the token check
+    config = await read_json(request, RunConfig, registry.parse_config)  # after the token check
     run_id = store.new_run_id()
     blob = await asyncio.to_thread(initial_global, run_id, config, settings.max_state_bytes,
                                    settings.max_payload_bytes)

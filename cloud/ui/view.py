@@ -48,9 +48,9 @@ def run_edges(info: RunInfo, registered: set[int], buffered: list[tuple[datetime
             edges.append(EdgeStatus(**common, waiting=True, base_version=header.base_version,
                                     staleness=info.version - header.base_version, received_at=at))
         elif edge_id in last:
-            record, version = last[edge_id]
-            edges.append(EdgeStatus(**common, waiting=False, base_version=record.base_version,
-                                    staleness=record.staleness, consumed_in=version))
+            consumed_record, version = last[edge_id]
+            edges.append(EdgeStatus(**common, waiting=False, base_version=consumed_record.base_version,
+                                    staleness=consumed_record.staleness, consumed_in=version))
         else:
             edges.append(EdgeStatus(**common, waiting=False))
     return RunEdges(run_id=info.run_id, version=info.version, buffer_size=info.config.topology.buffer_size,
@@ -85,7 +85,7 @@ class LiveRun:
         self._shown = (info, edges)
         return RunUpdate(info=info, edges=edges, groups=self._groups, rounds=new)
 
-    async def stream(self, first: RunUpdate, orchestrator: Orchestrator, stopping: Stopping) -> AsyncIterator[str]:
+    async def stream(self, first: RunUpdate | None, orchestrator: Orchestrator, stopping: Stopping) -> AsyncIterator[str]:
         """Server-sent events until the run has ended (after its final state) or the cloud stops."""
         update: RunUpdate | None = first
         said = time.monotonic()

@@ -24,9 +24,12 @@ float32 number. With singleton clusters this is FedVARP exactly.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.algorithms.base import Algorithm
 from shared.algorithms.clustering import label_histogram_clusters
 from shared.algorithms.fedvarp import FedVARP
 from shared.config import RunConfig
@@ -57,9 +60,12 @@ def cluster_map(config: RunConfig, params: ClusterParams) -> list[int]:
     return label_histogram_clusters(config.data, config.seed, params.num_clusters)
 
 
-class ClusterMemory:
+class ClusterMemory(Algorithm):
     """Mixin: server memory per cluster of clients (ClusterFedVARP, FedSCAVAR); the map is checked with
     the config and computed once per algorithm instance."""
+
+    Params: ClassVar[type[ClusterParams]]
+    params: ClusterParams
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

@@ -32,14 +32,17 @@ class FedProxParams(BaseModel):
 def proximal_term(model: nn.Module, centre: Tensors, mu: float) -> torch.Tensor:
     """μ/2 Σ_params ‖p − centre[p]‖²; its gradient is μ(w_k − w)."""
     # mse_loss(reduction="sum") is ‖p − c‖² as one autograd node: a third of the cost of (p − c)².sum()
-    # per step, which matters with E = 20 epochs of tiny batches.
-    squared = sum(F.mse_loss(p, centre[name], reduction="sum") for name, p in model.named_parameters())
+    # per step, which matters with E = 20 epochs of tiny batches. Summed from a zero tensor (adding 0 is exact),
+    # so the term is a tensor whatever the model.
+    squared = sum((F.mse_loss(p, centre[name], reduction="sum") for name, p in model.named_parameters()),
+                  start=torch.zeros(()))
     return 0.5 * mu * squared
 
 
 class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
+    params: FedProxParams
 
     def regulariser(self, global_: Tensors) -> Regulariser | None:
         mu = self.params.mu

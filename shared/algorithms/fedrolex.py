@@ -101,6 +101,7 @@ def covered_mean(sums: Tensors, names: Iterable[str]) -> Tensors:
 class FedRolex(Algorithm):
     name = "fedrolex"
     Params = FedRolexParams
+    params: FedRolexParams
     multi_edge = True
     edge_rounds = False
     # The FedRolex step has no η_s; FedSCAVAR's has one.

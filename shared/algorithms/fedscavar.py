@@ -47,7 +47,7 @@ from shared.algorithms import aggregate
 from shared.algorithms.base import Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
 from shared.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
 from shared.algorithms.fedprox import proximal_term
-from shared.algorithms.fedrolex import Capacity, FedRolex
+from shared.algorithms.fedrolex import FedRolex, FedRolexParams
 from shared.algorithms.fedvarp import (
     buffered_clients,
     check_client_ids,
@@ -62,11 +62,8 @@ from shared.training import local_sgd, parameters_of
 from shared.transport.tensors import Tensors, TensorSpec
 
 
-class FedSCAVARParams(ClusterParams):
+class FedSCAVARParams(ClusterParams, FedRolexParams):
     mu: float = Field(0.01, ge=0, description="μ: weight of the proximal term μ/2 ‖w_k − w‖²")
-    capacities: list[Capacity] | None = Field(
-        None, description="β_k per client (length N); default β_k = [1, 1/2, 1/4][k mod 3]"
-    )
 
 
 def masked_varp_direction(deltas: torch.Tensor, masks: torch.Tensor, memory: torch.Tensor, rows: torch.Tensor,
@@ -94,6 +91,7 @@ def covered_memory(memory: torch.Tensor, deltas: torch.Tensor, masks: torch.Tens
 class FedSCAVAR(ClusterMemory, FedRolex):
     name = "fedscavar"
     Params = FedSCAVARParams
+    params: FedSCAVARParams
     multi_edge = False  # the cluster memory spans all clients
     edge_rounds = False
     has_server_lr: ClassVar[bool] = True

@@ -52,7 +52,7 @@ from shared.algorithms.base import (
 from shared.config import RunConfig
 from shared.data.datasets import ArrayDataset
 from shared.selection import select_clients
-from shared.training import batches, evaluate, load_parameters, make_optimizer, parameters_of
+from shared.training import batches, evaluate, grad_of, load_parameters, make_optimizer, parameters_of
 from shared.transport.tensors import Tensors
 
 
@@ -150,7 +150,7 @@ class PFedMe(Algorithm):
                 loss.backward()
                 with torch.no_grad():
                     for name, t in theta.items():
-                        t.grad.add_(t - omega[name], alpha=p.lam)
+                        grad_of(t).add_(t - omega[name], alpha=p.lam)
                 opt.step()
             with torch.no_grad():
                 for name, t in theta.items():

@@ -1,9 +1,18 @@
-"""Algorithms by name. A new algorithm is a new module here plus one line below; no service changes."""
+"""Algorithms by name. A new algorithm is a new module here plus one line below; no service changes.
+
+Also the half of a RunConfig's validation that needs the algorithm's class (its name, its Params, its
+`check_config`): `shared.config` cannot make it without importing every algorithm, and torch with them.
+"""
 from __future__ import annotations
 
 import importlib
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails, InitErrorDetails
 
 from shared.algorithms.base import Algorithm
+from shared.config import RunConfig
 
 _MODULES = {
     "fedavg": ("shared.algorithms.fedavg", "FedAvg"),
@@ -27,8 +36,44 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
     if name not in _MODULES:
         raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(available())}")
     module, attr = _MODULES[name]
-    return getattr(importlib.import_module(module), attr)
+    cls: type[Algorithm] = getattr(importlib.import_module(module), attr)
+    return cls
 
 
-def create(config) -> Algorithm:
-    return get_algorithm_class(config.algorithm)(config)
+def parse_config(data: Any) -> RunConfig:
+    """A RunConfig from untrusted input (a POSTed body, a config file), refused as a whole if its algorithm
+    cannot run it: what the cloud answers 422 with and what fedctl reports."""
+    return _checked(RunConfig.model_validate(data), data)
+
+
+def check(config: RunConfig) -> RunConfig:
+    """`config` itself if its algorithm exists and accepts its params and topology; else pydantic's
+    ValidationError, worded as RunConfig's own errors (so every caller sees one kind of refusal)."""
+    return _checked(config, config.model_dump())
+
+
+def create(config: RunConfig) -> Algorithm:
+    """The algorithm that runs `config`, which is checked first: no algorithm is built for a config it
+    refuses (this is also where the reference runner starts)."""
+    return get_algorithm_class(check(config).algorithm)(config)
+
+
+def _checked(config: RunConfig, given: Any) -> RunConfig:
+    errors: list[InitErrorDetails]
+    try:
+        cls = get_algorithm_class(config.algorithm)
+        cls.Params.model_validate(config.params)
+        cls.check_config(config)
+        return config
+    except ValidationError as exc:  # the Params model's own errors, passed on unchanged
+        errors = [_details(e) for e in exc.errors(include_url=False)]
+    except ValueError as exc:
+        errors = [InitErrorDetails(type="value_error", loc=(), input=given, ctx={"error": exc})]
+    raise ValidationError.from_exception_data(RunConfig.__name__, errors)
+
+
+def _details(error: ErrorDetails) -> InitErrorDetails:
+    details = InitErrorDetails(type=error["type"], loc=error["loc"], input=error["input"])
+    if "ctx" in error:
+        details["ctx"] = error["ctx"]
+    return details

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from shared.web import SAFETENSORS
+from shared.transport.wire import SAFETENSORS
 
 log = logging.getLogger("transport")
 

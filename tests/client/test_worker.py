@@ -25,7 +25,7 @@ from edge.tasks import Task
 from shared.schemas import ClientTaskHeader
 from shared.transport.http import make_client
 from shared.transport.tensors import check_tensors, spec_of
-from shared.web import client_token
+from shared.transport.wire import client_token
 from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_tensors
 
 pytestmark = pytest.mark.anyio

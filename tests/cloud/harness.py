@@ -18,7 +18,7 @@ from cloud.main import create_app
 from shared.config import RunConfig
 from shared.schemas import ClientParticipation, EdgeContributionHeader, GlobalStateHeader
 from shared.transport.tensors import Tensors, decode, encode
-from shared.web import SAFETENSORS
+from shared.transport.wire import SAFETENSORS
 from tests.web import bearer
 
 ADMIN_TOKEN = "test-admin-token"

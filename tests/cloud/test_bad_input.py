@@ -24,7 +24,7 @@ from safetensors.torch import save as st_save
 from shared.algorithms import registry
 from shared.schemas import ClientParticipation
 from shared.transport.tensors import Tensors, encode
-from shared.web import SAFETENSORS
+from shared.transport.wire import SAFETENSORS
 from tests.cloud.harness import (
     ADMIN_TOKEN,
     EDGE_TOKEN,
@@ -703,13 +703,13 @@ async def test_contribution_run_not_running(cloud: Cloud, status: str) -> None:
 async def test_orchestrator_stops_when_cancelled_right_after_a_wake_up(redis_url: str) -> None:
     from cloud.keys import Keys
     from cloud.orchestrator import Orchestrator
-    from cloud.store import Store
+    from cloud.store import RedisStore
 
     redis = aioredis.Redis.from_url(redis_url)
     hung = []
     try:
         for yields in range(2):
-            orchestrator = Orchestrator(Store(redis, Keys(f"test-{uuid.uuid4().hex}")))
+            orchestrator = Orchestrator(RedisStore(redis, Keys(f"test-{uuid.uuid4().hex}")))
             task = asyncio.create_task(orchestrator.run_forever())
             await asyncio.sleep(0.05)  # now idle in wait_for(wake.wait(), 1.0)
             orchestrator.notify()  # what every contribution and control action does

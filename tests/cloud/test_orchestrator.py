@@ -10,7 +10,7 @@ import pytest
 
 from cloud.keys import Keys
 from cloud.orchestrator import Orchestrator
-from cloud.store import Store
+from cloud.store import RedisStore
 from shared.algorithms.fedavg import FedAvg
 from shared.config import RunConfig
 from tests.cloud.harness import ADMIN_TOKEN, Cloud, contribution, running_run, small_config
@@ -31,7 +31,7 @@ class HeldUpdate:
 @pytest.fixture
 def held(monkeypatch: pytest.MonkeyPatch) -> HeldUpdate:
     h = HeldUpdate()
-    compute, commit = Orchestrator._update, Store.commit_update
+    compute, commit = Orchestrator._update, RedisStore.commit_update
 
     def held_compute(*args, **kwargs):
         h.started.set()
@@ -44,7 +44,7 @@ def held(monkeypatch: pytest.MonkeyPatch) -> HeldUpdate:
         return committed
 
     monkeypatch.setattr(Orchestrator, "_update", staticmethod(held_compute))
-    monkeypatch.setattr(Store, "commit_update", recorded_commit)
+    monkeypatch.setattr(RedisStore, "commit_update", recorded_commit)
     return h
 
 

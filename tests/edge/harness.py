@@ -16,10 +16,10 @@ import torch
 from edge.config import EdgeSettings
 from edge.main import create_app
 from edge.tasks import Task
+from fedctl.redis_server import free_port
 from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.federation import initial_model
-from shared.redis_server import free_port
 from shared.schemas import (
     ClientResultHeader,
     ClientTaskHeader,
@@ -29,7 +29,7 @@ from shared.schemas import (
     SubmitReceipt,
 )
 from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
-from shared.web import SAFETENSORS
+from shared.transport.wire import SAFETENSORS
 from tests.web import bearer
 
 CLIENT_TOKEN = "test-client-token"

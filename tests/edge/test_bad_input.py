@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from shared.transport.tensors import Tensors, encode
-from shared.web import SAFETENSORS, client_token
+from shared.transport.wire import SAFETENSORS, client_token
 from tests.edge.harness import (
     ACCEPTED,
     CLIENT_TOKEN,

@@ -1,7 +1,7 @@
 from typer.testing import CliRunner
 
 from fedctl.__main__ import app
-from shared.web import client_token
+from shared.transport.wire import client_token
 
 
 def test_client_token_prints_the_devices_own_token():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from shared.objectives import gradient_descent, nesterov, quadratic, torch_nesterov
+from tests.shared.objectives import gradient_descent, nesterov, quadratic, torch_nesterov
 
 # A = [[4, 1], [1, 3]]: trace 7, det 11, so the eigenvalues solve t² − 7t + 11 = 0: t = (7 ± √5)/2.
 M_BY_HAND = (7 + math.sqrt(5)) / 2

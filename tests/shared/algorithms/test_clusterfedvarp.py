@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution
 from shared.algorithms.clusterfedvarp import ClusterFedVARP
 from shared.algorithms.clustering import canonical_labels, kmeans, label_histograms
@@ -92,15 +93,15 @@ def test_contribution_spec_and_state_round_trip():
 
 def test_config_checks():
     with pytest.raises(ValueError, match="clusterfedvarp keeps global server memory and runs with one edge only"):
-        RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2})
+        registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2}))
     with pytest.raises(ValueError, match="maps 3 clients"):
-        RunConfig(**SMALL, params={"clusters": [0, 1, 0]})
+        registry.check(RunConfig(**SMALL, params={"clusters": [0, 1, 0]}))
     with pytest.raises(ValueError, match=r"ids in \[0, 6\)"):
-        RunConfig(**SMALL, params={"clusters": [0, 1, 0, 1, 0, 6]})
+        registry.check(RunConfig(**SMALL, params={"clusters": [0, 1, 0, 1, 0, 6]}))
     with pytest.raises(ValueError):
-        RunConfig(**SMALL, params={"num_clusters": 0})
+        registry.check(RunConfig(**SMALL, params={"num_clusters": 0}))
     with pytest.raises(ValueError):
-        RunConfig(**SMALL, params={"k": 3})
+        registry.check(RunConfig(**SMALL, params={"k": 3}))
 
 
 # ---- the default map ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from functools import partial
 import pytest
 import torch
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution, LocalJob
 from shared.algorithms.fedavg import FedAvg
 from shared.config import ModelConfig, RunConfig
@@ -72,7 +73,7 @@ def test_two_edges_equal_one_edge_when_everyone_participates():
 
 def test_fedavg_refuses_an_asynchronous_buffer():
     with pytest.raises(ValueError, match="synchronous"):
-        RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 1})
+        registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 1}))
 
 
 def test_hierarchical_edge_rounds_by_hand():

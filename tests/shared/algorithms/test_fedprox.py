@@ -6,6 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from shared.algorithms import registry
 from shared.algorithms.base import LocalJob
 from shared.algorithms.fedprox import FedProx
 from shared.config import ModelConfig, RunConfig
@@ -67,9 +68,9 @@ def test_proximal_term_value_and_gradient_by_hand():
 def test_params():
     assert FedProx(RunConfig(**SMALL, algorithm="fedprox")).params.mu == 0.01
     with pytest.raises(ValidationError):
-        RunConfig(**SMALL, algorithm="fedprox", params={"mu": -1.0})
+        registry.check(RunConfig(**SMALL, algorithm="fedprox", params={"mu": -1.0}))
     with pytest.raises(ValidationError):
-        RunConfig(**SMALL, algorithm="fedprox", params={"nu": 1.0})
+        registry.check(RunConfig(**SMALL, algorithm="fedprox", params={"nu": 1.0}))
     assert FedProx(RunConfig(**SMALL, algorithm="fedprox", params={"mu": 0})).regulariser({}) is None
 
 

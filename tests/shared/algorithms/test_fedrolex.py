@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution
 from shared.algorithms.fedrolex import FedRolex, coverage_reduce
 from shared.algorithms.submodel import ARCHITECTURES, embed
@@ -25,11 +26,11 @@ def test_default_capacities_and_config_checks():
     assert [algo.capacity(k) for k in range(6)] == [1.0, 0.5, 0.25, 1.0, 0.5, 0.25]
     assert FedRolex(RunConfig(**SMALL, params={"capacities": [0.3] * 6})).capacity(4) == 0.3
     with pytest.raises(ValueError, match="3 entries for 6 clients"):
-        RunConfig(**SMALL, params={"capacities": [1.0, 0.5, 0.25]})
+        registry.check(RunConfig(**SMALL, params={"capacities": [1.0, 0.5, 0.25]}))
     with pytest.raises(ValueError):
-        RunConfig(**SMALL, params={"capacities": [0.0] * 6})
+        registry.check(RunConfig(**SMALL, params={"capacities": [0.0] * 6}))
     with pytest.raises(ValueError, match="server_lr must be 1"):
-        RunConfig(**SMALL, server_lr=2.0)
+        registry.check(RunConfig(**SMALL, server_lr=2.0))
 
 
 def test_per_coordinate_aggregation_by_hand():

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution, LocalJob
 from shared.algorithms.fedscavar import FedSCAVAR, covered_memory, masked_varp_direction
 from shared.algorithms.fedvarp import updated_memory, varp_direction
@@ -147,9 +148,10 @@ def test_reference_run_is_deterministic_and_keeps_full_size_controls():
 
 def test_config_checks():
     with pytest.raises(ValueError, match="one edge"):
-        RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2})
+        registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2}))
     with pytest.raises(ValueError, match="clusters"):
-        RunConfig(**SMALL, params={"clusters": [0, 1]})
+        registry.check(RunConfig(**SMALL, params={"clusters": [0, 1]}))
     with pytest.raises(ValueError, match="capacities"):
-        RunConfig(**SMALL, params={"capacities": [1.0]})
-    RunConfig(**SMALL, server_lr=0.5, params={"mu": 0.1, "capacities": [0.5] * 6, "clusters": [0, 0, 1, 1, 2, 5]})
+        registry.check(RunConfig(**SMALL, params={"capacities": [1.0]}))
+    registry.check(RunConfig(**SMALL, server_lr=0.5,
+                             params={"mu": 0.1, "capacities": [0.5] * 6, "clusters": [0, 0, 1, 1, 2, 5]}))

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution
 from shared.algorithms.fedvarp import FedVARP
 from shared.config import RunConfig
@@ -121,9 +122,9 @@ def test_cloud_state_round_trips_safetensors():
 
 def test_refuses_multi_edge_and_edge_round_configs():
     with pytest.raises(ValueError, match="fedvarp keeps global server memory and runs with one edge only"):
-        RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2})
+        registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2}))
     with pytest.raises(ValueError, match="edge_rounds"):
-        RunConfig(**SMALL, topology={"edge_rounds": 2})
+        registry.check(RunConfig(**SMALL, topology={"edge_rounds": 2}))
 
 
 def test_reference_is_deterministic_with_partial_participation_and_two_epochs():

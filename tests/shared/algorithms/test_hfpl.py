@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution
 from shared.algorithms.hfpl import HFPL
 from shared.config import RunConfig
@@ -152,8 +153,8 @@ def test_client_families_are_honoured_and_build_their_architecture():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"data": {"dataset": "synthetic", "num_clients": 6}}, "need images"),
-    ({"data": {"dataset": "mnist1d", "num_clients": 6},
+    ({"model": {"name": "mlp"}, "data": {"dataset": "synthetic", "num_clients": 6}}, "need images"),
+    ({"model": {"name": "mlp"}, "data": {"dataset": "mnist1d", "num_clients": 6},
       "params": {"families": ["mlp"], "client_families": ["mlp"] * 5 + ["cnn_deep"]}}, "need images"),
     ({"params": {"families": ["mlp", "resnet"]}}, "unknown feature families"),
     ({"params": {"client_families": ["mlp"] * 5}}, "client_families names 5 families for 6 clients"),
@@ -161,7 +162,7 @@ def test_client_families_are_honoured_and_build_their_architecture():
 ])
 def test_check_config_refuses(change, message):
     with pytest.raises(ValueError, match=message):
-        RunConfig.model_validate({**SMALL, **change})
+        registry.parse_config({**SMALL, **change})
 
 
 def test_check_config_accepts_mlp_only_on_flat_data():

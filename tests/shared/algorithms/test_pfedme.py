@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution, LocalJob
 from shared.algorithms.pfedme import PFedMe, personal_metrics
 from shared.config import ModelConfig, RunConfig
@@ -152,14 +153,14 @@ def test_each_edge_samples_its_own_clients():
 
 def test_config_checks():
     with pytest.raises(ValueError, match="beta"):
-        RunConfig(**SMALL, server_lr=2.0)
+        registry.check(RunConfig(**SMALL, server_lr=2.0))
     with pytest.raises(ValueError, match="edge_rounds"):
-        RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2, "edge_rounds": 2})
+        registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2, "edge_rounds": 2}))
     with pytest.raises(ValueError):
-        RunConfig(**SMALL, params={"lam": 0.0})
+        registry.check(RunConfig(**SMALL, params={"lam": 0.0}))
     with pytest.raises(ValueError):
-        RunConfig(**SMALL, params={"inner_step": 3})  # typo
-    RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2})
+        registry.check(RunConfig(**SMALL, params={"inner_step": 3}))  # typo
+    registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2}))
 
 
 def test_no_personal_metrics_without_a_held_out_split():

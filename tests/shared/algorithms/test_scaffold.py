@@ -5,6 +5,7 @@ from functools import partial
 import pytest
 import torch
 
+from shared.algorithms import registry
 from shared.algorithms.base import ClientResult, Contribution, LocalJob
 from shared.algorithms.scaffold import Scaffold, step_length
 from shared.config import LocalTrainingConfig, ModelConfig, RunConfig
@@ -187,7 +188,7 @@ def test_two_edges_equal_one_edge_when_everyone_participates():
 
 def test_edge_rounds_are_refused():
     with pytest.raises(ValueError, match="edge_rounds"):
-        RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2, "edge_rounds": 2})
+        registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 2, "edge_rounds": 2}))
 
 
 def test_nesterov_stays_stable_on_skewed_clients():

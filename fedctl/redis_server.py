@@ -12,7 +12,7 @@ enough on a machine without Redis).
 
 Run one in the foreground::
 
-    python -m shared.redis_server [--port N] [--dir D]
+    python -m fedctl.redis_server [--port N] [--dir D]
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ class RedisServer:
 def main(argv: list[str] | None = None) -> int:
     """Run one private redis-server in the foreground until Ctrl-C/SIGTERM (for the demo)."""
     parser = argparse.ArgumentParser(
-        prog="python -m shared.redis_server",
+        prog="python -m fedctl.redis_server",
         description="Run a private redis-server on 127.0.0.1 and print its URL.",
     )
     parser.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")

@@ -1,4 +1,4 @@
-"""Closed-form objectives for teaching and tests: where the optimiser's behaviour can be checked exactly.
+"""Closed-form objectives for the tests: where the optimiser's behaviour can be checked exactly.
 
 `quadratic()` is f(x) = ½xᵀAx − bᵀx with A = [[4, 1], [1, 3]], b = [1, 2] by default. Its gradient is
 Ax − b (A symmetric), it is m-strongly convex and M-smooth with m = λ_min(A) = (7 − √5)/2 and
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -86,45 +87,52 @@ def _start(f: Quadratic, x0: torch.Tensor | None) -> torch.Tensor:
     return torch.zeros_like(f.b) if x0 is None else torch.as_tensor(x0, dtype=torch.float64).clone()
 
 
+def _iterate(x: torch.Tensor, advance: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor,
+             tol: float, max_iter: int) -> Run:
+    """x ← advance(x) until ‖x − target‖ < tol (or max_iter steps), recording every distance."""
+    distances = [float(torch.linalg.vector_norm(x - target))]
+    while distances[-1] >= tol and len(distances) <= max_iter:
+        x = advance(x)
+        distances.append(float(torch.linalg.vector_norm(x - target)))
+    return Run(x, len(distances) - 1, distances[-1] < tol, distances)
+
+
 def gradient_descent(f: Quadratic, x0: torch.Tensor | None = None, step: float | None = None,
                      tol: float = 1e-8, max_iter: int = 100_000) -> Run:
     """x ← x − step·∇f(x), step 1/M by default."""
-    step = 1.0 / f.smoothness if step is None else step
-    x, target = _start(f, x0), f.optimum
-    distances = [float(torch.linalg.vector_norm(x - target))]
-    while distances[-1] >= tol and len(distances) <= max_iter:
-        x = x - step * f.gradient(x)
-        distances.append(float(torch.linalg.vector_norm(x - target)))
-    return Run(x, len(distances) - 1, distances[-1] < tol, distances)
+    lr = 1.0 / f.smoothness if step is None else step
+    return _iterate(_start(f, x0), lambda x: x - lr * f.gradient(x), f.optimum, tol, max_iter)
 
 
 def nesterov(f: Quadratic, x0: torch.Tensor | None = None, step: float | None = None,
              momentum: float | None = None, tol: float = 1e-8, max_iter: int = 100_000) -> Run:
     """Classical NAG: y = x + μ(x − x_prev); x ← y − step·∇f(y). Defaults: step 1/M, μ as above."""
-    step = 1.0 / f.smoothness if step is None else step
+    lr = 1.0 / f.smoothness if step is None else step
     mu = f.nesterov_momentum if momentum is None else momentum
-    x, target = _start(f, x0), f.optimum
+    x = _start(f, x0)
     previous = x
-    distances = [float(torch.linalg.vector_norm(x - target))]
-    while distances[-1] >= tol and len(distances) <= max_iter:
+
+    def advance(x: torch.Tensor) -> torch.Tensor:
+        nonlocal previous
         y = x + mu * (x - previous)
-        previous, x = x, y - step * f.gradient(y)
-        distances.append(float(torch.linalg.vector_norm(x - target)))
-    return Run(x, len(distances) - 1, distances[-1] < tol, distances)
+        previous = x
+        return y - lr * f.gradient(y)
+
+    return _iterate(x, advance, f.optimum, tol, max_iter)
 
 
 def torch_nesterov(f: Quadratic, x0: torch.Tensor | None = None, step: float | None = None,
                    momentum: float | None = None, tol: float = 1e-8, max_iter: int = 100_000) -> Run:
     """The project's local optimiser (torch SGD, nesterov=True) minimising f by autograd."""
-    step = 1.0 / f.smoothness if step is None else step
+    lr = 1.0 / f.smoothness if step is None else step
     mu = f.nesterov_momentum if momentum is None else momentum
     p = torch.nn.Parameter(_start(f, x0))
-    opt = make_optimizer([p], LocalTrainingConfig(lr=step, optimizer="nesterov", momentum=mu))
-    target = f.optimum
-    distances = [float(torch.linalg.vector_norm(p.detach() - target))]
-    while distances[-1] >= tol and len(distances) <= max_iter:
+    opt = make_optimizer([p], LocalTrainingConfig(lr=lr, optimizer="nesterov", momentum=mu))
+
+    def advance(_: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         f.value(p).backward()
         opt.step()
-        distances.append(float(torch.linalg.vector_norm(p.detach() - target)))
-    return Run(p.detach().clone(), len(distances) - 1, distances[-1] < tol, distances)
+        return p.detach().clone()
+
+    return _iterate(p.detach().clone(), advance, f.optimum, tol, max_iter)

@@ -1,4 +1,4 @@
-"""Real tests for shared.redis_server: each one runs an actual redis-server process."""
+"""Real tests for fedctl.redis_server: each one runs an actual redis-server process."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.redis_server import RedisServer, find_redis_server, free_port
+from fedctl.redis_server import RedisServer, find_redis_server, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +136,7 @@ def test_startup_failure_reports_log_tail(tmp_path: Path) -> None:
 
 def test_cli_main_runs_until_sigterm(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.redis_server", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "fedctl.redis_server", "--dir", str(tmp_path)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,0 +1,55 @@
+"""The half of a RunConfig's validation that needs the algorithm lives in the registry, so the plain config
+model stays free of torch, and every place a run starts refuses a config with one kind of error."""
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from shared.algorithms import registry
+from shared.config import RunConfig
+from shared.reference import run_reference
+
+SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 4}, "rounds": 1}
+
+
+def test_the_config_model_does_not_import_torch():
+    # A fresh interpreter: this one has torch loaded by the other tests. Validating a config used to import
+    # the registry, every algorithm and torch: a process that only reads configs paid for all of them.
+    code = ("import json, sys\nimport shared.config, shared.schemas\n"
+            "shared.config.RunConfig.model_validate({'algorithm': 'scaffold', 'params': {}})\n"
+            "print(json.dumps([m for m in ('torch', 'shared.algorithms.base', 'shared.algorithms.registry') "
+            "if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"algorithm": "fedmagic"}, "unknown algorithm 'fedmagic'; available: clusterfedvarp, fedavg"),
+     ({"params": {"mu": 0.1}}, "Extra inputs are not permitted"),
+     ({"algorithm": "fedprox", "params": {"mu": -1}}, "greater than or equal to 0"),
+     ({"topology": {"num_edges": 2, "buffer_size": 1}}, "fedavg is synchronous")],
+    ids=["unknown-algorithm", "foreign-param", "bad-param", "topology"],
+)
+def test_a_config_its_algorithm_refuses_is_refused_where_runs_start(change, message):
+    config = RunConfig.model_validate({**SMALL, **change})  # the model alone cannot tell
+    for refuse in (lambda: registry.parse_config({**SMALL, **change}), lambda: registry.check(config),
+                   lambda: registry.create(config), lambda: run_reference(config)):
+        with pytest.raises(ValidationError, match="1 validation error for RunConfig") as refused:
+            refuse()
+        assert message in str(refused.value)
+
+
+def test_parse_config_reports_the_input_it_was_given():
+    given = {**SMALL, "algorithm": "fedmagic"}
+    with pytest.raises(ValidationError) as refused:
+        registry.parse_config(given)
+    assert [(e["type"], e["loc"], e["input"]) for e in refused.value.errors()] == [("value_error", (), given)]
+
+
+def test_an_accepted_config_is_returned_as_is():
+    config = RunConfig(**SMALL, algorithm="fedprox", params={"mu": 0.1})
+    assert registry.check(config) is config
+    assert registry.parse_config(config.model_dump()) == config

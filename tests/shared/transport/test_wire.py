@@ -1,0 +1,16 @@
+"""The client and fedctl share the wire's constants and the client token with the servers without
+importing a server (shared/web.py, FastAPI, uvicorn)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+SERVER_MODULES = ("shared.web", "fastapi", "starlette", "uvicorn", "cloud", "edge")
+
+
+@pytest.mark.parametrize("module", ["client.main", "fedctl.__main__"])
+def test_the_client_and_fedctl_do_not_import_a_server(module):
+    code = f"import json, sys, {module}\nprint(json.dumps([m for m in {SERVER_MODULES!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == []
