@@ -85,7 +85,8 @@ class LiveRun:
         self._shown = (info, edges)
         return RunUpdate(info=info, edges=edges, groups=self._groups, rounds=new)
 
-    async def stream(self, first: RunUpdate | None, orchestrator: Orchestrator, stopping: Stopping) -> AsyncIterator[str]:
+    async def stream(self, first: RunUpdate | None, orchestrator: Orchestrator,
+                     stopping: Stopping) -> AsyncIterator[str]:
         """Server-sent events until the run has ended (after its final state) or the cloud stops."""
         update: RunUpdate | None = first
         said = time.monotonic()
