@@ -199,13 +199,6 @@ async def test_cancellation_stops_every_client_at_once_even_while_one_backs_off(
                 await run
 
 
-def test_backoff_doubles_up_to_its_bound_and_resets():
-    backoff = worker_module.Backoff(1.0, 30.0)
-    assert [backoff.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
-    backoff.reset()
-    assert backoff.next() == 1.0
-
-
 async def test_a_device_with_its_own_token_serves_its_client_only(tmp_path):
     """Given client_token(secret, 0), a worker serves client 0; as client 1 the edge refuses it (401)."""
     async with running_edge() as edge:
