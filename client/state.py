@@ -6,13 +6,12 @@ state already produced by it re-sends the stored result instead of training on a
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Callable
 
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
+from shared.files import atomic_write
 from shared.transport.tensors import Tensors
 
 
@@ -21,12 +20,6 @@ class ClientStateStore:
         self.dir = Path(root) / run_id / f"client-{client_id}"
         self._state = self.dir / "state.safetensors"
         self._result = self.dir / "result.safetensors"
-
-    def _write(self, path: Path, write: Callable[[Path], object]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        write(tmp)
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file
 
     def last_task_id(self) -> str | None:
         if not self._state.exists():
@@ -44,6 +37,6 @@ class ClientStateStore:
 
     def save(self, task_id: str, state: Tensors, result_blob: bytes) -> None:
         # Result first: a crash between the two writes leaves the old state, and the task recomputes.
-        self._write(self._result, lambda p: p.write_bytes(result_blob))
-        self._write(self._state, lambda p: save_file(
-            {k: v.contiguous() for k, v in state.items()}, str(p), metadata={"task_id": task_id}))
+        # Each file whole or not at all, fsynced: the state must never be on disk without its result.
+        atomic_write(self._result, result_blob)
+        atomic_write(self._state, save({k: v.contiguous() for k, v in state.items()}, metadata={"task_id": task_id}))

@@ -15,11 +15,13 @@ import httpx
 from client.config import ClientSettings
 from client.state import ClientStateStore
 from shared.algorithms import registry
+from shared.backoff import Backoff
 from shared.config import RunConfig
 from shared.data.datasets import load_client
 from shared.federation import local_job
 from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
-from shared.transport.http import binary_body, send
+from shared.transport.http import binary_body
+from shared.transport.retry import DEDUPLICATED
 from shared.transport.tensors import Tensors, decode, encode
 
 log = logging.getLogger("client.worker")
@@ -59,23 +61,6 @@ class ClientsStopped(RuntimeError):
 
 class _Unregistered(Exception):
     """The edge does not know this client (404: it restarted and lost its registrations)."""
-
-
-class Backoff:
-    """Bounded exponential delays: initial, doubling up to the maximum; back to initial after a success."""
-
-    def __init__(self, initial_s: float, max_s: float):
-        self.initial_s, self.max_s = initial_s, max(max_s, initial_s)
-        self.failures = 0
-        self._delay = initial_s
-
-    def next(self) -> float:
-        delay, self._delay = self._delay, min(self._delay * 2, self.max_s)
-        self.failures += 1
-        return delay
-
-    def reset(self) -> None:
-        self.failures, self._delay = 0, self.initial_s
 
 
 def _check(response: httpx.Response, *, unknown_client: bool = True) -> None:
@@ -124,7 +109,8 @@ class Worker:
 
     async def register(self, client_id: int) -> None:
         reg = ClientRegistration(client_id=client_id, capabilities={"torch_threads": self.settings.torch_threads})
-        response = await send(self.edge, "POST", "/api/v1/clients", json=reg.model_dump())
+        # Re-sent through a passing fault: a registration repeated replaces itself.
+        response = await self.edge.post("/api/v1/clients", json=reg.model_dump(), extensions=DEDUPLICATED)
         _check(response, unknown_client=False)  # a 404 here is a wrong edge URL, not a lost registration
 
     async def serve(self, client_id: int) -> None:
@@ -159,8 +145,8 @@ class Worker:
 
     async def step(self, client_id: int) -> None:
         """One long-poll for a task and, if one came, its local update and upload."""
-        response = await send(self.edge, "GET", f"/api/v1/clients/{client_id}/task",
-                              params={"timeout": self.settings.long_poll_s})
+        response = await self.edge.get(f"/api/v1/clients/{client_id}/task",
+                                       params={"timeout": self.settings.long_poll_s})
         _check(response)
         if response.status_code == 204:
             return
@@ -178,7 +164,9 @@ class Worker:
         await self.upload(client_id, header, blob)
 
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> None:
-        response = await send(self.edge, "POST", f"/api/v1/clients/{client_id}/results", **binary_body(blob))
+        # Re-sent through a passing fault: the edge accepts one result per task id and answers a repeat 409.
+        response = await self.edge.post(f"/api/v1/clients/{client_id}/results", **binary_body(blob),
+                                        extensions=DEDUPLICATED)
         if response.status_code == 409:
             # Already accepted (a retried upload) or the round moved on: nothing left to do either way.
             log.info("client %d: task %s: %s", client_id, header.task_id, _detail(response))

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from cloud.store import BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
@@ -14,11 +17,13 @@ from shared.algorithms.base import Algorithm, Contribution
 from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
 from shared.config import RunConfig
 from shared.federation import contribution
+from shared.longpoll import wait_until
 from shared.schemas import GlobalStateHeader, RunStatus
 from shared.transport.tensors import decode, decode_tensors, encode
 
 log = logging.getLogger("cloud.orchestrator")
 _CACHED_ALGORITHMS = 4
+T = TypeVar("T")
 
 
 class Orchestrator:
@@ -39,13 +44,9 @@ class Orchestrator:
         async with self._changed:
             self._changed.notify_all()
 
-    async def wait_for_change(self, timeout: float) -> None:
-        async with self._changed:
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._changed.wait()
-            except TimeoutError:
-                pass
+    async def wait_until(self, check: Callable[[], Awaitable[T]], timeout: float, recheck_s: float = math.inf) -> T:
+        """`check()`'s first truthy value, looked for again after every announce (see shared/longpoll.py)."""
+        return await wait_until(self._changed, check, timeout, recheck_s)
 
     def stop(self) -> None:
         """Ends run_forever at its next turn. A flag, because on Python 3.11 a cancel that lands while

@@ -18,16 +18,19 @@ from edge.config import EdgeSettings
 from edge.tasks import ForeignClient, Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
+from shared.backoff import Backoff
 from shared.config import RoundPolicy
 from shared.edge_round import ClientTask, run_edge_round
 from shared.federation import participation
+from shared.files import atomic_write
 from shared.schemas import (
     ClientTaskHeader,
     EdgeContributionHeader,
     EdgeRegistration,
     GlobalStateHeader,
 )
-from shared.transport.http import binary_body, send
+from shared.transport.http import binary_body
+from shared.transport.retry import DEDUPLICATED
 from shared.transport.tensors import PayloadError, Tensors, decode, decode_tensors, encode
 
 log = logging.getLogger("edge.round_loop")
@@ -57,7 +60,7 @@ class EdgeRoundLoop:
         # successful round, so after a failure the same state (or a newer one, if the cloud moved on) is
         # fetched again and its round re-run, instead of the edge waiting for a version that never comes.
         run_id, version = None, -1
-        backoff = self.retry_backoff_s
+        backoff = Backoff(self.retry_backoff_s, self.retry_backoff_max_s)
         while True:
             header: GlobalStateHeader | None = None
             try:
@@ -78,27 +81,30 @@ class EdgeRoundLoop:
                 log.warning("edge %d: round abandoned: %s", self.edge_id, exc)
                 continue  # the poll now answers with what the cloud moved on to
             except Exception:
+                delay = backoff.next()
                 if header is None:
                     log.exception("edge %d: fetching the state after version %d failed; retrying in %g s",
-                                  self.edge_id, version, backoff)
+                                  self.edge_id, version, delay)
                 else:
                     log.exception("edge %d: round at version %d of run %s failed; re-running it in %g s",
-                                  self.edge_id, header.version, header.run_id, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, self.retry_backoff_max_s)
+                                  self.edge_id, header.version, header.run_id, delay)
+                await asyncio.sleep(delay)
                 continue
             run_id, version = header.run_id, header.version
-            backoff = self.retry_backoff_s
+            backoff.reset()
 
     async def _poll(self, run_id: str | None, after: int, timeout: float) -> httpx.Response:
         """The cloud's long-poll: 200 with a global state newer than `after` of `run_id` (or of another
         run, once the cloud has moved on), 204 if none comes within `timeout`."""
-        return await send(self.cloud, "GET", f"/api/v1/edges/{self.edge_id}/global",
-                          params={"after": after, "timeout": timeout, **({"run_id": run_id} if run_id else {})})
+        params: dict[str, str | int | float] = {"after": after, "timeout": timeout}
+        if run_id:
+            params["run_id"] = run_id
+        return await self.cloud.get(f"/api/v1/edges/{self.edge_id}/global", params=params)
 
     async def register(self) -> None:
         reg = EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url)
-        response = await send(self.cloud, "POST", "/api/v1/edges", json=reg.model_dump())
+        # Re-sent through a passing fault: a registration repeated replaces itself.
+        response = await self.cloud.post("/api/v1/edges", json=reg.model_dump(), extensions=DEDUPLICATED)
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
 
@@ -146,13 +152,7 @@ class EdgeRoundLoop:
         path = self._state_path(run_id)
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(encode(self._edge_state))
-            f.flush()
-            os.fsync(f.fileno())  # the rename must not reach the disk before the data
-        os.replace(tmp, path)
+        atomic_write(path, encode(self._edge_state))
 
     async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
         self.current = header
@@ -237,7 +237,9 @@ class EdgeRoundLoop:
             clients=participation(results),
         )
         blob = await asyncio.to_thread(encode, tensors, message)
-        response = await send(self.cloud, "POST", f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob))
+        # Re-sent through a passing fault: the cloud counts an idempotency key once.
+        response = await self.cloud.post(f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob),
+                                         extensions=DEDUPLICATED)
         if response.status_code == 409:  # counted already, or the run moved on: nothing to do
             log.info("edge %d: %s", self.edge_id, response.text[:300])
         elif response.status_code >= 400:

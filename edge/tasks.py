@@ -6,11 +6,11 @@ the same task; results are checked against the algorithm's result spec before th
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from shared.algorithms.base import ClientResult
+from shared.longpoll import wait_until
 from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.tensors import Tensors, encode
 
@@ -82,36 +82,18 @@ class TaskBoard:
 
     async def wait_results(self, timeout: float) -> list[ClientResult]:
         """Returns when every task is answered or at the deadline, with what has arrived."""
-        deadline = time.monotonic() + timeout
-        async with self._changed:
-            while any(t.result is None for t in self._tasks.values()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    async with asyncio.timeout(remaining):
-                        await self._changed.wait()
-                except TimeoutError:
-                    break
+        await wait_until(self._changed, lambda: all(t.result is not None for t in self._tasks.values()), timeout)
         return self.results()
 
     # ---- client side ---------------------------------------------------------------------------
     async def fetch(self, client_id: int, timeout: float) -> Task | None:
         self._known(client_id)
-        deadline = time.monotonic() + timeout
-        async with self._changed:
-            while True:
-                task = self._tasks.get(client_id)
-                if task is not None and task.result is None:
-                    return task
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._closing:
-                    return None
-                try:
-                    async with asyncio.timeout(remaining):
-                        await self._changed.wait()
-                except TimeoutError:
-                    return None
+        await wait_until(self._changed, lambda: self._open_task(client_id) is not None or self._closing, timeout)
+        return self._open_task(client_id)
+
+    def _open_task(self, client_id: int) -> Task | None:
+        task = self._tasks.get(client_id)
+        return task if task is not None and task.result is None else None
 
     def task_for(self, client_id: int, header: ClientResultHeader) -> Task:
         """The open task a result answers; raises for unknown, stale or duplicate results."""

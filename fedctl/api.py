@@ -7,19 +7,19 @@ import httpx
 
 from shared.config import RunConfig
 from shared.schemas import RoundRecord, RunInfo, RunStatus
+from shared.transport.retry import SyncRetryTransport
 from shared.transport.tensors import Tensors, decode_tensors
 
 
 class CloudAPI:
-    # Reads are retried through a passing fault (a 5xx, a dropped connection: right after a Redis restart
-    # one request in about ninety met a stale pooled connection); writes are not, since a create is not
-    # idempotent.
-    read_attempts = 5
-
     def __init__(self, base_url: str, admin_token: str, timeout: float = 60.0,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, read_attempts: int = 5):
+        # Reads are retried through a passing fault (a 5xx, a dropped connection: right after a Redis restart
+        # one request in about ninety met a stale pooled connection); writes are not, since a create is not
+        # idempotent. `transport` replaces the network under the retries (tests).
+        retrying = SyncRetryTransport(transport or httpx.HTTPTransport(), attempts=read_attempts)
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"},
-                                 timeout=timeout, transport=transport)
+                                 timeout=timeout, transport=retrying)
 
     def close(self) -> None:
         self.http.close()
@@ -37,18 +37,7 @@ class CloudAPI:
         return response
 
     def _get(self, path: str) -> httpx.Response:
-        for attempt in range(self.read_attempts):
-            last = attempt == self.read_attempts - 1
-            try:
-                response = self.http.get(path)
-            except httpx.TransportError:
-                if last:
-                    raise
-            else:
-                if response.status_code < 500 or last:
-                    return self._ok(response)
-            time.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")
+        return self._ok(self.http.get(path))
 
     def create_run(self, config: RunConfig) -> RunInfo:
         response = self.http.post("/api/v1/runs", content=config.model_dump_json(),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
@@ -55,16 +54,14 @@ async def global_state(
     """Long-poll: answers as soon as there is a version newer than `after` of the active run."""
     if not await store.edge_known(edge_id):
         raise NotFound(f"unknown edge {edge_id}; register first")
-    deadline = time.monotonic() + min(timeout, settings.long_poll_max_s)
-    while True:
-        blob = await _offer(store, edge_id, run_id, after)
-        if blob is not None:
-            return binary(blob)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or stopping.is_set():
-            return Response(status_code=status.HTTP_204_NO_CONTENT)
-        # Short waits also catch versions published by another cloud process sharing this Redis.
-        await orchestrator.wait_for_change(min(remaining, 0.5))
+
+    async def offer() -> bytes | bool:
+        # True once the cloud is stopping: the poll ends at once, with nothing.
+        return await _offer(store, edge_id, run_id, after) or stopping.is_set()
+
+    # Short waits (recheck_s) also catch versions published by another cloud process sharing this Redis.
+    blob = await orchestrator.wait_until(offer, min(timeout, settings.long_poll_max_s), recheck_s=0.5)
+    return binary(blob) if isinstance(blob, bytes) else Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED)

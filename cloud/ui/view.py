@@ -101,5 +101,5 @@ class LiveRun:
                 said = time.monotonic()
             if stopping.is_set():
                 return
-            await orchestrator.wait_for_change(LOOK_S)
-            update = await self.update()
+            # Wakes on a new version or status change; looks again every LOOK_S for buffer changes.
+            update = await orchestrator.wait_until(self.update, LOOK_S)

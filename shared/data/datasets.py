@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import io
 import os
 import random
 import threading
@@ -30,6 +31,7 @@ from shared.data import partition
 from shared.data.synthetic import DIMENSION as _SYNTHETIC_DIMENSION
 from shared.data.synthetic import NUM_CLASSES as _SYNTHETIC_CLASSES
 from shared.data.synthetic import generate_synthetic
+from shared.files import atomic_write
 
 # One constant per use of randomness, mixed into the seed, so no two draws share a stream and
 # adding a new use never shifts an existing one.
@@ -135,11 +137,10 @@ def _disk_cached(
             x, y = archive["x"], archive["y"]
     except (OSError, KeyError, ValueError):
         x, y = build()
+        archive = io.BytesIO()
+        np.savez(archive, x=x, y=y)
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
-            np.savez(tmp, x=x, y=y)
-            os.replace(tmp, cache)
+            atomic_write(cache, archive.getvalue())  # processes that build it at once each write it whole
         except OSError:
             pass  # a read-only home only costs the rebuild
     x.flags.writeable = y.flags.writeable = False

@@ -1,56 +1,30 @@
 """Outbound HTTP for the edge (to the cloud) and the client (to the edge): timeouts, auth, retries.
 
 Only outbound connections are made from edges and clients, so a device behind NAT can take part.
-Retries cover transport errors and 5xx answers (a restarting server); 4xx answers are final.
+Retries (`shared/transport/retry.py`) re-send reads and deduplicated writes through transport errors
+and 5xx answers (a restarting server) until they get through; 4xx answers are final.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any
 
 import httpx
 
+from shared.transport.retry import RetryTransport
 from shared.transport.wire import SAFETENSORS
 
-log = logging.getLogger("transport")
 
-
-def make_client(base_url: str, token: str, long_poll_s: float = 30.0, **kwargs: Any) -> httpx.AsyncClient:
+def make_client(base_url: str, token: str, long_poll_s: float = 30.0,
+                transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> httpx.AsyncClient:
+    """`transport` replaces the network under the retries (tests: an in-process server)."""
     # The read timeout must outlast the server's long-poll window.
     timeout = httpx.Timeout(connect=5.0, read=long_poll_s + 15.0, write=60.0, pool=None)
+    # Given to the transport: a client's own `limits` apply only to the transport it would build itself.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
     return httpx.AsyncClient(
-        base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, limits=limits, **kwargs
+        base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
+        transport=RetryTransport(transport or httpx.AsyncHTTPTransport(limits=limits)), **kwargs
     )
-
-
-async def send(
-    client: httpx.AsyncClient,
-    method: str,
-    url: str,
-    *,
-    attempts: int | None = None,
-    backoff_s: float = 0.2,
-    max_backoff_s: float = 5.0,
-    **kwargs: Any,
-) -> httpx.Response:
-    """Sends until an answer below 500 arrives (or `attempts` run out; None means forever)."""
-    delay, attempt = backoff_s, 0
-    while True:
-        attempt += 1
-        try:
-            response = await client.request(method, url, **kwargs)
-            if response.status_code < 500:
-                return response
-            reason = f"HTTP {response.status_code}: {response.text[:200]}"
-        except httpx.TransportError as exc:
-            reason = repr(exc)
-        if attempts is not None and attempt >= attempts:
-            raise ConnectionError(f"{method} {url} failed after {attempt} attempts: {reason}")
-        log.warning("%s %s failed (%s); retrying in %.1fs", method, url, reason, delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, max_backoff_s)
 
 
 def binary_body(blob: bytes) -> dict[str, Any]:

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import torch
 
 from client.state import ClientStateStore
@@ -20,3 +23,13 @@ def test_no_temporary_files_are_left(tmp_path):
     store = ClientStateStore(tmp_path, "r", 0)
     store.save("t", {}, b"x")
     assert sorted(p.name for p in store.dir.iterdir()) == ["result.safetensors", "state.safetensors"]
+
+
+def test_both_files_are_fsynced_before_they_are_renamed(tmp_path, monkeypatch):
+    """The state must not reach the disk without its result, nor as an empty file after a host crash."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b)))
+    ClientStateStore(tmp_path, "r", 0).save("t", {"c.w": torch.ones(3)}, b"result")
+    assert events == ["fsync", "replace result.safetensors", "fsync", "replace state.safetensors"]

@@ -91,7 +91,7 @@ async def running_worker(edge: Edge, ids: list[int], state_dir: Path, token: str
             worker.executor.shutdown(wait=True)
 
 
-async def until(condition: Callable[[], bool], run: asyncio.Task, timeout: float = 4.0) -> None:
+async def until(condition: Callable[[], bool], run: asyncio.Task, timeout: float = 30.0) -> None:
     """Waits for `condition`; fails at once with whatever ended the worker, if it ended."""
     with anyio.fail_after(timeout):
         while True:
@@ -197,13 +197,6 @@ async def test_cancellation_stops_every_client_at_once_even_while_one_backs_off(
             run.cancel()
             with anyio.fail_after(1), pytest.raises(asyncio.CancelledError):
                 await run
-
-
-def test_backoff_doubles_up_to_its_bound_and_resets():
-    backoff = worker_module.Backoff(1.0, 30.0)
-    assert [backoff.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
-    backoff.reset()
-    assert backoff.next() == 1.0
 
 
 async def test_a_device_with_its_own_token_serves_its_client_only(tmp_path):

@@ -19,20 +19,26 @@ def api_answering(*answers) -> tuple[CloudAPI, list[str]]:
             raise answer
         return httpx.Response(answer, json=RUN if answer == 200 else {"detail": "x"})
 
-    api = CloudAPI("http://cloud", "t", transport=httpx.MockTransport(handle))
-    api.read_attempts = 4
+    api = CloudAPI("http://cloud", "t", transport=httpx.MockTransport(handle), read_attempts=4)
     return api, seen
 
 
-def test_reads_go_through_a_passing_fault(monkeypatch):
-    monkeypatch.setattr("fedctl.api.time.sleep", lambda s: None)
+@pytest.fixture
+def sleeps(monkeypatch) -> list[float]:
+    """The waits between attempts, not waited."""
+    waited: list[float] = []
+    monkeypatch.setattr("shared.transport.retry.time.sleep", waited.append)
+    return waited
+
+
+def test_reads_go_through_a_passing_fault(sleeps):
     api, seen = api_answering(500, httpx.ConnectError("reset"), 200)
     assert api.run("r").version == 1
     assert seen == ["GET /api/v1/runs/r"] * 3
+    assert sleeps == [0.2, 0.4]
 
 
-def test_client_errors_and_lasting_faults_are_not_retried_forever(monkeypatch):
-    monkeypatch.setattr("fedctl.api.time.sleep", lambda s: None)
+def test_client_errors_and_lasting_faults_are_not_retried_forever(sleeps):
     api, seen = api_answering(404)
     with pytest.raises(RuntimeError, match="404"):
         api.run("r")
@@ -41,11 +47,15 @@ def test_client_errors_and_lasting_faults_are_not_retried_forever(monkeypatch):
     with pytest.raises(RuntimeError, match="500"):
         api.run("r")
     assert len(seen) == 4
+    assert sleeps == [0.2, 0.4, 0.8]
 
 
-def test_writes_are_sent_once(monkeypatch):
-    monkeypatch.setattr("fedctl.api.time.sleep", lambda s: None)
+def test_writes_are_sent_once(sleeps):
     api, seen = api_answering(500)
     with pytest.raises(RuntimeError, match="500"):
         api.action("r", "stop")
     assert seen == ["POST /api/v1/runs/r/stop"]
+    api, seen = api_answering(httpx.ConnectError("reset"))
+    with pytest.raises(httpx.ConnectError):
+        api.action("r", "stop")
+    assert seen == ["POST /api/v1/runs/r/stop"] and sleeps == []
