@@ -60,11 +60,11 @@ class DataConfig(_HashableOptions):
                          "'package.module:load', a loader function called as load(**options)")
     # Only for dataset="npz": a file with x_train, y_train, client_train, x_test, y_test.
     path: str | None = None
-    # Keyword arguments of an imported loader (dataset = "package.module:load"); JSON values only.
-    options: dict[str, JsonValue] = Field(default_factory=dict)
-    # "natural": the generator's own devices (synthetic); "file": the client index stored with the data
-    # (an npz's client_train, an imported loader's client_train).
-    partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = "iid"
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments of an imported loader (JSON values)")
+    partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = Field(
+        "iid", description="iid | dirichlet | shards | file: the client index stored with the data (an npz's or "
+        "an imported loader's client_train) | natural: the synthetic generator's own devices")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
     shards_per_client: int = Field(2, ge=1)
     num_clients: int = Field(10, ge=1, le=100_000)
@@ -108,8 +108,8 @@ class ModelConfig(_HashableOptions):
                       "factory(input_shape, num_classes, **options) that returns a torch nn.Module")
     hidden: tuple[int, ...] = Field(
         (200, 200), min_length=1, max_length=16, description="the mlp's hidden layer sizes (McMahan's 2NN: 200, 200)")
-    # Keyword arguments of an imported factory (name = "package.module:factory"); JSON values only.
-    options: dict[str, JsonValue] = Field(default_factory=dict)
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments of an imported factory (JSON values)")
 
     @field_validator("name")
     @classmethod

@@ -1,5 +1,5 @@
-"""A researcher's own model and data (examples/custom_model) through the real services: the cloud, an edge
-and client processes import the example package from their PYTHONPATH, as an operator's install would."""
+"""A researcher's own model and data (examples/custom_model) through the real services: the cloud and the
+client processes import the example package from their PYTHONPATH, as an operator's install would."""
 import os
 import time
 import tomllib
@@ -29,7 +29,9 @@ def example_config(**overrides) -> RunConfig:
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
     env = {**WITH_EXAMPLE, "FL_CLOUD_ALLOWED_IMPORTS": "fl_example_custom"}
-    with federation(tmp_path_factory, num_clients=4, extra_env=env) as (topo, api):
+    # Edges never build the model nor load the data: theirs lacks the package.
+    with federation(tmp_path_factory, num_clients=4, extra_env=env, edge_env={0: {"PYTHONPATH": str(ROOT)}}) \
+            as (topo, api):
         yield topo, api
 
 

@@ -63,12 +63,13 @@ def test_a_broken_factory_says_whose_and_what(name, message):
         build_model(ModelConfig(name=name), (4,), 2)
 
 
-def test_an_imported_model_is_not_narrowed_and_fedrolex_refuses_it():
+@pytest.mark.parametrize("algorithm", ["fedrolex", "fedscavar"])
+def test_an_imported_model_is_not_narrowed_and_sub_model_algorithms_refuse_it(algorithm):
     cfg = ModelConfig(name=f"{FACTORIES}:two_layer")
     with pytest.raises(ValueError, match="cannot be narrowed"):
         build_model(cfg, (4,), 2, hidden1=2)
     with pytest.raises(ValueError, match="sub-models need a built-in model"):
-        RunConfig(algorithm="fedrolex", model=cfg, data={"dataset": "digits"})
+        RunConfig(algorithm=algorithm, model=cfg, data={"dataset": "digits"})
 
 
 @pytest.mark.parametrize("fields, message", [
