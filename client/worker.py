@@ -18,7 +18,7 @@ from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.data.datasets import load_client
 from shared.federation import local_job
-from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
+from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.http import binary_body, send
 from shared.transport.tensors import Tensors, decode, encode
 
@@ -171,11 +171,22 @@ class Worker:
         loop = asyncio.get_running_loop()
         try:
             blob = await loop.run_in_executor(self.executor, compute, self.settings, header, task)
-        except Exception:
+        except Exception as exc:
             log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
             self.failed.add(header.task_id)
+            await self.report_failure(client_id, header, exc)
             return
         await self.upload(client_id, header, blob)
+
+    async def report_failure(self, client_id: int, header: ClientTaskHeader, exc: Exception) -> None:
+        """Tells the edge why the task cannot be trained here (e.g. the run's model package is missing from
+        this environment): the round stops waiting for this client and its record shows the reason."""
+        report = ClientFailureReport(task_id=header.task_id, client_id=client_id,
+                                     error=f"{type(exc).__name__}: {exc}"[:1000])
+        response = await send(self.edge, "POST", f"/api/v1/clients/{client_id}/failures", json=report.model_dump())
+        if response.status_code >= 400:  # e.g. 409: the round moved on meanwhile; the log above says why
+            log.warning("client %d: edge did not take the failure report of task %s: %s %s", client_id,
+                        header.task_id, response.status_code, response.text[:300])
 
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> None:
         response = await send(self.edge, "POST", f"/api/v1/clients/{client_id}/results", **binary_body(blob))

@@ -14,7 +14,14 @@ from shared.algorithms.base import Algorithm, ClientResult, Contribution, LocalJ
 from shared.config import RunConfig
 from shared.data.datasets import ClientData, load_federated
 from shared.models import build_model
-from shared.schemas import ClientParticipation, ClientRecord, ContributionRecord, EdgeContributionHeader, RoundRecord
+from shared.schemas import (
+    ClientFailureRecord,
+    ClientParticipation,
+    ClientRecord,
+    ContributionRecord,
+    EdgeContributionHeader,
+    RoundRecord,
+)
 from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
 from shared.training import Evaluation, evaluate, load_parameters
 from shared.transport.tensors import Tensors
@@ -72,6 +79,11 @@ def round_record(version: int, contributions: list[EdgeContributionHeader], eval
         version=version + 1,
         edges=sorted({h.edge_id for h in contributions}),
         clients=clients,
+        failed_clients=sorted(
+            (ClientFailureRecord(client_id=f.client_id, edge_id=h.edge_id, error=f.error)
+             for h in contributions for f in h.failures),
+            key=lambda f: (f.client_id, f.edge_id),
+        ),
         contributions=[
             ContributionRecord(edge_id=h.edge_id, base_version=h.base_version, staleness=version - h.base_version,
                                weight=h.weight)
