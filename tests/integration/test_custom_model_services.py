@@ -1,6 +1,10 @@
-"""A researcher's own model and data (examples/custom_model) through the real services: the cloud and the
-client processes import the example package from their PYTHONPATH, as an operator's install would."""
+"""A researcher's own model and data (examples/custom_model) through the real services: the example is
+pip-installed (into a directory of its own, the project's venv staying as it is) and the cloud and the client
+processes import it from there."""
 import os
+import shutil
+import subprocess
+import sys
 import time
 import tomllib
 
@@ -17,7 +21,18 @@ from tests.web import detail_of
 pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "examples" / "custom_model"
-WITH_EXAMPLE = {"PYTHONPATH": f"{ROOT}{os.pathsep}{EXAMPLE}"}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> str:
+    """Where `pip install examples/custom_model` put the package (built from a copy: the build writes its
+    egg-info next to the sources)."""
+    work = tmp_path_factory.mktemp("custom_model")
+    shutil.copytree(EXAMPLE, work / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(work / "site"), str(work / "src")], check=True)
+    assert (work / "site" / "fl_example_custom" / "models.py").is_file()
+    return str(work / "site")
 
 
 def example_config(**overrides) -> RunConfig:
@@ -27,8 +42,8 @@ def example_config(**overrides) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory):
-    env = {**WITH_EXAMPLE, "FL_CLOUD_ALLOWED_IMPORTS": "fl_example_custom"}
+def services(tmp_path_factory, installed):
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{installed}", "FL_CLOUD_ALLOWED_IMPORTS": "fl_example_custom"}
     # Edges never build the model nor load the data: theirs lacks the package.
     with federation(tmp_path_factory, num_clients=4, extra_env=env, edge_env={0: {"PYTHONPATH": str(ROOT)}}) \
             as (topo, api):
@@ -36,9 +51,9 @@ def services(tmp_path_factory):
 
 
 @pytest.fixture
-def example_importable(monkeypatch):
+def example_importable(monkeypatch, installed):
     """The in-process reference runner imports the example too."""
-    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.syspath_prepend(installed)
 
 
 def test_custom_model_and_data_train_and_equal_the_reference(services, example_importable):
