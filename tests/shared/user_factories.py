@@ -63,3 +63,8 @@ def missing_key():
 
 def wrong_type():
     return [1, 2, 3]
+
+
+def wrong_classes(input_shape, num_classes):
+    """Logits for one class too many: builds and runs, but cannot be trained against these labels."""
+    return two_layer(input_shape, num_classes + 1)
