@@ -19,7 +19,7 @@ from shared.backoff import Backoff
 from shared.config import RunConfig
 from shared.data.datasets import load_client
 from shared.federation import local_job
-from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
+from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.http import binary_body
 from shared.transport.retry import DEDUPLICATED
 from shared.transport.tensors import Tensors, decode, encode
@@ -157,11 +157,24 @@ class Worker:
         loop = asyncio.get_running_loop()
         try:
             blob = await loop.run_in_executor(self.executor, compute, self.settings, header, task)
-        except Exception:
+        except Exception as exc:
             log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
             self.failed.add(header.task_id)
+            await self.report_failure(client_id, header, exc)
             return
         await self.upload(client_id, header, blob)
+
+    async def report_failure(self, client_id: int, header: ClientTaskHeader, exc: Exception) -> None:
+        """Tells the edge why the task cannot be trained here (e.g. the run's model package is missing from
+        this environment): the round stops waiting for this client and its record shows the reason."""
+        report = ClientFailureReport(task_id=header.task_id, client_id=client_id,
+                                     error=f"{type(exc).__name__}: {exc}"[:1000])
+        # Re-sent through a passing fault: a repeated report of the same task's failure records it again.
+        response = await self.edge.post(f"/api/v1/clients/{client_id}/failures", json=report.model_dump(),
+                                        extensions=DEDUPLICATED)
+        if response.status_code >= 400:  # e.g. 409: the round moved on meanwhile; the log above says why
+            log.warning("client %d: edge did not take the failure report of task %s: %s %s", client_id,
+                        header.task_id, response.status_code, response.text[:300])
 
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> None:
         # Re-sent through a passing fault: the edge accepts one result per task id and answers a repeat 409.

@@ -25,3 +25,10 @@ class CloudSettings(ServiceSettings):
     long_poll_max_s: float = Field(25.0, gt=0)
     torch_threads: int = Field(1, ge=1)
     log_level: str = "info"
+    # Comma-separated packages whose "package.module:function" a run config may name as its model factory or
+    # data loader (importing it runs that code here); empty: any importable package.
+    allowed_imports: str = ""
+
+    @property
+    def allowed_import_prefixes(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.allowed_imports.split(",") if p.strip())

@@ -1,5 +1,6 @@
 """Version 0 of a run, built when the run is created, so that a config which cannot run is refused then
-(HTTP 422) rather than discovered by every client at its first task."""
+(HTTP 422) rather than discovered by every client at its first task: its data loads (an imported loader
+included), its model builds (an imported factory included) and maps one sample to one logit per class."""
 from __future__ import annotations
 
 import math
@@ -8,30 +9,44 @@ import torch
 
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm
-from shared.config import RunConfig
+from shared.config import RunConfig, is_import_path
 from shared.data.datasets import load_federated
 from shared.federation import initial_model
 from shared.schemas import GlobalStateHeader
 from shared.selection import num_selected
 from shared.transport.tensors import Dim, Tensors, encode
+from shared.user_code import UserCodeError, is_allowed
 
 
 class InvalidRun(ValueError):
     """A config whose data cannot be loaded or whose model does not fit that data (HTTP 422)."""
 
 
-def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_payload_bytes: int) -> bytes:
+def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_payload_bytes: int,
+                   allowed_imports: tuple[str, ...] = ()) -> bytes:
+    for path, what in ((config.model.name, "model.name"), (config.data.dataset, "data.dataset")):
+        if is_import_path(path) and not is_allowed(path, allowed_imports):
+            raise InvalidRun(f"{what} {path!r} is outside the packages this cloud may import "
+                             f"(FL_CLOUD_ALLOWED_IMPORTS: {', '.join(allowed_imports)})")
     try:
         data = load_federated(config.data, config.seed)
     except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed
         raise InvalidRun(f"cannot load the run's data: {exc}") from exc
     try:
         model = initial_model(config)
+    except UserCodeError as exc:
+        raise InvalidRun(str(exc)) from exc
+    try:
         with torch.no_grad():  # one sample's shape through the model: a CNN on 2×2 images fails here
-            model(torch.zeros(1, *data.input_shape))
-    except (ValueError, RuntimeError) as exc:
+            out = model(torch.zeros(1, *data.input_shape))
+    except Exception as exc:  # an imported model may raise anything on a sample it does not fit
         raise InvalidRun(f"the model {config.model.name!r} does not fit the data's samples "
-                         f"{tuple(data.input_shape)}: {exc}") from exc
+                         f"{tuple(data.input_shape)}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, data.num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InvalidRun(f"the model {config.model.name!r} maps one sample of shape {tuple(data.input_shape)} to "
+                         f"{shape}; it must give logits of shape (1, {data.num_classes}) for {data.num_classes} "
+                         "classes")
     algorithm = registry.create(config)
     global_ = algorithm.init_global(model)
     blob = encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))

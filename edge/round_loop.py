@@ -24,6 +24,7 @@ from shared.edge_round import ClientTask, run_edge_round
 from shared.federation import participation
 from shared.files import atomic_write
 from shared.schemas import (
+    ClientFailure,
     ClientTaskHeader,
     EdgeContributionHeader,
     EdgeRegistration,
@@ -159,9 +160,11 @@ class EdgeRoundLoop:
         # Before any run was known, any client id could register; now the run says which are this edge's.
         self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
         algorithm = self.algorithm(header)
+        failures: list[ClientFailure] = []  # of every edge round
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
-            return await self.collect(header, [self._task(header, t, algorithm) for t in tasks], header.config.policy)
+            return await self.collect(header, [self._task(header, t, algorithm) for t in tasks], header.config.policy,
+                                      failures)
 
         started = time.monotonic()
         before = self._edge_state  # algorithms return new dicts: this one stays as it is
@@ -172,7 +175,8 @@ class EdgeRoundLoop:
             await asyncio.to_thread(self._save_state, header.run_id)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
-            await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results)
+            await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results,
+                              failures)
         except BaseException:
             # The re-run starts from the state this round started from, as after a restart (a failed save
             # leaves that on disk; after a save, the re-run replaces each client's entry with the same one).
@@ -186,9 +190,11 @@ class EdgeRoundLoop:
         )
         return Task(message, task.tensors, partial(algorithm.check_result, task.tensors))
 
-    async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy) -> list[ClientResult]:
+    async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy,
+                      failures: list[ClientFailure]) -> list[ClientResult]:
         """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered; after
-        max_retries, goes on with any answer, waiting for a first one only while the cloud still wants it."""
+        max_retries, goes on with any answer, waiting for a first one only while the cloud still wants it.
+        A client's reported failure ends the wait for it; the failures left unanswered join `failures`."""
         quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
         try:
@@ -207,10 +213,12 @@ class EdgeRoundLoop:
                 # edge would wait here for good, even after its run was stopped and another one started.
                 if await self._moved_on(header):
                     raise RoundAbandoned(f"run {header.run_id} moved on from version {header.version}")
-                results = await self.board.wait_results(policy.deadline_s)
+                # Every client may have reported failure: wait the deadline for a result all the same.
+                results = await self.board.wait_results(policy.deadline_s, failures_settle=False)
             log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
             return results
         finally:
+            failures.extend(self.board.failures())
             await self.board.clear()
 
     async def _moved_on(self, header: GlobalStateHeader, to_another_run: bool = False) -> bool:
@@ -226,7 +234,7 @@ class EdgeRoundLoop:
         return offered.run_id != header.run_id
 
     async def submit(self, header: GlobalStateHeader, tensors: Tensors, weight: float,
-                     results: list[ClientResult]) -> None:
+                     results: list[ClientResult], failures: list[ClientFailure]) -> None:
         message = EdgeContributionHeader(
             run_id=header.run_id,
             edge_id=self.edge_id,
@@ -235,6 +243,7 @@ class EdgeRoundLoop:
             idempotency_key=f"{header.run_id}:{self.edge_id}:{header.version}",
             weight=weight,
             clients=participation(results),
+            failures=failures,
         )
         blob = await asyncio.to_thread(encode, tensors, message)
         # Re-sent through a passing fault: the cloud counts an idempotency key once.

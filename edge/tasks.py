@@ -11,7 +11,7 @@ from typing import Callable
 
 from shared.algorithms.base import ClientResult
 from shared.longpoll import wait_until
-from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
+from shared.schemas import ClientFailure, ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.tensors import Tensors, encode
 
 
@@ -33,6 +33,9 @@ class Task:
     tensors: Tensors
     check: Callable[[Tensors], None]  # the algorithm's check_result for this task; raises InvalidContent
     result: ClientResult | None = None
+    # What the client reported when it could not train the task; a later result still answers it (the
+    # client process restarted with what it lacked).
+    failure: str | None = None
     _blob: bytes | None = field(default=None, repr=False)
 
     def blob(self) -> bytes:
@@ -80,9 +83,16 @@ class TaskBoard:
     def results(self) -> list[ClientResult]:
         return [t.result for t in self._tasks.values() if t.result is not None]
 
-    async def wait_results(self, timeout: float) -> list[ClientResult]:
-        """Returns when every task is answered or at the deadline, with what has arrived."""
-        await wait_until(self._changed, lambda: all(t.result is not None for t in self._tasks.values()), timeout)
+    def failures(self) -> list[ClientFailure]:
+        return [ClientFailure(client_id=k, error=t.failure) for k, t in sorted(self._tasks.items())
+                if t.result is None and t.failure is not None]
+
+    async def wait_results(self, timeout: float, failures_settle: bool = True) -> list[ClientResult]:
+        """Returns when every task is answered (or, if `failures_settle`, reported failed: no point waiting
+        for those) or at the deadline, with what has arrived."""
+        await wait_until(self._changed, lambda: all(
+            t.result is not None or (failures_settle and t.failure is not None) for t in self._tasks.values()),
+            timeout)
         return self.results()
 
     # ---- client side ---------------------------------------------------------------------------
@@ -95,28 +105,34 @@ class TaskBoard:
         task = self._tasks.get(client_id)
         return task if task is not None and task.result is None else None
 
-    def task_for(self, client_id: int, header: ClientResultHeader) -> Task:
+    def task_for(self, client_id: int, task_id: str) -> Task:
         """The open task a result answers; raises for unknown, stale or duplicate results."""
         self._known(client_id)
         task = self._tasks.get(client_id)
-        if task is None or task.header.task_id != header.task_id:
-            raise TaskConflict(f"stale result: task {header.task_id!r} is not open for client {client_id}")
+        if task is None or task.header.task_id != task_id:
+            raise TaskConflict(f"stale result: task {task_id!r} is not open for client {client_id}")
         if task.result is not None:
-            raise TaskConflict(f"duplicate result for task {header.task_id!r}")
+            raise TaskConflict(f"duplicate result for task {task_id!r}")
         return task
 
     async def accept(self, client_id: int, header: ClientResultHeader, tensors: Tensors) -> None:
         """Checks a result on a worker thread (CPU-bound: it reads every value), then records it on the loop,
         which alone touches the board, if its task is still the open one."""
-        task = self.task_for(client_id, header)
+        task = self.task_for(client_id, header.task_id)
         while True:
             await asyncio.to_thread(task.check, tensors)
             async with self._changed:
                 # Anything may have happened during the check: an identical retry answered the task (409
                 # duplicate), the round ended (409 stale), or it was posted again with the same task id.
-                current = self.task_for(client_id, header)
+                current = self.task_for(client_id, header.task_id)
                 if current is task:
                     task.result = ClientResult(client_id, header.num_samples, header.loss, tensors, header.metrics)
                     self._changed.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open
+
+    async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:
+        """Records that the client could not train its open task (409 if stale or already answered)."""
+        async with self._changed:
+            self.task_for(client_id, report.task_id).failure = report.error
+            self._changed.notify_all()

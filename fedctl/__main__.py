@@ -19,7 +19,7 @@ from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
 from fedctl.report import client_reports, group_summary, save_results
 from shared.algorithms import registry
-from shared.config import RunConfig
+from shared.config import DataConfig, ModelConfig, RunConfig
 from shared.schemas import RunInfo
 from shared.transport.wire import client_token
 
@@ -111,9 +111,23 @@ def demo(
                     time.sleep(3600)
 
 
-@app.command()
-def create(config: Optional[Path] = typer.Argument(None), cloud: str = CLOUD, token: str = TOKEN) -> None:
-    """Create a run from a config file and print its id."""
+def _model_and_data_fields() -> str:
+    """The model and data fields with their defaults, from the config classes themselves (one source)."""
+    lines = []
+    for section, cls in (("model", ModelConfig), ("data", DataConfig)):
+        for name, field in cls.model_fields.items():
+            if field.description:
+                default = json.dumps(field.get_default(call_default_factory=True))
+                lines.append(f"{section}.{name} = {default}: {field.description}")
+    return "\n\n".join(lines)
+
+
+@app.command(epilog=_model_and_data_fields())
+def create(config: Optional[Path] = typer.Argument(None, help="RunConfig as .json or .toml (defaults: FedAvg, CNN, "
+                                                              "MNIST 5k)"),
+           cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """Create a run from a config file and print its id. The cloud refuses (422) a config it cannot run,
+    e.g. a model factory or data loader it cannot import, or a model that does not fit the data."""
     with CloudAPI(cloud, token) as api:
         console.print(api.create_run(load_config(config)).run_id)
 

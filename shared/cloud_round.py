@@ -14,7 +14,7 @@ from datetime import datetime
 
 from shared.algorithms.base import Algorithm, Contribution
 from shared.federation import evaluate_global
-from shared.schemas import ClientRecord, ContributionRecord, RoundRecord
+from shared.schemas import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
 from shared.training import Evaluation
 from shared.transport.tensors import Tensors
 
@@ -67,6 +67,11 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         version=version + 1,
         edges=sorted({c.edge_id for c in contributions}),
         clients=clients,
+        failed_clients=sorted(
+            (ClientFailureRecord(client_id=f.client_id, edge_id=c.edge_id, error=f.error)
+             for c in contributions for f in c.failures),
+            key=lambda f: (f.client_id, f.edge_id),
+        ),
         contributions=[
             ContributionRecord(edge_id=c.edge_id, base_version=c.base_version, staleness=version - c.base_version,
                                weight=c.weight)

@@ -5,10 +5,12 @@ runner takes; the same config and seed give the same global model either way.
 """
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -20,12 +22,49 @@ class Strict(BaseModel):
 MAX_SYNTHETIC_DEVICES = 1000
 
 
-class DataConfig(Strict):
-    dataset: Literal["mnist5k", "digits", "npz", "synthetic", "mnist1d"] = "mnist5k"
+BUILTIN_DATASETS = ("mnist5k", "digits", "npz", "synthetic", "mnist1d")
+BUILTIN_MODELS = ("logreg", "mlp", "cnn")
+# "package.module:attribute": user code the services import (see shared.user_code).
+IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_import_path(name: str) -> bool:
+    return IMPORT_PATH.fullmatch(name) is not None
+
+
+def _builtin_or_import_path(name: str, builtins: tuple[str, ...], what: str) -> str:
+    if name not in builtins and not is_import_path(name):
+        raise ValueError(f"{what} must be one of {', '.join(builtins)} or an import path "
+                         f"'package.module:function', got {name!r}")
+    return name
+
+
+def _check_json(options: dict[str, Any], where: str) -> None:
+    # JSON's 1e400 parses to inf, which would be stored as null: options must survive a round trip.
+    try:
+        json.dumps(options, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"{where} must hold finite numbers: {exc}") from exc
+
+
+class _HashableOptions(Strict):
+    """A config holding an `options` dict: its hash (the data/model caches key on configs) goes through
+    its canonical JSON, since a frozen pydantic model would hash the unhashable dict itself."""
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True))
+
+
+class DataConfig(_HashableOptions):
+    dataset: str = Field("mnist5k", description="mnist5k | digits | npz | synthetic | mnist1d, or "
+                         "'package.module:load', a loader function called as load(**options)")
     # Only for dataset="npz": a file with x_train, y_train, client_train, x_test, y_test.
     path: str | None = None
-    # "natural": the generator's own devices (synthetic); "file": the npz's client_train index.
-    partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = "iid"
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments of an imported loader (JSON values)")
+    partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = Field(
+        "iid", description="iid | dirichlet | shards | file: the client index stored with the data (an npz's or "
+        "an imported loader's client_train) | natural: the synthetic generator's own devices")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
     shards_per_client: int = Field(2, ge=1)
     num_clients: int = Field(10, ge=1, le=100_000)
@@ -33,23 +72,67 @@ class DataConfig(Strict):
     synthetic_alpha: float = Field(1.0, ge=0, le=100)
     synthetic_beta: float = Field(1.0, ge=0, le=100)
     test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
+    client_holdout: float = Field(
+        0.2, ge=0, lt=1, description="share of each client's rows held out as its own test split (personalised "
+        "evaluation), whatever the partition; training and the weights p_k use the rest; 0: every row trains")
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_name(cls, name: str) -> str:
+        return _builtin_or_import_path(name, BUILTIN_DATASETS, "data.dataset")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
         if self.dataset == "npz" and not self.path:
             raise ValueError("dataset 'npz' needs a path")
-        if self.partition == "file" and self.dataset != "npz":
-            raise ValueError("partition 'file' uses the client index stored in an npz dataset")
+        if self.options and not is_import_path(self.dataset):
+            raise ValueError("data.options are the keyword arguments of an imported loader "
+                             "(dataset = 'package.module:load')")
+        _check_json(self.options, "data.options")
+        if self.partition == "file" and not (self.dataset == "npz" or is_import_path(self.dataset)):
+            raise ValueError("partition 'file' uses the client index stored with the data "
+                             "(an npz dataset or an imported loader)")
         if self.partition == "natural" and self.dataset != "synthetic":
             raise ValueError("partition 'natural' is the synthetic generator's own devices")
+        if self.partition == "natural" and self.client_holdout == 0:
+            # Its global test set is the union of the devices' held-out splits.
+            raise ValueError("partition 'natural' tests on the devices' held-out rows: client_holdout must be above 0")
         if self.dataset == "synthetic" and self.num_clients > MAX_SYNTHETIC_DEVICES:
             # Its data grows with the devices (≈ 0.7 GB at 1000, held by the cloud and every process).
             raise ValueError(f"synthetic generates its data per device: at most {MAX_SYNTHETIC_DEVICES} clients")
         return self
 
 
-class ModelConfig(Strict):
-    name: Literal["logreg", "mlp", "cnn"] = "cnn"
+class ModelConfig(_HashableOptions):
+    name: str = Field("cnn", description="logreg | mlp | cnn, or 'package.module:factory', a function called as "
+                      "factory(input_shape, num_classes, **options) that returns a torch nn.Module")
+    hidden: tuple[int, ...] = Field(
+        (200, 200), min_length=1, max_length=16, description="the mlp's hidden layer sizes (McMahan's 2NN: 200, 200)")
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments of an imported factory (JSON values)")
+
+    @field_validator("name")
+    @classmethod
+    def _model_name(cls, name: str) -> str:
+        return _builtin_or_import_path(name, BUILTIN_MODELS, "model.name")
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive(cls, hidden: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 1 <= h <= 100_000 for h in hidden):
+            raise ValueError(f"model.hidden sizes must lie in [1, 100000], got {list(hidden)}")
+        return hidden
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.hidden != (200, 200) and self.name != "mlp":
+            raise ValueError("model.hidden sets the mlp's hidden layers; pass an imported factory's sizes in "
+                             "model.options")
+        if self.options and not is_import_path(self.name):
+            raise ValueError("model.options are the keyword arguments of an imported factory "
+                             "(name = 'package.module:factory')")
+        _check_json(self.options, "model.options")
+        return self
 
 
 class LocalTrainingConfig(Strict):

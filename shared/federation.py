@@ -46,7 +46,8 @@ def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -
 
 def contribution(header: EdgeContributionHeader, tensors: Tensors) -> Contribution:
     """An accepted edge message as the cloud's update sees it."""
-    return Contribution(header.edge_id, header.base_version, tensors, header.weight, tuple(header.clients))
+    return Contribution(header.edge_id, header.base_version, tensors, header.weight, tuple(header.clients),
+                        tuple(header.failures))
 
 
 def participation(results: list[ClientResult]) -> list[ClientParticipation]:

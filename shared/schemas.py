@@ -52,6 +52,16 @@ class ClientParticipation(Message):
     metrics: Metrics = Field(default_factory=dict)
 
 
+# What a client reports about a task it could not train (e.g. its environment cannot import the run's model
+# factory or data loader): bounded, since it is stored in the history.
+FailureText = Field(min_length=1, max_length=1000)
+
+
+class ClientFailure(Message):
+    client_id: int = Id
+    error: str = FailureText
+
+
 class EdgeContributionHeader(Message):
     run_id: str = Field(min_length=1, max_length=64)
     edge_id: int = Id
@@ -59,6 +69,8 @@ class EdgeContributionHeader(Message):
     idempotency_key: str = Field(min_length=1, max_length=200)
     weight: float = Field(gt=0, allow_inf_nan=False)
     clients: list[ClientParticipation] = Field(min_length=1)
+    # Selected clients that reported they could not train their task this round.
+    failures: list[ClientFailure] = Field(default_factory=list, max_length=100_000)
 
 
 # ---- cloud -> edge ----------------------------------------------------------------------------
@@ -92,6 +104,14 @@ class ClientResultHeader(Message):
     metrics: Metrics = Field(default_factory=dict)
 
 
+class ClientFailureReport(Message):
+    """A task the client could not train; the edge stops waiting for it and the history shows why."""
+
+    task_id: str = Field(min_length=1, max_length=64)
+    client_id: int = Id
+    error: str = FailureText
+
+
 # ---- edge -> client ---------------------------------------------------------------------------
 class ClientTaskHeader(Message):
     task_id: str
@@ -115,6 +135,12 @@ class ClientRecord(Message):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
+class ClientFailureRecord(Message):
+    client_id: int
+    edge_id: int
+    error: str
+
+
 class ContributionRecord(Message):
     edge_id: int
     base_version: int
@@ -127,6 +153,8 @@ class RoundRecord(Message):
     version: int
     edges: list[int]
     clients: list[ClientRecord]
+    # Selected clients that could not train (what each reported), e.g. lacking the run's model package.
+    failed_clients: list[ClientFailureRecord] = Field(default_factory=list)
     contributions: list[ContributionRecord]
     train_loss: float
     test_loss: float

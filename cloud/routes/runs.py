@@ -24,7 +24,7 @@ async def create_run(request: Request, store: StoreDep, settings: SettingsDep) -
     config = await read_json(request, RunConfig, registry.parse_config)  # after the token check
     run_id = store.new_run_id()
     blob = await asyncio.to_thread(initial_global, run_id, config, settings.max_state_bytes,
-                                   settings.max_payload_bytes)
+                                   settings.max_payload_bytes, settings.allowed_import_prefixes)
     await store.create_run(run_id, config, blob)
     return await store.info(run_id)
 

@@ -6,7 +6,7 @@ import asyncio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 
 from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
-from shared.schemas import ClientRegistration, ClientResultHeader, ResultReceipt
+from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt
 from shared.transport.tensors import InvalidContent
 from shared.web import binary, json_body_doc, read_json, read_message, reject
 
@@ -42,4 +42,17 @@ async def result(client_id: int, request: Request, board: BoardDep) -> ResultRec
         await board.accept(client_id, header, tensors)  # checks the tensors on a worker thread too
     except InvalidContent as exc:
         raise reject(exc) from exc
+    return ResultReceipt(accepted=True)
+
+
+@router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
+             responses={409: {"description": "the task is not open (stale) or already answered"}},
+             openapi_extra=json_body_doc(ClientFailureReport))
+async def failure(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
+    """A task the client could not train: the round stops waiting for it and its record says why."""
+    report = await read_json(request, ClientFailureReport)  # after the token check
+    if report.client_id != client_id:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"report client_id {report.client_id} does not match the URL's {client_id}")
+    await board.report_failure(client_id, report)
     return ResultReceipt(accepted=True)

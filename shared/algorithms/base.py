@@ -30,7 +30,7 @@ from torch import nn
 from shared.algorithms import aggregate
 from shared.config import RunConfig
 from shared.data.datasets import ClientData
-from shared.schemas import ClientParticipation
+from shared.schemas import ClientFailure, ClientParticipation
 from shared.selection import select_clients
 from shared.training import Evaluation
 from shared.transport.tensors import MAX_ABS, Tensors, TensorSpec, check_magnitude, check_tensors, spec_of
@@ -94,6 +94,8 @@ class Contribution:
     # The clients behind it, in id order, with what each reported (samples, loss, e.g. held-out accuracy):
     # what the round's history records of them.
     participation: tuple[ClientParticipation, ...] = ()
+    # Its selected clients that reported they could not train (e.g. cannot import the run's model).
+    failures: tuple[ClientFailure, ...] = ()
 
     @property
     def clients(self) -> tuple[int, ...]:

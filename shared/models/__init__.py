@@ -3,20 +3,28 @@
 Parameters (name: shape for MNIST 1x28x28, 10 classes):
 - logreg: linear.weight [10, 784], linear.bias [10]
 - mlp (McMahan's 2NN): fc1.weight [200, 784], fc1.bias, fc2.weight [200, 200], fc2.bias, fc3.weight [10, 200],
-  fc3.bias
+  fc3.bias; with model.hidden = [h1, ..., hn]: fc1 ... fc(n+1), fc(i).weight [h_i, h_(i-1)]
 - cnn: conv1.weight [16, 1, 3, 3], conv1.bias, conv2.weight [32, 16, 3, 3], conv2.bias, fc1.weight [64, 32*7*7],
   fc1.bias, fc2.weight [10, 64], fc2.bias
+- "package.module:factory": whatever the researcher's nn.Module names its parameters. The contract:
+  `factory(input_shape: tuple[int, ...], num_classes: int, **model.options) -> nn.Module`, where input_shape
+  is one sample's shape (e.g. (1, 28, 28)); the module maps a float32 batch (N, *input_shape) to logits
+  (N, num_classes). It is called under the run's seeded generator, like the built-ins, so every process
+  builds the same initial weights as long as the factory draws randomness only from torch's default
+  generator (nn.init does).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.config import ModelConfig
+from shared.config import ModelConfig, is_import_path
 from shared.seeding import seeded_default_generator
+from shared.user_code import UserCodeError, call
 
 
 class LogReg(nn.Module):
@@ -29,17 +37,22 @@ class LogReg(nn.Module):
 
 
 class MLP(nn.Module):
-    """McMahan et al.'s 2NN: two hidden layers of 200 ReLU units (narrower for FedRolex sub-models)."""
+    """McMahan et al.'s 2NN by default: hidden ReLU layers of the given sizes (200, 200), narrower for FedRolex
+    sub-models. Layers are fc1 ... fc(n+1), created in that order, so the 2NN's weights stay what they were."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden1: int = 200, hidden2: int = 200):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (200, 200)):
         super().__init__()
-        self.fc1 = nn.Linear(math.prod(input_shape), hidden1)
-        self.fc2 = nn.Linear(hidden1, hidden2)
-        self.fc3 = nn.Linear(hidden2, num_classes)
+        sizes = [math.prod(input_shape), *hidden, num_classes]
+        self.num_layers = len(sizes) - 1
+        for i in range(self.num_layers):
+            # Attributes, not a ModuleList: the parameter names (fc1.weight...) are the wire format.
+            setattr(self, f"fc{i + 1}", nn.Linear(sizes[i], sizes[i + 1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc3(F.relu(self.fc2(x)))
+        x = x.flatten(1)
+        for i in range(1, self.num_layers):
+            x = F.relu(getattr(self, f"fc{i}")(x))
+        return getattr(self, f"fc{self.num_layers}")(x)
 
 
 class CNN(nn.Module):
@@ -67,12 +80,28 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
                 **widths: int) -> nn.Module:
     """Builds the model with weights drawn from a generator seeded by `seed` (the caller's RNG untouched).
 
-    `widths` narrows hidden layers (MLP: hidden1, hidden2; CNN: conv1, conv2, hidden) for sub-models.
+    `widths` narrows hidden layers (MLP: hidden1 ... hiddenN; CNN: conv1, conv2, hidden) for sub-models.
+    An imported factory (cfg.name "package.module:factory") is called as documented above; whatever
+    fails in it raises UserCodeError.
     """
+    if is_import_path(cfg.name):
+        if widths:
+            raise ValueError(f"the imported model {cfg.name!r} cannot be narrowed into sub-models")
+        with seeded_default_generator(seed):
+            model = call(cfg.name, "model factory", tuple(input_shape), num_classes, **cfg.options)
+        if not isinstance(model, nn.Module):
+            raise UserCodeError(f"the model factory {cfg.name!r} returned a {type(model).__name__}, not a torch "
+                                "nn.Module")
+        return model
     if cfg.name == "cnn" and len(input_shape) != 3:
         raise ValueError(f"cnn needs (channels, height, width) inputs, got {input_shape}")
-    cls = {"logreg": LogReg, "mlp": MLP, "cnn": CNN}[cfg.name]
     with seeded_default_generator(seed):
+        if cfg.name == "mlp":
+            hidden = [widths.pop(f"hidden{i + 1}", size) for i, size in enumerate(cfg.hidden)]
+            if widths:
+                raise TypeError(f"the mlp has no widths {sorted(widths)}")
+            return MLP(input_shape, num_classes, hidden)
+        cls = {"logreg": LogReg, "cnn": CNN}[cfg.name]
         return cls(input_shape, num_classes, **widths)
 
 

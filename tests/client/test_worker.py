@@ -142,7 +142,11 @@ async def test_training_that_raises_for_one_client_spares_the_other_and_it_recov
     async with running_edge() as edge:
         await edge.board.post([make_task(0), make_task(1)])
         async with running_worker(edge, [0, 1], tmp_path) as (worker, run, _):
-            await until(lambda: answered(edge) == {1} and make_task(0).header.task_id in worker.failed, run)
+            # Client 0 reports why to the edge, which records it for the round's history.
+            await until(lambda: answered(edge) == {1} and edge.board.failures(), run)
+            assert make_task(0).header.task_id in worker.failed
+            reported = [(f.client_id, f.error) for f in edge.board.failures()]
+            assert reported == [(0, "RuntimeError: local update diverged")]
             await edge.board.post([make_task(0, round_=1), make_task(1, round_=1)])
             await until(lambda: answered(edge) == {0, 1}, run)
 

@@ -1,0 +1,1 @@
+"""An example of bringing your own model and data: `models.make_net` and `data.load`."""

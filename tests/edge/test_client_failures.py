@@ -1,0 +1,88 @@
+"""A client that cannot train its task (e.g. it lacks the run's model package) says so: the edge stops
+waiting for it, and its contribution (so the round's history) lists the failure and its reason."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from shared.schemas import ClientResultHeader, ClientTaskHeader
+from shared.transport.tensors import decode, encode
+from tests.edge.harness import (
+    CONFIG,
+    CloudDouble,
+    answer_tasks,
+    auth,
+    result_header,
+    running_edge,
+    task_id,
+    task_tensors,
+    until,
+    zeros_like,
+)
+from tests.web import detail_of
+
+pytestmark = pytest.mark.anyio
+
+ERROR = "UserCodeError: cannot import the model factory 'pkg.models:net': No module named 'pkg'"
+
+
+async def fail_tasks(edge, client_ids) -> None:
+    """Clients that register, then report every task they fetch as failed (until cancelled)."""
+    async def serve(k: int) -> None:
+        await edge.register(k)
+        while True:
+            r = await edge.http.get(f"/api/v1/clients/{k}/task", params={"timeout": 1}, headers=auth())
+            if r.status_code == 204:
+                continue
+            _, header = decode(r.content, ClientTaskHeader)
+            r = await edge.http.post(f"/api/v1/clients/{k}/failures", headers=auth(),
+                                     json={"task_id": header.task_id, "client_id": k, "error": ERROR})
+            assert r.status_code in (202, 409), r.text
+            await asyncio.sleep(0.5)  # the task stays open until the round ends: do not spin
+
+    await asyncio.gather(*(serve(k) for k in client_ids))
+
+
+async def test_reported_failures_end_the_wait_and_reach_the_contribution() -> None:
+    # Without the reports the edge would wait the whole minute for clients 2 and 3.
+    config = CONFIG.model_copy(update={"policy": CONFIG.policy.model_copy(
+        update={"deadline_s": 60.0, "min_fraction": 0.5, "max_retries": 0})})
+    cloud = CloudDouble(config)
+    started = time.monotonic()
+    async with running_edge(cloud_transport=cloud.transport()) as edge:
+        clients = [asyncio.create_task(answer_tasks(edge, [0, 1])), asyncio.create_task(fail_tasks(edge, [2, 3]))]
+        try:
+            await until(lambda: cloud.contributions, timeout=30, what="the round is submitted")
+        finally:
+            for c in clients:
+                c.cancel()
+    assert time.monotonic() - started < 30
+    contribution = cloud.contributions[0]
+    assert [p.client_id for p in contribution.clients] == [0, 1]
+    assert [(f.client_id, f.error) for f in contribution.failures] == [(2, ERROR), (3, ERROR)]
+
+
+async def test_a_failure_report_is_checked_like_a_result() -> None:
+    async with running_edge() as edge:
+        await edge.open_tasks(0, 1)
+        report = {"task_id": task_id(0), "client_id": 0, "error": ERROR}
+        detail_of(await edge.http.post("/api/v1/clients/1/failures", json=report, headers=auth()), 422,
+                  "does not match")
+        stale = {**report, "task_id": "another-task"}
+        detail_of(await edge.http.post("/api/v1/clients/0/failures", json=stale, headers=auth()), 409, "stale")
+        detail_of(await edge.http.post("/api/v1/clients/0/failures", json={**report, "error": ""}, headers=auth()),
+                  422)
+        r = await edge.http.post("/api/v1/clients/0/failures", json=report, headers=auth("wrong-token"))
+        assert r.status_code == 401
+        assert edge.board.failures() == []
+        r = await edge.http.post("/api/v1/clients/0/failures", json=report, headers=auth())
+        assert r.status_code == 202, r.text
+        assert [(f.client_id, f.error) for f in edge.board.failures()] == [(0, ERROR)]
+        # The client process restarted with what it lacked: its result still answers the task.
+        header: ClientResultHeader = result_header(0)
+        r = await edge.send_result(0, encode(zeros_like(task_tensors(0)), header))
+        assert r.status_code == 202, r.text
+        assert edge.board.failures() == [] and [r.client_id for r in edge.board.results()] == [0]
+        detail_of(await edge.http.post("/api/v1/clients/0/failures", json=report, headers=auth()), 409, "duplicate")

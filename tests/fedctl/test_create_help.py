@@ -1,0 +1,17 @@
+"""`fedctl create --help` as an operator runs it: the model and data fields with their defaults."""
+import os
+import subprocess
+import sys
+
+from fedctl.launch import ROOT
+
+
+def test_create_help_documents_the_client_holdout_and_imported_code():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "fedctl", "create", "--help"], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    text = " ".join(out.replace("│", " ").split())
+    assert "data.client_holdout = 0.2: share of each client's rows held out as its own test split" in text
+    assert "0: every row trains" in text
+    assert "model.hidden = [200, 200]" in text
+    assert "'package.module:factory'" in text and "'package.module:load'" in text

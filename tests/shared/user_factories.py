@@ -1,0 +1,70 @@
+"""A researcher's code as the tests import it by path ("tests.shared.user_factories:..."): model factories
+and data loaders in the forms the contract allows, and some that break it."""
+import numpy as np
+import torch
+from torch import nn
+
+N_TRAIN, N_TEST = 40, 10
+
+
+def two_layer(input_shape, num_classes, width=4):
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), width), nn.ReLU(),
+                         nn.Linear(width, num_classes))
+
+
+def not_a_module(input_shape, num_classes):
+    return "a string"
+
+
+def broken(input_shape, num_classes):
+    raise RuntimeError("the researcher's bug")
+
+
+def _arrays():
+    x = np.arange(N_TRAIN * 6, dtype=np.float64).reshape(N_TRAIN, 2, 3)
+    return x, np.arange(N_TRAIN) % 3, np.full((N_TEST, 2, 3), -1.0), np.arange(N_TEST) % 3
+
+
+def as_dict(num_clients=4, num_classes=None):
+    x, y, xt, yt = _arrays()
+    out = {"x_train": x, "y_train": y, "x_test": xt, "y_test": yt, "client_train": np.arange(N_TRAIN) % num_clients}
+    if num_classes is not None:
+        out["num_classes"] = num_classes
+    return out
+
+
+def as_tensor_pairs():
+    x, y, xt, yt = (torch.as_tensor(a) for a in _arrays())
+    return (x.float(), y), (xt.float(), yt)
+
+
+class _Samples(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return torch.as_tensor(self.x[i], dtype=torch.float32), int(self.y[i])
+
+
+def as_datasets():
+    x, y, xt, yt = _arrays()
+    return _Samples(x, y), torch.utils.data.TensorDataset(torch.as_tensor(xt).float(), torch.as_tensor(yt)), \
+        np.arange(N_TRAIN) % 2
+
+
+def missing_key():
+    out = as_dict()
+    del out["y_test"]
+    return out
+
+
+def wrong_type():
+    return [1, 2, 3]
+
+
+def wrong_classes(input_shape, num_classes):
+    """Logits for one class too many: builds and runs, but cannot be trained against these labels."""
+    return two_layer(input_shape, num_classes + 1)
