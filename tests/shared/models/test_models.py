@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch import nn
 
+from shared.algorithms import registry
 from shared.algorithms.submodel import architecture_of, embed, extract, layer_windows
 from shared.config import ModelConfig, RunConfig
 from shared.models import build_model
@@ -69,7 +70,7 @@ def test_an_imported_model_is_not_narrowed_and_sub_model_algorithms_refuse_it(al
     with pytest.raises(ValueError, match="cannot be narrowed"):
         build_model(cfg, (4,), 2, hidden1=2)
     with pytest.raises(ValueError, match="sub-models need a built-in model"):
-        RunConfig(algorithm=algorithm, model=cfg, data={"dataset": "digits"})
+        registry.check(RunConfig(algorithm=algorithm, model=cfg, data={"dataset": "digits"}))
 
 
 @pytest.mark.parametrize("fields, message", [
