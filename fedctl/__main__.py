@@ -165,5 +165,10 @@ def client_token_command(client_id: int = typer.Argument(..., min=0, help="the c
     typer.echo(client_token(secret, client_id))
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The `fedctl` console script."""
     app()
+
+
+if __name__ == "__main__":
+    main()

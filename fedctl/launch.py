@@ -38,12 +38,17 @@ class Service:
     url: str | None = None
     # Runs the process through this command, e.g. ["ip", "netns", "exec", "host2"] for another host.
     prefix: list[str] = field(default_factory=list)
+    # Another program than this interpreter (args follow it), e.g. an installed console script such as
+    # fl-client; it runs from the log's directory, outside any checkout, so it imports its own installation.
+    program: list[str] | None = None
     proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
+        # `python -m` searches its working directory first: from ROOT the services run the very code this
+        # module was loaded from, a checkout (whatever else the venv holds) or the installed package.
         self._log = open(self.log, "ab")
-        self.proc = subprocess.Popen([*self.prefix, sys.executable, *self.args], cwd=ROOT, env=env,
+        command, cwd = (self.program, self.log.parent) if self.program else ([sys.executable], ROOT)
+        self.proc = subprocess.Popen([*self.prefix, *command, *self.args], cwd=cwd, env={**os.environ, **self.env},
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
@@ -112,6 +117,9 @@ class LocalTopology:
     # host (a network namespace) need an edge address routed there and ["ip", "netns", "exec", name].
     edge_host: str = "127.0.0.1"
     client_prefix: list[str] = field(default_factory=list)
+    # Client processes, by their start order, run by another program than `python -m client.main`, e.g.
+    # {0: ["/elsewhere/bin/fl-client"]} for a wheel installed in another venv.
+    client_programs: dict[int, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -160,12 +168,13 @@ class LocalTopology:
             self.edges.append(edge)
         for edge_id, edge in enumerate(self.edges):
             for p, ids in enumerate(split(list(range(edge_id, self.num_clients, self.num_edges)), self.procs_per_edge)):
-                client = Service(f"client{edge_id}.{p}", ["-m", "client.main"], {
+                program = self.client_programs.get(len(self.clients))
+                client = Service(f"client{edge_id}.{p}", [] if program else ["-m", "client.main"], {
                     "FL_CLIENT_EDGE_URL": edge.address(), "FL_CLIENT_CLIENTS": ids_spec(ids),
                     "FL_CLIENT_CLIENT_TOKEN": self.client_token, "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
                     **self.extra_env,
-                }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix)
+                }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program)
                 client.start()
                 self.clients.append(client)
         try:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,6 +24,10 @@ from edge.config import EdgeSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# console script -> "package.module:function"
+SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
+TOP_LEVEL = {package.split(".")[0] for package in PYPROJECT["tool"]["setuptools"]["packages"]}
 TORCH_PIN = "torch==2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -96,10 +101,13 @@ def cmd_of(dockerfile: Path) -> list[str]:
 
 
 def package_of(service_name: str) -> str:
-    """The service package a built service runs, from its Dockerfile's `python -m <pkg>.main`."""
+    """The service package a built service runs, from its Dockerfile's CMD: one of the installed
+    package's console scripts, e.g. `fl-cloud` -> cloud.main:main -> cloud."""
     cmd = cmd_of(dockerfile_path(SERVICES[service_name]))
-    assert cmd[:2] == ["python", "-m"] and cmd[2].endswith(".main"), cmd
-    return cmd[2].removesuffix(".main")
+    assert len(cmd) == 1 and cmd[0] in SCRIPTS, f"{service_name}: CMD {cmd} is not a console script"
+    module, _ = SCRIPTS[cmd[0]].split(":")
+    assert module.endswith(".main"), module
+    return module.removesuffix(".main")
 
 
 def services_running(pkg: str) -> list[str]:
@@ -204,17 +212,23 @@ def test_dockerfile_runs_an_existing_main(name):
 
 
 @pytest.mark.parametrize("name", BUILT)
-def test_dockerfile_copies_only_what_the_service_needs(name):
+def test_dockerfile_installs_the_package_and_runs_its_console_script(name):
     dockerfile = dockerfile_path(SERVICES[name])
     pkg = package_of(name)
     ins = instructions(dockerfile)
     assert ins[0] == ("FROM", "python:3.11-slim")
-    copied = set()
-    for keyword, args in ins:
+    copied, copied_at = set(), 0
+    for i, (keyword, args) in enumerate(ins):
         if keyword in ("COPY", "ADD"):
             parts = [p for p in shlex.split(args) if not p.startswith("--")]
             copied.update(p.rstrip("/") for p in parts[:-1])
-    assert copied == {"requirements.txt", "shared", pkg}, copied
+            copied_at = i
+    # What `pip install .` builds from (every package: one distribution holds them all), and no more.
+    assert copied == {"requirements.txt", "pyproject.toml", "README.md", *TOP_LEVEL}, copied
+    installs = [i for i, (keyword, args) in enumerate(ins)
+                if keyword == "RUN" and shlex.split(args)[:4] == ["pip", "install", "--no-cache-dir", "."]]
+    assert installs and installs[-1] > copied_at, "the package must be installed after its sources are copied"
+    assert SCRIPTS[cmd_of(dockerfile)[0]] == f"{pkg}.main:main"
     users = [args for keyword, args in ins if keyword == "USER"]
     assert users and users[-1] not in ("root", "0"), "containers must not run as root"
     # The USER switch happens before CMD, so the service itself runs unprivileged.
@@ -254,7 +268,7 @@ def test_dockerignore_keeps_local_state_out_but_not_the_sources():
                 if line.strip() and not line.startswith("#")}
     assert {".venv", ".git"} <= patterns
     assert any("__pycache__" in p for p in patterns)
-    for needed in ("requirements.txt", "shared", "cloud", "edge", "client"):
+    for needed in ("requirements.txt", "pyproject.toml", "README.md", *TOP_LEVEL):
         assert needed not in patterns and f"{needed}/" not in patterns
 
 
