@@ -13,7 +13,7 @@ from typing import Callable
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from shared.transport.tensors import Tensors
+from shared.transport.records import Record, flatten, unflatten
 
 
 class ClientStateStore:
@@ -34,16 +34,16 @@ class ClientStateStore:
         with safe_open(str(self._state), framework="pt") as f:
             return (f.metadata() or {}).get("task_id")
 
-    def load(self) -> Tensors:
-        return load_file(str(self._state)) if self._state.exists() else {}
+    def load(self) -> Record:
+        return unflatten(load_file(str(self._state))) if self._state.exists() else {}
 
     def saved_result(self, task_id: str) -> bytes | None:
         if self.last_task_id() == task_id and self._result.exists():
             return self._result.read_bytes()
         return None
 
-    def save(self, task_id: str, state: Tensors, result_blob: bytes) -> None:
+    def save(self, task_id: str, state: Record, result_blob: bytes) -> None:
         # Result first: a crash between the two writes leaves the old state, and the task recomputes.
         self._write(self._result, lambda p: p.write_bytes(result_blob))
         self._write(self._state, lambda p: save_file(
-            {k: v.contiguous() for k, v in state.items()}, str(p), metadata={"task_id": task_id}))
+            {k: v.contiguous() for k, v in flatten(state).items()}, str(p), metadata={"task_id": task_id}))

@@ -14,7 +14,7 @@ from shared.algorithms.base import Algorithm
 from shared.config import RunConfig
 from shared.federation import contribution, evaluate_global, round_record
 from shared.schemas import GlobalStateHeader, RunStatus
-from shared.transport.tensors import decode, decode_tensors, encode
+from shared.transport.records import decode, decode_state, encode
 
 log = logging.getLogger("cloud.orchestrator")
 _CACHED_ALGORITHMS = 4
@@ -131,7 +131,7 @@ class Orchestrator:
     @staticmethod
     def _update(algorithm, config, global_blob, state_blob, entries: list[BufferedContribution], version):
         global_, _ = decode(global_blob, GlobalStateHeader)
-        cloud_state = decode_tensors(state_blob) if state_blob else {}
-        contributions = [contribution(e.header, decode_tensors(e.blob)) for e in entries]
+        cloud_state = decode_state(state_blob) if state_blob else {}
+        contributions = [contribution(e.header, decode_state(e.blob)) for e in entries]
         new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
         return new_global, new_state, evaluate_global(config, algorithm, new_global, new_state)

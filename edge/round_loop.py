@@ -28,7 +28,8 @@ from shared.schemas import (
     GlobalStateHeader,
 )
 from shared.transport.http import binary_body, send
-from shared.transport.tensors import PayloadError, Tensors, decode, decode_tensors, encode
+from shared.transport.records import Record, decode, decode_state, encode
+from shared.transport.tensors import PayloadError
 
 log = logging.getLogger("edge.round_loop")
 
@@ -49,7 +50,7 @@ class EdgeRoundLoop:
         self.edge_id = settings.edge_id
         self.current: GlobalStateHeader | None = None
         self._algorithm: tuple[str, Algorithm] | None = None
-        self._edge_state: Tensors = {}
+        self._edge_state: Record = {}
 
     async def run_forever(self) -> None:
         await self.register()
@@ -125,12 +126,12 @@ class EdgeRoundLoop:
             return None
         return self.settings.state_dir / f"edge{self.edge_id}-{run_id}.safetensors"
 
-    def _load_state(self, run_id: str) -> Tensors:
+    def _load_state(self, run_id: str) -> Record:
         path = self._state_path(run_id)
         if path is None or not path.exists():
             return {}
         try:
-            return decode_tensors(path.read_bytes())
+            return decode_state(path.read_bytes())
         except PayloadError:
             # Unreadable (e.g. a disk that lost its last write): start afresh, loudly, and keep the file.
             log.error("edge %d: state file %s is unreadable; starting run %s without it", self.edge_id, path, run_id)
@@ -152,7 +153,7 @@ class EdgeRoundLoop:
             os.fsync(f.fileno())  # the rename must not reach the disk before the data
         os.replace(tmp, path)
 
-    async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
+    async def run_round(self, header: GlobalStateHeader, global_: Record) -> None:
         self.current = header
         # Before any run was known, any client id could register; now the run says which are this edge's.
         self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
@@ -223,7 +224,7 @@ class EdgeRoundLoop:
         _, offered = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
         return offered.run_id != header.run_id
 
-    async def submit(self, header: GlobalStateHeader, tensors: Tensors, weight: float,
+    async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
                      results: list[ClientResult]) -> None:
         message = EdgeContributionHeader(
             run_id=header.run_id,

@@ -10,7 +10,8 @@ from cloud.deps import OrchestratorDep, SettingsDep, StoreDep, require_admin
 from cloud.initial_state import initial_global
 from shared.config import RunConfig
 from shared.schemas import GlobalStateHeader, RoundRecord, RunInfo
-from shared.transport.tensors import decode, encode
+from shared.transport.records import decode
+from shared.transport.tensors import encode
 from shared.web import binary, json_body_doc, read_json
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_admin])

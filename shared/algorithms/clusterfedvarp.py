@@ -18,8 +18,8 @@ The client→cluster map is a run setting (params):
   coincide exactly (e.g. clients that each hold one and the same class); G is what k-means found.
 
 Everything else (the per-client Δw_k on the wire, m = the clients that answered, one edge only,
-Σ_j y_{c_j} recomputed in float64 every round) is as in FedVARP. The memory is cloud_state
-"y.<param>" of shape (G, *param.shape) in float64, because a cluster mean of float32 deltas is not a
+Σ_j y_{c_j} recomputed in float64 every round) is as in FedVARP. The memory is the cloud state's
+"memory" group, per parameter of shape (G, *param.shape) in float64, because a cluster mean of float32 deltas is not a
 float32 number. With singleton clusters this is FedVARP exactly.
 """
 from __future__ import annotations
@@ -61,13 +61,17 @@ class ClusterMemory:
     """Mixin: server memory per cluster of clients (ClusterFedVARP, FedSCAVAR); the map is checked with
     the config and computed once per algorithm instance."""
 
+    config: RunConfig
+    params: ClusterParams
+    Params: type[ClusterParams]
+
     def __init__(self, config: RunConfig):
-        super().__init__(config)
+        super().__init__(config)  # type: ignore[call-arg]
         self._groups: list[int] | None = None
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        super().check_config(config)
+        super().check_config(config)  # type: ignore[misc]
         check_cluster_map(cls.Params.model_validate(config.params).clusters, config.data.num_clients)
 
     def memory_groups(self) -> list[int]:
@@ -77,9 +81,8 @@ class ClusterMemory:
         return self._groups
 
 
-class ClusterFedVARP(ClusterMemory, FedVARP):
+class ClusterFedVARP(ClusterMemory, FedVARP[ClusterParams]):
     name = "clusterfedvarp"
-    Params = ClusterParams
 
     def memory_dtype(self, param: torch.Tensor) -> torch.dtype:
         return torch.float64
