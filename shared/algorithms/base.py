@@ -118,6 +118,7 @@ class Algorithm(Generic[P]):
         super().__init_subclass__(**kwargs)
         for base in cls.__dict__.get("__orig_bases__", ()):
             for arg in get_args(base):
+                arg = getattr(arg, "__default__", arg)  # a class still generic in its Params: the default
                 if isinstance(arg, type) and issubclass(arg, BaseModel):
                     cls.Params = arg
 

@@ -18,6 +18,7 @@ classifier.weight, classifier.bias.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -205,12 +206,14 @@ class HFPL(Algorithm[HFPLParams]):
         return {PROTOTYPES: {MEANS: means, COUNTS: total}, HEAD: {WEIGHT: weight, BIAS: bias}}, state
 
     def server_memory_bytes(self, global_: Record) -> int:
-        """Per edge C^{l,prev} and N^{l,prev} (f64) and X^{l,cloud}: at most feature_cap rows of d f32
-        features and i64 labels per client; per client its latest evaluation figures (f64)."""
+        """Per edge C^{l,prev} and N^{l,prev} (f64), X^{l,cloud} (at most feature_cap rows of d f32
+        features and i64 labels per client) and its packing index (id and rows per field, i64); per client
+        its latest evaluation figures (f64)."""
         num_classes, d = global_[PROTOTYPES][MEANS].shape
         edges, clients = self.config.topology.num_edges, self.config.data.num_clients
-        return (edges * (num_classes * d + num_classes) * 8 + clients * self.params.feature_cap * (d * 4 + 8)
-                + clients * len(EVAL_METRICS) * 8)
+        index = 1 + len(dataclasses.fields(EdgeMemory))
+        return (edges * (num_classes * d + num_classes + index) * 8
+                + clients * self.params.feature_cap * (d * 4 + 8) + clients * len(EVAL_METRICS) * 8)
 
     def train_classifier(self, weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                          round: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -93,8 +93,10 @@ def test_cloud_update_by_hand():
     # Δw = [1, 0], [0, 1]; Δc = [.4, 0], [0, .8]:  Σ p Δw = [.25, .75], Σ p Δc = [.1, .6].
     # w = [1, 1] + η_s·[.25, .75];  c = [.5, 0] + (2/6)·[.1, .6] = [.5 + 1/30, .2].
     algo = Scaffold(RunConfig(**SMALL, fraction=1 / 3, server_lr=2.0))
-    results = [ClientResult(4, 3, 0.0, {MODEL: {"w": torch.tensor([0.0, 1.0])}, CONTROL: {"w": torch.tensor([0.0, 0.8])}}),
-               ClientResult(1, 1, 0.0, {MODEL: {"w": torch.tensor([1.0, 0.0])}, CONTROL: {"w": torch.tensor([0.4, 0.0])}})]
+    results = [
+        ClientResult(4, 3, 0.0, {MODEL: {"w": torch.tensor([0.0, 1.0])}, CONTROL: {"w": torch.tensor([0.0, 0.8])}}),
+        ClientResult(1, 1, 0.0, {MODEL: {"w": torch.tensor([1.0, 0.0])}, CONTROL: {"w": torch.tensor([0.4, 0.0])}}),
+    ]
     partial_, _ = algo.edge_aggregate(results, {}, 0)
     global_ = {MODEL: {"w": torch.ones(2)}, CONTROL: {"w": torch.tensor([0.5, 0.0])}}
     new, _ = algo.cloud_update(global_, [Contribution(0, 0, partial_.tensors, partial_.weight, (1, 4))], {}, 0)
