@@ -28,7 +28,8 @@ from shared.schemas import (
     ResultReceipt,
     SubmitReceipt,
 )
-from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
+from shared.transport.records import Record, check, flatten, unflatten
+from shared.transport.tensors import Tensors, decode, encode, spec_of
 from shared.web import SAFETENSORS
 from tests.web import bearer
 
@@ -45,7 +46,7 @@ def auth(token: str | None = CLIENT_TOKEN) -> dict[str, str]:
     return bearer(token)
 
 
-_GLOBAL: Tensors | None = None
+_GLOBAL: Record | None = None
 
 
 def task_tensors(client_id: int) -> Tensors:
@@ -54,7 +55,7 @@ def task_tensors(client_id: int) -> Tensors:
     algorithm = registry.create(CONFIG)
     if _GLOBAL is None:
         _GLOBAL = algorithm.init_global(initial_model(CONFIG))
-    return algorithm.client_task(_GLOBAL, client_id, 0)
+    return flatten(algorithm.client_task(_GLOBAL, client_id, 0))  # as it travels
 
 
 def task_id(client_id: int) -> str:
@@ -79,7 +80,7 @@ class Edge:
             tensors = task_tensors(k)
             header = ClientTaskHeader(task_id=task_id(k), run_id=RUN_ID, client_id=k, round=0, version=0,
                                       config=CONFIG)
-            tasks.append(Task(header, tensors, partial(check_tensors, expected=spec_of(tensors))))
+            tasks.append(Task(header, unflatten(tensors), partial(check, expected=unflatten(spec_of(tensors)))))
         await self.board.post(tasks)
 
     async def send_result(self, client_id: int, body: Any, token: str | None = CLIENT_TOKEN,
@@ -154,7 +155,7 @@ class CloudDouble:
                 return httpx.Response(200, content=b"not a state")
             if self.publishing and (params.get("run_id") != self.run_id or int(params["after"]) < self.version):
                 header = GlobalStateHeader(run_id=self.run_id, version=self.version, config=self.config)
-                return httpx.Response(200, content=encode(self.global_, header))
+                return httpx.Response(200, content=encode(flatten(self.global_), header))
             await asyncio.sleep(0.05)  # a (very) short long-poll
             return httpx.Response(204)
         if request.method == "POST" and path.endswith("/contributions"):
