@@ -14,7 +14,7 @@ from shared.algorithms.base import Algorithm
 from shared.config import RunConfig
 from shared.federation import contribution, evaluate_global, round_record
 from shared.schemas import GlobalStateHeader, RunStatus
-from shared.transport.records import decode, decode_state, encode
+from shared.transport.records import decode, decode_state, encode, flatten
 
 log = logging.getLogger("cloud.orchestrator")
 _CACHED_ALGORITHMS = 4
@@ -97,7 +97,8 @@ class Orchestrator:
         new_global, new_state, evaluation = await asyncio.to_thread(
             self._update, algorithm, config, global_blob, state_blob, entries, info.version
         )
-        broken = sorted(n for n, t in new_global.items() if t.is_floating_point() and not bool(t.isfinite().all()))
+        broken = sorted(n for n, t in flatten(new_global).items()
+                        if t.is_floating_point() and not bool(t.isfinite().all()))
         if broken:
             # Diverged (e.g. too large a learning rate): publishing it would make every client fail on it,
             # and recomputing gives the same. Stop the run, and say why.

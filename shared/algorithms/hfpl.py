@@ -42,7 +42,7 @@ from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, seeded_default_g
 from shared.training import Evaluation, batches, make_optimizer
 from shared.transport import records
 from shared.transport.records import Record, RecordSpec, pack, unpack
-from shared.transport.tensors import Dim, InvalidContent, Tensors, check_magnitude
+from shared.transport.tensors import Dim, InvalidContent, Tensors
 
 # Groups
 PROTOTYPES, HEAD, SAMPLE, EXTRACTOR = "prototypes", "classifier", "sample", "extractor"  # HEAD: G
@@ -161,8 +161,7 @@ class HFPL(Algorithm[HFPLParams]):
     def _check_triple(self, global_: Record, tensors: Record, spec: RecordSpec) -> None:
         records.check(tensors, spec)
         _check_labels(tensors[SAMPLE][LABELS], global_[PROTOTYPES][MEANS].shape[0])
-        check_magnitude(tensors[PROTOTYPES], names=(MEANS,))
-        check_magnitude(tensors[SAMPLE], names=(FEATURES,))
+        records.check_magnitude(tensors, members={PROTOTYPES: (MEANS,), SAMPLE: (FEATURES,)})
 
     def _population(self, edge_id: int | None) -> int:
         if edge_id is None:

@@ -72,8 +72,11 @@ def check(record: Record, expected: RecordSpec) -> None:
     leaf.check_tensors(flatten(record), flatten(expected))
 
 
-def check_magnitude(record: Record, bound: float = leaf.MAX_ABS) -> None:
-    leaf.check_magnitude(flatten(record), bound)
+def check_magnitude(record: Record, bound: float = leaf.MAX_ABS,
+                    members: Mapping[str, tuple[str, ...]] | None = None) -> None:
+    """Every floating value of the record (or of only the named members of its groups) within ±bound."""
+    chosen = record if members is None else {g: {n: record[g][n] for n in names} for g, names in members.items()}
+    leaf.check_magnitude(flatten(chosen), bound)
 
 
 # ---- typed containers keyed by id --------------------------------------------------------------

@@ -106,7 +106,8 @@ async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud
 
     def diverged(*args, **kwargs):
         new_global, new_state, evaluation = compute(*args, **kwargs)
-        return {n: t.fill_(float("inf")) for n, t in new_global.items()}, new_state, evaluation
+        inf = {group: {n: t.fill_(float("inf")) for n, t in tensors.items()} for group, tensors in new_global.items()}
+        return inf, new_state, evaluation
 
     monkeypatch.setattr(Orchestrator, "_update", staticmethod(diverged))
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
