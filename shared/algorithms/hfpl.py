@@ -49,6 +49,9 @@ PROTOTYPES, HEAD, SAMPLE, EXTRACTOR = "prototypes", "classifier", "sample", "ext
 CLIENTS, EDGES, EVALUATION = "clients", "edges", "evaluation"
 # Tensors within them
 MEANS, COUNTS, WEIGHT, BIAS, FEATURES, LABELS = "means", "counts", "weight", "bias", "features", "labels"
+# The served model's names (GET /runs/{id}/model), as they were before the state had groups.
+SERVED = {"prototypes": (PROTOTYPES, MEANS), "prototype_counts": (PROTOTYPES, COUNTS),
+          "classifier.weight": (HEAD, WEIGHT), "classifier.bias": (HEAD, BIAS)}
 # What each client reports with its result; the cloud keeps every client's latest in "evaluation"
 # (one value per client, NaN until it reports).
 ACCURACY, PROTO_ACCURACY, TEST_LOSS = "accuracy", "proto_accuracy", "test_loss"
@@ -144,8 +147,7 @@ class HFPL(Algorithm[HFPLParams]):
 
     def model_parameters(self, global_: Record) -> Tensors:
         """(C̄, G) under the names the REST API has always served."""
-        return {"prototypes": global_[PROTOTYPES][MEANS], "prototype_counts": global_[PROTOTYPES][COUNTS],
-                "classifier.weight": global_[HEAD][WEIGHT], "classifier.bias": global_[HEAD][BIAS]}
+        return {name: global_[group][member] for name, (group, member) in SERVED.items()}
 
     def contribution_spec(self, global_: Record, clients: list[int], edge_id: int | None = None) -> RecordSpec:
         """Edge l's triple: at most feature_cap features per client of edge l (of any edge if None)."""
@@ -287,8 +289,12 @@ class HFPL(Algorithm[HFPLParams]):
             f.load_state_dict(state[EXTRACTOR])
         return f
 
-    def evaluate_client(self, client_id: int, state: Record, global_: Record, data) -> dict[str, float]:
-        """Client i's f_i with the global (C̄, G) on `data`: accuracy, nearest-prototype accuracy, loss."""
+    def evaluate_client(self, client_id: int, state: Record, model: Tensors, data) -> dict[str, float]:
+        """Client i's f_i with the global (C̄, G), as the REST API serves it, on `data`: accuracy,
+        nearest-prototype accuracy, loss."""
+        global_: Record = {}
+        for name, (group, member) in SERVED.items():
+            global_.setdefault(group, {})[member] = model[name]
         f = self.client_model(client_id, state, tuple(data.x.shape[1:]))
         g = _classifier(global_[HEAD][WEIGHT], global_[HEAD][BIAS], trainable=False)
         f.eval()
