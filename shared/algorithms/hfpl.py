@@ -59,23 +59,21 @@ EVAL_METRICS = (ACCURACY, PROTO_ACCURACY, TEST_LOSS)
 
 
 @dataclass(frozen=True)
-class ClientMemory:
-    """What an edge keeps of client i: c_i^{prev} (means, and which classes it ever had) and X_i^{l,edge}."""
+class Sample:
+    """Features with their labels: X_i of a client, X^l of an edge."""
 
-    means: torch.Tensor  # (J, d) float64
-    present: torch.Tensor  # (J,) bool
-    features: torch.Tensor  # (n_i, d) float32
-    labels: torch.Tensor  # (n_i,) int64
+    features: torch.Tensor  # (n, d) float32
+    labels: torch.Tensor  # (n,) int64
 
 
 @dataclass(frozen=True)
-class EdgeMemory:
-    """What the cloud keeps of edge l: (C^{l,prev}, N^{l,prev}) and X^{l,cloud}."""
+class ClientMemory(Sample, ClientPrototypes):
+    """What an edge keeps of client i (packed by id): c_i^{prev} (means, classes it ever had) and X_i^{l,edge}."""
 
-    means: torch.Tensor  # (J, d) float64
-    counts: torch.Tensor  # (J,) float64
-    features: torch.Tensor  # (n_l, d) float32
-    labels: torch.Tensor  # (n_l,) int64
+
+@dataclass(frozen=True)
+class EdgeMemory(Sample, EdgePrototypes):
+    """What the cloud keeps of edge l (packed by id): (C^{l,prev}, N^{l,prev}) and X^{l,cloud}."""
 
 
 class HFPLParams(BaseModel):
@@ -185,7 +183,7 @@ class HFPL(Algorithm[HFPLParams]):
         if len(set(edges)) != len(edges):
             raise ValueError(f"the buffer holds two triples of one edge: {edges}")
         memory = unpack(cloud_state.get(EDGES, {}), EdgeMemory)
-        previous = {l: EdgePrototypes(m.means, m.counts) for l, m in memory.items()}
+        previous: dict[int, EdgePrototypes] = dict(memory)
         buffer = {c.edge_id: EdgePrototypes(c.tensors[PROTOTYPES][MEANS], c.tensors[PROTOTYPES][COUNTS])
                   for c in contributions}
         means, total, previous = cloud_update_prototypes(global_[PROTOTYPES][MEANS], previous, buffer)
@@ -194,8 +192,8 @@ class HFPL(Algorithm[HFPLParams]):
         evaluation = {k: v.clone() for k, v in cloud_state.get(EVALUATION, {}).items()}
         for c in contributions:  # X^{l,cloud} ← X^l for the edges in the buffer
             l = c.edge_id
-            memory[l] = EdgeMemory(previous[l].means, previous[l].counts, c.tensors[SAMPLE][FEATURES],
-                                   c.tensors[SAMPLE][LABELS])
+            memory[l] = EdgeMemory(means=previous[l].means, counts=previous[l].counts,
+                                   features=c.tensors[SAMPLE][FEATURES], labels=c.tensors[SAMPLE][LABELS])
             for client, metrics in c.metrics.items():
                 for name in EVAL_METRICS:
                     if name in metrics:
@@ -262,15 +260,15 @@ class HFPL(Algorithm[HFPLParams]):
         else:
             current = empty(*results[0].tensors[PROTOTYPES][MEANS].shape)
         memory = unpack(edge_state.get(CLIENTS, {}), ClientMemory)
-        previous = {i: ClientPrototypes(m.means, m.present) for i, m in memory.items()}
+        previous: dict[int, ClientPrototypes] = dict(memory)
         updates = {r.client_id: ClientPrototypes(r.tensors[PROTOTYPES][MEANS], r.tensors[PROTOTYPES][COUNTS] > 0)
                    for r in results}
         new, previous = edge_aggregate_prototypes(current, previous, updates)
 
         sample = {r.client_id: r.tensors[SAMPLE] for r in results}  # X_i^{l,edge} ← X_i^l
-        memory = {i: ClientMemory(c.means, c.present,
-                                  *((sample[i][FEATURES], sample[i][LABELS]) if i in sample
-                                    else (memory[i].features, memory[i].labels)))
+        kept = {i: sample[i] if i in sample else {FEATURES: memory[i].features, LABELS: memory[i].labels}
+                for i in previous}
+        memory = {i: ClientMemory(means=c.means, present=c.present, features=kept[i][FEATURES], labels=kept[i][LABELS])
                   for i, c in previous.items()}
         ids = sorted(memory)
         triple = {
