@@ -24,6 +24,8 @@ float32 number. With singleton clusters this is FedVARP exactly.
 """
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,13 +59,16 @@ def cluster_map(config: RunConfig, params: ClusterParams) -> list[int]:
     return label_histogram_clusters(config.data, config.seed, params.num_clusters)
 
 
-class ClusterMemory:
+CP = TypeVar("CP", bound=ClusterParams)
+
+
+class ClusterMemory(Generic[CP]):
     """Mixin: server memory per cluster of clients (ClusterFedVARP, FedSCAVAR); the map is checked with
     the config and computed once per algorithm instance."""
 
     config: RunConfig
-    params: ClusterParams
-    Params: type[ClusterParams]
+    params: CP
+    Params: type[BaseModel]
 
     def __init__(self, config: RunConfig):
         super().__init__(config)  # type: ignore[call-arg]
@@ -72,7 +77,9 @@ class ClusterMemory:
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         super().check_config(config)  # type: ignore[misc]
-        check_cluster_map(cls.Params.model_validate(config.params).clusters, config.data.num_clients)
+        params = cls.Params.model_validate(config.params)
+        assert isinstance(params, ClusterParams)
+        check_cluster_map(params.clusters, config.data.num_clients)
 
     def memory_groups(self) -> list[int]:
         """Cluster of each client 0..N−1."""
@@ -81,7 +88,7 @@ class ClusterMemory:
         return self._groups
 
 
-class ClusterFedVARP(ClusterMemory, FedVARP[ClusterParams]):
+class ClusterFedVARP(ClusterMemory[ClusterParams], FedVARP[ClusterParams]):
     name = "clusterfedvarp"
 
     def memory_dtype(self, param: torch.Tensor) -> torch.dtype:

@@ -50,7 +50,7 @@ from shared.config import RunConfig
 from shared.federation import model_factory
 from shared.training import load_parameters, local_sgd, parameters_of
 from shared.transport.records import Record, RecordSpec
-from shared.transport.tensors import MAX_ABS, InvalidContent, Tensors
+from shared.transport.tensors import MAX_ABS, InvalidContent, Tensors, TensorSpec
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25)
 COVERAGE = "coverage"  # per coordinate, Σ p̃_k over the clients whose window covers it
@@ -108,7 +108,9 @@ class FedRolex(Algorithm[RP]):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         super().check_config(config)
-        capacities = cls.Params.model_validate(config.params).capacities
+        params = cls.Params.model_validate(config.params)
+        assert isinstance(params, FedRolexParams)
+        capacities = params.capacities
         if capacities is not None and len(capacities) != config.data.num_clients:
             raise ValueError(
                 f"{cls.name}: params.capacities has {len(capacities)} entries for {config.data.num_clients} clients"
@@ -178,7 +180,7 @@ class FedRolex(Algorithm[RP]):
 
     # ---- cloud ---------------------------------------------------------------------------------
     def contribution_spec(self, global_: Record, clients: list[int]) -> RecordSpec:
-        full = {name: (tuple(t.shape), torch.float64) for name, t in global_[MODEL].items()}
+        full: TensorSpec = {name: (tuple(t.shape), torch.float64) for name, t in global_[MODEL].items()}
         return {MODEL: full, COVERAGE: dict(full)}
 
     def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,

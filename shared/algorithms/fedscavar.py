@@ -70,7 +70,7 @@ class FedSCAVARParams(ClusterParams, FedRolexParams, FedProxParams):
     """ClusterFedVARP's clusters, FedRolex's capacities and FedProx's μ."""
 
 
-class FedSCAVAR(ClusterMemory, FedRolex[FedSCAVARParams]):
+class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
     name = "fedscavar"
     multi_edge = False  # the cluster memory spans all clients
     edge_rounds = False
