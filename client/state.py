@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save
 
 from shared.files import atomic_write
-from shared.transport.tensors import Tensors
+from shared.transport.records import Record, flatten, unflatten
 
 
 class ClientStateStore:
@@ -27,16 +27,17 @@ class ClientStateStore:
         with safe_open(str(self._state), framework="pt") as f:
             return (f.metadata() or {}).get("task_id")
 
-    def load(self) -> Tensors:
-        return load_file(str(self._state)) if self._state.exists() else {}
+    def load(self) -> Record:
+        return unflatten(load_file(str(self._state))) if self._state.exists() else {}
 
     def saved_result(self, task_id: str) -> bytes | None:
         if self.last_task_id() == task_id and self._result.exists():
             return self._result.read_bytes()
         return None
 
-    def save(self, task_id: str, state: Tensors, result_blob: bytes) -> None:
+    def save(self, task_id: str, state: Record, result_blob: bytes) -> None:
         # Result first: a crash between the two writes leaves the old state, and the task recomputes.
         # Each file whole or not at all, fsynced: the state must never be on disk without its result.
         atomic_write(self._result, result_blob)
-        atomic_write(self._state, save({k: v.contiguous() for k, v in state.items()}, metadata={"task_id": task_id}))
+        atomic_write(self._state, save({k: v.contiguous() for k, v in flatten(state).items()},
+                                       metadata={"task_id": task_id}))

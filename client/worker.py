@@ -21,13 +21,13 @@ from shared.data.datasets import load_client
 from shared.federation import local_job
 from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.http import binary_body
+from shared.transport.records import Record, decode, encode
 from shared.transport.retry import DEDUPLICATED
-from shared.transport.tensors import Tensors, decode, encode
 
 log = logging.getLogger("client.worker")
 
 
-def compute(settings: ClientSettings, header: ClientTaskHeader, task: Tensors) -> bytes:
+def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) -> bytes:
     """Runs the algorithm's local update for one task and returns the result message, state saved."""
     store = ClientStateStore(settings.state_dir, header.run_id, header.client_id)
     saved = store.saved_result(header.task_id)

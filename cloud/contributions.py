@@ -11,11 +11,12 @@ from collections import Counter
 
 from shared.algorithms.base import Algorithm
 from shared.schemas import EdgeContributionHeader
-from shared.transport.tensors import InvalidContent, Tensors
+from shared.transport.records import Record
+from shared.transport.tensors import InvalidContent
 
 
-def check_contribution(algorithm: Algorithm, global_: Tensors, header: EdgeContributionHeader,
-                       tensors: Tensors) -> None:
+def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContributionHeader,
+                       tensors: Record) -> None:
     """Raises InvalidContent (HTTP 422) unless the contribution is admissible."""
     topology = algorithm.config.topology
     if header.edge_id >= topology.num_edges:

@@ -14,7 +14,8 @@ from shared.data.datasets import load_federated
 from shared.federation import initial_model
 from shared.schemas import GlobalStateHeader
 from shared.selection import num_selected
-from shared.transport.tensors import Dim, Tensors, encode
+from shared.transport.records import Record, encode, flatten
+from shared.transport.tensors import Dim
 from shared.user_code import UserCodeError, is_allowed
 
 
@@ -63,13 +64,13 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_pay
     return blob
 
 
-def _contribution_bytes(algorithm: Algorithm, global_: Tensors, edge: int) -> int:
+def _contribution_bytes(algorithm: Algorithm, global_: Record, edge: int) -> int:
     """The most an edge's contribution can hold: its tensors for as many of its clients as one global
     round can involve (m per edge round, κ edge rounds)."""
     config = algorithm.config
     own = config.clients_of_edge(edge)
     clients = own[:min(len(own), num_selected(config.fraction, len(own)) * config.topology.edge_rounds)]
-    spec = algorithm.contribution_spec(global_, clients)
+    spec = flatten(algorithm.contribution_spec(global_, clients))
     data = sum(math.prod(d.max if isinstance(d, Dim) else d for d in shape) * torch.empty(0, dtype=dtype).element_size()
                for shape, dtype in spec.values())
     # The safetensors header: an entry per tensor, and the message with a line per client (a few metrics).

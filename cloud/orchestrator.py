@@ -19,7 +19,7 @@ from shared.config import RunConfig
 from shared.federation import contribution
 from shared.longpoll import wait_until
 from shared.schemas import GlobalStateHeader, RunStatus
-from shared.transport.tensors import decode, decode_tensors, encode
+from shared.transport.records import decode, decode_state, encode
 
 log = logging.getLogger("cloud.orchestrator")
 _CACHED_ALGORITHMS = 4
@@ -131,6 +131,6 @@ class Orchestrator:
     def _update(algorithm: Algorithm, global_blob: bytes, state_blob: bytes | None,
                 entries: list[BufferedContribution], version: int) -> tuple[list[Contribution], CloudRoundOutcome]:
         global_, _ = decode(global_blob, GlobalStateHeader)
-        cloud_state = decode_tensors(state_blob) if state_blob else {}
-        contributions = [contribution(e.header, decode_tensors(e.blob)) for e in entries]
+        cloud_state = decode_state(state_blob) if state_blob else {}
+        contributions = [contribution(e.header, decode_state(e.blob)) for e in entries]
         return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version)

@@ -31,8 +31,9 @@ from shared.schemas import (
     GlobalStateHeader,
 )
 from shared.transport.http import binary_body
+from shared.transport.records import Record, decode, decode_state, encode
 from shared.transport.retry import DEDUPLICATED
-from shared.transport.tensors import PayloadError, Tensors, decode, decode_tensors, encode
+from shared.transport.tensors import PayloadError
 
 log = logging.getLogger("edge.round_loop")
 
@@ -53,7 +54,7 @@ class EdgeRoundLoop:
         self.edge_id = settings.edge_id
         self.current: GlobalStateHeader | None = None
         self._algorithm: tuple[str, Algorithm] | None = None
-        self._edge_state: Tensors = {}
+        self._edge_state: Record = {}
 
     async def run_forever(self) -> None:
         await self.register()
@@ -134,12 +135,12 @@ class EdgeRoundLoop:
             return None
         return self.settings.state_dir / f"edge{self.edge_id}-{run_id}.safetensors"
 
-    def _load_state(self, run_id: str) -> Tensors:
+    def _load_state(self, run_id: str) -> Record:
         path = self._state_path(run_id)
         if path is None or not path.exists():
             return {}
         try:
-            return decode_tensors(path.read_bytes())
+            return decode_state(path.read_bytes())
         except PayloadError:
             # Unreadable (e.g. a disk that lost its last write): start afresh, loudly, and keep the file.
             log.error("edge %d: state file %s is unreadable; starting run %s without it", self.edge_id, path, run_id)
@@ -155,7 +156,7 @@ class EdgeRoundLoop:
             return
         atomic_write(path, encode(self._edge_state))
 
-    async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
+    async def run_round(self, header: GlobalStateHeader, global_: Record) -> None:
         self.current = header
         # Before any run was known, any client id could register; now the run says which are this edge's.
         self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
@@ -233,7 +234,7 @@ class EdgeRoundLoop:
         _, offered = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
         return offered.run_id != header.run_id
 
-    async def submit(self, header: GlobalStateHeader, tensors: Tensors, weight: float,
+    async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
                      results: list[ClientResult], failures: list[ClientFailure]) -> None:
         message = EdgeContributionHeader(
             run_id=header.run_id,

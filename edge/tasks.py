@@ -12,7 +12,7 @@ from typing import Callable
 from shared.algorithms.base import ClientResult
 from shared.longpoll import wait_until
 from shared.schemas import ClientFailure, ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
-from shared.transport.tensors import Tensors, encode
+from shared.transport.records import Record, encode
 
 
 class TaskConflict(Exception):
@@ -30,8 +30,8 @@ class ForeignClient(Exception):
 @dataclass
 class Task:
     header: ClientTaskHeader
-    tensors: Tensors
-    check: Callable[[Tensors], None]  # the algorithm's check_result for this task; raises InvalidContent
+    tensors: Record
+    check: Callable[[Record], None]  # the algorithm's check_result for this task; raises InvalidContent
     result: ClientResult | None = None
     # What the client reported when it could not train the task; a later result still answers it (the
     # client process restarted with what it lacked).
@@ -115,7 +115,7 @@ class TaskBoard:
             raise TaskConflict(f"duplicate result for task {task_id!r}")
         return task
 
-    async def accept(self, client_id: int, header: ClientResultHeader, tensors: Tensors) -> None:
+    async def accept(self, client_id: int, header: ClientResultHeader, tensors: Record) -> None:
         """Checks a result on a worker thread (CPU-bound: it reads every value), then records it on the loop,
         which alone touches the board, if its task is still the open one."""
         task = self.task_for(client_id, header.task_id)

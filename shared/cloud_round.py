@@ -16,7 +16,7 @@ from shared.algorithms.base import Algorithm, Contribution
 from shared.federation import evaluate_global
 from shared.schemas import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
 from shared.training import Evaluation
-from shared.transport.tensors import Tensors
+from shared.transport.records import Record, flatten
 
 
 class Diverged(ArithmeticError):
@@ -32,18 +32,19 @@ class Diverged(ArithmeticError):
 
 @dataclass(frozen=True)
 class CloudRoundOutcome:
-    global_: Tensors
-    cloud_state: Tensors
+    global_: Record
+    cloud_state: Record
     evaluation: Evaluation
     server_metrics: dict[str, float]
 
 
-def run_cloud_round(algorithm: Algorithm, global_: Tensors, contributions: list[Contribution],
-                    cloud_state: Tensors, version: int) -> CloudRoundOutcome:
+def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[Contribution],
+                    cloud_state: Record, version: int) -> CloudRoundOutcome:
     """The update of global state `version` with `contributions`; raises Diverged rather than return a
     non-finite global state."""
     new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
-    broken = sorted(n for n, t in new_global.items() if t.is_floating_point() and not bool(t.isfinite().all()))
+    broken = sorted(n for n, t in flatten(new_global).items()
+                    if t.is_floating_point() and not bool(t.isfinite().all()))
     if broken:
         raise Diverged(version + 1, broken)
     evaluation = evaluate_global(algorithm.config, algorithm, new_global, new_state)

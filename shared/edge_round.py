@@ -11,14 +11,14 @@ from typing import Any, Awaitable, Callable
 
 from shared.algorithms.base import Algorithm, ClientResult, EdgeAggregate
 from shared.federation import client_round
-from shared.transport.tensors import Tensors
+from shared.transport.records import Record
 
 
 @dataclass(frozen=True)
 class ClientTask:
     client_id: int
     round: int
-    tensors: Tensors
+    tensors: Record
 
 
 # Trains the given tasks and returns the results that came back (stragglers may be missing).
@@ -35,12 +35,12 @@ async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
 @dataclass(frozen=True)
 class EdgeRoundOutcome:
     aggregate: EdgeAggregate
-    edge_state: Tensors
+    edge_state: Record
     results: list[ClientResult]  # of every edge round, those its aggregate sums: for the history
 
 
 async def run_edge_round(
-    algorithm: Algorithm, global_: Tensors, version: int, edge_id: int, edge_state: Tensors, train: Train,
+    algorithm: Algorithm, global_: Record, version: int, edge_id: int, edge_state: Record, train: Train,
     offload: Offload = _inline,
 ) -> EdgeRoundOutcome:
     config = algorithm.config
@@ -59,5 +59,5 @@ async def run_edge_round(
     return EdgeRoundOutcome(aggregate, edge_state, all_results)
 
 
-def _tasks(algorithm: Algorithm, global_: Tensors, chosen: list[int], round: int) -> list[ClientTask]:
+def _tasks(algorithm: Algorithm, global_: Record, chosen: list[int], round: int) -> list[ClientTask]:
     return [ClientTask(k, round, algorithm.client_task(global_, k, round)) for k in chosen]

@@ -17,7 +17,7 @@ from shared.models import build_model
 from shared.schemas import ClientParticipation, EdgeContributionHeader
 from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
 from shared.training import Evaluation, evaluate, load_parameters
-from shared.transport.tensors import Tensors
+from shared.transport.records import Record
 
 
 def model_factory(config: RunConfig) -> partial[nn.Module]:
@@ -44,7 +44,7 @@ def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -
     )
 
 
-def contribution(header: EdgeContributionHeader, tensors: Tensors) -> Contribution:
+def contribution(header: EdgeContributionHeader, tensors: Record) -> Contribution:
     """An accepted edge message as the cloud's update sees it."""
     return Contribution(header.edge_id, header.base_version, tensors, header.weight, tuple(header.clients),
                         tuple(header.failures))

@@ -27,6 +27,7 @@ from shared.data.datasets import load_federated
 from shared.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
 from shared.federation import initial_model, local_job, participation
 from shared.schemas import RoundRecord
+from shared.transport.records import Record
 from shared.transport.tensors import Tensors
 
 # One cloud update's buffer: (edge_id, base_version) per triple.
@@ -35,10 +36,11 @@ Schedule = list[list[tuple[int, int]]]
 
 @dataclass
 class ReferenceResult:
-    global_state: Tensors
+    global_state: Tensors  # the model as the REST API serves it (Algorithm.model_parameters)
+    global_record: Record  # the whole global state
     history: list[RoundRecord] = field(default_factory=list)
-    client_states: dict[int, Tensors] = field(default_factory=dict)
-    cloud_state: Tensors = field(default_factory=dict)
+    client_states: dict[int, Record] = field(default_factory=dict)
+    cloud_state: Record = field(default_factory=dict)
 
 
 class _InProcessClients:
@@ -47,7 +49,7 @@ class _InProcessClients:
     def __init__(self, algorithm: Algorithm):
         self.algorithm = algorithm
         self.data = load_federated(algorithm.config.data, algorithm.config.seed)
-        self.states: dict[int, Tensors] = {}
+        self.states: dict[int, Record] = {}
 
     async def train(self, tasks: list[ClientTask]) -> list[ClientResult]:
         results = []
@@ -84,7 +86,7 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
     algorithm = registry.create(config)
     clients = _InProcessClients(algorithm)
     globals_ = [algorithm.init_global(initial_model(config))]
-    edge_states: dict[int, Tensors] = {e: {} for e in range(config.topology.num_edges)}
+    edge_states: dict[int, Record] = {e: {} for e in range(config.topology.num_edges)}
     pending: dict[int, _Pending] = {}
 
     async def start(edge_id: int, version: int, now: float) -> None:
@@ -93,7 +95,7 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
         edge_states[edge_id] = outcome.edge_state
         pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0))
 
-    result = ReferenceResult(globals_[0], client_states=clients.states)
+    result = ReferenceResult(algorithm.model_parameters(globals_[0]), globals_[0], client_states=clients.states)
     run_started = started = datetime.now(timezone.utc)
     now = 0.0
     if schedule is None:
@@ -120,7 +122,8 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
         finished = datetime.now(timezone.utc)
         result.history.append(round_record(version, contributions, outcome, started, run_started, finished))
         globals_.append(outcome.global_)
-        result.global_state, result.cloud_state, started = outcome.global_, outcome.cloud_state, finished
+        result.global_state, result.global_record = algorithm.model_parameters(outcome.global_), outcome.global_
+        result.cloud_state, started = outcome.cloud_state, finished
         if schedule is None and version + 1 < rounds:
             for e in arrived:
                 await start(e, version + 1, now)

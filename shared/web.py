@@ -19,7 +19,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.transport.tensors import InvalidContent, M, PayloadError, Tensors, decode
+from shared.transport.records import Record, decode
+from shared.transport.tensors import InvalidContent, M, PayloadError
 from shared.transport.wire import SAFETENSORS
 
 _bearer = HTTPBearer(auto_error=False)
@@ -105,7 +106,7 @@ async def _answer(scope: Scope, receive: Receive, send: Send, code: int, detail:
     await JSONResponse({"detail": detail}, status_code=code)(scope, receive, send)
 
 
-async def read_message(request: Request, message_type: type[M]) -> tuple[Tensors, M, bytes]:
+async def read_message(request: Request, message_type: type[M]) -> tuple[Record, M, bytes]:
     """A binary message from the body: 400 if unreadable, 422 if the header is invalid (413: BodyLimit).
     Decoding copies every tensor: on a worker thread, so the loop keeps answering long-polls meanwhile."""
     blob = await request.body()

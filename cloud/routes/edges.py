@@ -9,7 +9,8 @@ from cloud.contributions import check_contribution
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
 from cloud.store import NotFound
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
-from shared.transport.tensors import InvalidContent, decode
+from shared.transport.records import decode
+from shared.transport.tensors import InvalidContent
 from shared.web import binary, json_body_doc, read_json, read_message, reject
 
 router = APIRouter(prefix="/api/v1", tags=["edges"], dependencies=[require_edge])

@@ -13,7 +13,8 @@ from cloud.ui.view import LiveRun, read_edges
 from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.schemas import GlobalStateHeader, RoundRecord, RunEdges, RunInfo
-from shared.transport.tensors import decode, encode
+from shared.transport.records import decode
+from shared.transport.tensors import encode
 from shared.web import binary, json_body_doc, read_json
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_admin])

@@ -1,4 +1,4 @@
-"""Aggregation maths as plain functions over name -> tensor dicts.
+"""Aggregation maths as plain functions over records (group -> name -> tensor).
 
 An edge reduces its clients to a `Partial` (weighted sums and their total weight). Partials are
 associative: combining the partials of several edges equals reducing all their clients at once, so
@@ -12,23 +12,26 @@ from typing import Iterable
 
 import torch
 
+from shared.transport.records import Record
 from shared.transport.tensors import Tensors
 
 
 @dataclass(frozen=True)
 class Partial:
-    sums: Tensors  # float64: sum_k weight_k * x_k
+    sums: Record  # float64: sum_k weight_k * x_k, group by group
     weight: float  # sum_k weight_k
 
 
-def reduce(items: Iterable[tuple[float, Tensors]]) -> Partial:
-    sums: Tensors = {}
+def reduce(items: Iterable[tuple[float, Record]]) -> Partial:
+    sums: Record = {}
     total = 0.0
-    for weight, tensors in items:
+    for weight, record in items:
         total += weight
-        for name, t in tensors.items():
-            term = t.to(torch.float64) * weight
-            sums[name] = sums[name] + term if name in sums else term
+        for group, tensors in record.items():
+            into = sums.setdefault(group, {})
+            for name, t in tensors.items():
+                term = t.to(torch.float64) * weight
+                into[name] = into[name] + term if name in into else term
     if total <= 0:
         raise ValueError("cannot reduce an empty or zero-weight set")
     return Partial(sums, total)
@@ -38,13 +41,14 @@ def combine(partials: Iterable[Partial]) -> Partial:
     partials = list(partials)
     if not partials:
         raise ValueError("no partials to combine")
-    sums = {name: torch.stack([p.sums[name] for p in partials]).sum(0) for name in partials[0].sums}
+    sums = {group: {name: torch.stack([p.sums[group][name] for p in partials]).sum(0) for name in tensors}
+            for group, tensors in partials[0].sums.items()}
     return Partial(sums, sum(p.weight for p in partials))
 
 
-def mean(partial: Partial) -> Tensors:
+def mean(partial: Partial) -> Record:
     """The weighted mean, still float64: the caller casts when it applies the step."""
-    return {name: s / partial.weight for name, s in partial.sums.items()}
+    return {group: {name: s / partial.weight for name, s in tensors.items()} for group, tensors in partial.sums.items()}
 
 
 def add_scaled(base: Tensors, step: Tensors, scale: float) -> Tensors:

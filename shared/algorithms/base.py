@@ -14,18 +14,23 @@ services (edge/round_loop.py, cloud/orchestrator.py) and by the in-process refer
     cloud:  cloud_update(global, contributions, cloud_state) -> new global (server memory goes here)
     cloud:  evaluate, server_metrics(global, cloud_state) -> the round's figures for the history
 
-Everything that crosses a process boundary is a `Tensors` dict (name -> tensor) plus typed metadata,
-so it travels as safetensors and is stored as safetensors (client disk, Redis). State is declared by
-the hooks' signatures and kept by the services; an algorithm never does I/O itself.
+Everything that crosses a process boundary is a `Record`: named groups of tensors such as
+{"model": w, "control": c} (shared/transport/records.py), plus typed metadata, so it travels as
+safetensors and is stored as safetensors (client disk, Redis); only that codec flattens the groups.
+State is declared by the hooks' signatures and kept by the services; an algorithm never does I/O itself.
+
+An algorithm is generic over its Params model (`class FedProx(FedAvg[FedProxParams])`), so that
+`self.params.mu` is typed; `Params` is read from that argument.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar, Generic, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
+from typing_extensions import TypeVar
 
 from shared.algorithms import aggregate
 from shared.config import RunConfig
@@ -33,11 +38,18 @@ from shared.data.datasets import ClientData
 from shared.schemas import ClientFailure, ClientParticipation
 from shared.selection import select_clients
 from shared.training import Evaluation
-from shared.transport.tensors import MAX_ABS, Tensors, TensorSpec, check_magnitude, check_tensors, spec_of
+from shared.transport import records
+from shared.transport.records import Record, RecordSpec
+from shared.transport.tensors import MAX_ABS, Tensors
+
+MODEL = "model"  # the group holding the model's parameters (or a step of them)
 
 
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+P = TypeVar("P", bound=BaseModel, default=NoParams)
 
 
 @dataclass(frozen=True)
@@ -55,10 +67,10 @@ class LocalJob:
 class ClientUpdate:
     """A client's answer: tensors sent to the edge, plus the state it keeps for the next round."""
 
-    tensors: Tensors
+    tensors: Record
     num_samples: int
     loss: float
-    state: Tensors = field(default_factory=dict)
+    state: Record = field(default_factory=dict)
     # Scalars reported with the result and averaged (by samples) into the round's history.
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -70,13 +82,13 @@ class ClientResult:
     client_id: int
     num_samples: int
     loss: float
-    tensors: Tensors
+    tensors: Record
     metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class EdgeAggregate:
-    tensors: Tensors
+    tensors: Record
     weight: float
     # The clients whose results it sums, when that is not every result (pFedMe's sample S): the round's
     # history lists the clients behind the model, so the edge reports only these.
@@ -89,7 +101,7 @@ class Contribution:
 
     edge_id: int
     base_version: int
-    tensors: Tensors
+    tensors: Record
     weight: float
     # The clients behind it, in id order, with what each reported (samples, loss, e.g. held-out accuracy):
     # what the round's history records of them.
@@ -106,9 +118,10 @@ class Contribution:
         return {c.client_id: dict(c.metrics) for c in self.participation}
 
 
-class Algorithm:
+class Algorithm(Generic[P]):
     name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]] = NoParams
+    Params: ClassVar[type[BaseModel]] = NoParams  # set from the class's generic argument
+    params: P
     # Synchronous algorithms aggregate exactly one contribution per edge per version (B = L) and
     # refuse stale submissions; the asynchronous prototype algorithm overrides this.
     synchronous: ClassVar[bool] = True
@@ -117,9 +130,17 @@ class Algorithm:
     # Whether an edge may run κ > 1 rounds with its own clients before it reports to the cloud.
     edge_rounds: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            for arg in get_args(base):
+                arg = getattr(arg, "__default__", arg)  # a class still generic in its Params: the default
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    cls.Params = arg
+
     def __init__(self, config: RunConfig):
         self.config = config
-        self.params = self.Params.model_validate(config.params)
+        self.params = self.Params.model_validate(config.params)  # type: ignore[assignment]
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -138,40 +159,41 @@ class Algorithm:
             raise ValueError(f"{cls.name} does not support topology.edge_rounds > 1")
 
     # ---- cloud ---------------------------------------------------------------------------------
-    def init_global(self, model: nn.Module) -> Tensors:
-        return {name: p.detach().clone() for name, p in model.named_parameters()}
+    def init_global(self, model: nn.Module) -> Record:
+        return {MODEL: {name: p.detach().clone() for name, p in model.named_parameters()}}
 
-    def model_parameters(self, global_: Tensors) -> Tensors:
+    def model_parameters(self, global_: Record) -> Tensors:
         """The part of the global state that is the model to evaluate and download."""
-        return global_
+        return global_[MODEL]
 
-    def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
+    def contribution_spec(self, global_: Record, clients: list[int]) -> RecordSpec:
         """What an edge must submit for `global_` on behalf of `clients`: checked before buffering."""
-        return {name: (tuple(t.shape), torch.float64) for name, t in global_.items()}
+        return {group: {name: (tuple(t.shape), torch.float64) for name, t in members.items()}
+                for group, members in global_.items()}
 
-    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors, weight: float,
+    def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
                            edge_id: int | None = None) -> None:
         """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution of edge `edge_id`
-        with total weight `weight`: names, shapes, dtypes and finiteness, and, since a contribution
-        carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS."""
-        check_tensors(tensors, self.contribution_spec(global_, clients))
-        check_magnitude(tensors, MAX_ABS * weight)
+        with total weight `weight`: groups, names, shapes, dtypes and finiteness, and, since a
+        contribution carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS."""
+        records.check(tensors, self.contribution_spec(global_, clients))
+        records.check_magnitude(tensors, MAX_ABS * weight)
 
     def cloud_update(
-        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
-    ) -> tuple[Tensors, Tensors]:
+        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+    ) -> tuple[Record, Record]:
         raise NotImplementedError
 
-    def server_memory_bytes(self, global_: Tensors) -> int:
+    def server_memory_bytes(self, global_: Record) -> int:
         """The most cloud state (server memory) the run will keep, in bytes: checked when the run is
         created, against what one Redis value can hold."""
         return 0
 
-    def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
+    def evaluate(self, global_: Record, cloud_state: Record) -> Evaluation | None:
         """The round's figures when the global state is not one model to test centrally (None: it is)."""
         return None
 
-    def server_metrics(self, global_: Tensors, cloud_state: Tensors) -> dict[str, float]:
+    def server_metrics(self, global_: Record, cloud_state: Record) -> dict[str, float]:
         """Figures the cloud computes after an update, recorded in the round's history (`server_metrics`)."""
         return {}
 
@@ -179,17 +201,17 @@ class Algorithm:
     def select(self, client_ids: list[int], round: int, edge_id: int) -> list[int]:
         return select_clients(self.config, client_ids, round, edge_id)
 
-    def client_task(self, global_: Tensors, client_id: int, round: int) -> Tensors:
+    def client_task(self, global_: Record, client_id: int, round: int) -> Record:
         return global_
 
-    def result_spec(self, task: Tensors) -> TensorSpec:
+    def result_spec(self, task: Record) -> RecordSpec:
         """What a client must send back for `task`: checked by the edge before it accepts a result."""
-        return spec_of(task)
+        return records.spec_of(task)
 
-    def check_result(self, task: Tensors, tensors: Tensors) -> None:
+    def check_result(self, task: Record, tensors: Record) -> None:
         """Raises InvalidContent unless `tensors` is a valid answer to `task` (checked by the edge)."""
-        check_tensors(tensors, self.result_spec(task))
-        check_magnitude(tensors)
+        records.check(tensors, self.result_spec(task))
+        records.check_magnitude(tensors)
 
     def client_group(self, client_id: int) -> str:
         """How reports group clients (prototype learning: the client's model family)."""
@@ -199,26 +221,26 @@ class Algorithm:
         return float(num_samples) if self.config.weighting == "samples" else 1.0
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Tensors, round: int
-    ) -> tuple[EdgeAggregate, Tensors]:
+        self, results: list[ClientResult], edge_state: Record, round: int
+    ) -> tuple[EdgeAggregate, Record]:
         ordered = sorted(results, key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
         return EdgeAggregate(partial.sums, partial.weight), edge_state
 
-    def edge_round_update(self, edge_global: Tensors, aggregate: EdgeAggregate) -> Tensors:
+    def edge_round_update(self, edge_global: Record, aggregate: EdgeAggregate) -> Record:
         """The edge's own model after one of κ edge rounds (only with edge_rounds = True)."""
         raise NotImplementedError
 
-    def edge_contribution(self, global_: Tensors, edge_global: Tensors, aggregate: EdgeAggregate) -> EdgeAggregate:
+    def edge_contribution(self, global_: Record, edge_global: Record, aggregate: EdgeAggregate) -> EdgeAggregate:
         """What the edge submits after its last edge round, relative to the cloud's `global_`."""
         raise NotImplementedError
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
+    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         raise NotImplementedError
 
 
-def combined_mean(contributions: list[Contribution]) -> Tensors:
+def combined_mean(contributions: list[Contribution]) -> Record:
     """Mean over all clients behind `contributions` (p_k-weighted), in float64."""
     ordered = sorted(contributions, key=lambda c: c.edge_id)
     return aggregate.mean(aggregate.combine(aggregate.Partial(c.tensors, c.weight) for c in ordered))

@@ -18,18 +18,17 @@ The client→cluster map is a run setting (params):
   coincide exactly (e.g. clients that each hold one and the same class); G is what k-means found.
 
 Everything else (the per-client Δw_k on the wire, m = the clients that answered, one edge only,
-Σ_j y_{c_j} recomputed in float64 every round) is as in FedVARP. The memory is cloud_state
-"y.<param>" of shape (G, *param.shape) in float64, because a cluster mean of float32 deltas is not a
+Σ_j y_{c_j} recomputed in float64 every round) is as in FedVARP. The memory is the cloud state's
+"memory" group, per parameter of shape (G, *param.shape) in float64, because a cluster mean of float32 deltas is not a
 float32 number. With singleton clusters this is FedVARP exactly.
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Generic, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.algorithms.base import Algorithm
 from shared.algorithms.clustering import label_histogram_clusters
 from shared.algorithms.fedvarp import FedVARP
 from shared.config import RunConfig
@@ -60,21 +59,27 @@ def cluster_map(config: RunConfig, params: ClusterParams) -> list[int]:
     return label_histogram_clusters(config.data, config.seed, params.num_clusters)
 
 
-class ClusterMemory(Algorithm):
+CP = TypeVar("CP", bound=ClusterParams)
+
+
+class ClusterMemory(Generic[CP]):
     """Mixin: server memory per cluster of clients (ClusterFedVARP, FedSCAVAR); the map is checked with
     the config and computed once per algorithm instance."""
 
-    Params: ClassVar[type[ClusterParams]]
-    params: ClusterParams
+    config: RunConfig
+    params: CP
+    Params: type[BaseModel]
 
     def __init__(self, config: RunConfig):
-        super().__init__(config)
+        super().__init__(config)  # type: ignore[call-arg]
         self._groups: list[int] | None = None
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        super().check_config(config)
-        check_cluster_map(cls.Params.model_validate(config.params).clusters, config.data.num_clients)
+        super().check_config(config)  # type: ignore[misc]
+        params = cls.Params.model_validate(config.params)
+        assert isinstance(params, ClusterParams)
+        check_cluster_map(params.clusters, config.data.num_clients)
 
     def memory_groups(self) -> list[int]:
         """Cluster of each client 0..N−1."""
@@ -83,9 +88,8 @@ class ClusterMemory(Algorithm):
         return self._groups
 
 
-class ClusterFedVARP(ClusterMemory, FedVARP):
+class ClusterFedVARP(ClusterMemory[ClusterParams], FedVARP[ClusterParams]):
     name = "clusterfedvarp"
-    Params = ClusterParams
 
     def memory_dtype(self, param: torch.Tensor) -> torch.dtype:
         return torch.float64

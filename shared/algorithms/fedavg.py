@@ -14,12 +14,22 @@ from __future__ import annotations
 import torch
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import Algorithm, ClientUpdate, Contribution, EdgeAggregate, LocalJob, combined_mean
+from shared.algorithms.base import (
+    MODEL,
+    Algorithm,
+    ClientUpdate,
+    Contribution,
+    EdgeAggregate,
+    LocalJob,
+    P,
+    combined_mean,
+)
 from shared.training import Regulariser, load_parameters, local_sgd, parameters_of
+from shared.transport.records import Record
 from shared.transport.tensors import Tensors
 
 
-class FedAvg(Algorithm):
+class FedAvg(Algorithm[P]):
     name = "fedavg"
     edge_rounds = True
 
@@ -27,25 +37,27 @@ class FedAvg(Algorithm):
         """Extra term of the local objective; FedProx overrides this."""
         return None
 
-    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
-        model = load_parameters(job.model_factory(), task)
+    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+        w = task[MODEL]
+        model = load_parameters(job.model_factory(), w)
         stats = local_sgd(
-            model, job.data.train, self.config.local, job.generator, regulariser=self.regulariser(task)
+            model, job.data.train, self.config.local, job.generator, regulariser=self.regulariser(w)
         )
         trained = parameters_of(model)
-        delta = {name: trained[name] - task[name] for name in task}
-        return ClientUpdate(delta, len(job.data.train), stats.mean_loss, state)
+        delta = {name: trained[name] - w[name] for name in w}
+        return ClientUpdate({MODEL: delta}, len(job.data.train), stats.mean_loss, state)
 
     def cloud_update(
-        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
-    ) -> tuple[Tensors, Tensors]:
-        return aggregate.add_scaled(global_, combined_mean(contributions), self.config.server_lr), cloud_state
+        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+    ) -> tuple[Record, Record]:
+        step = combined_mean(contributions)[MODEL]
+        return {MODEL: aggregate.add_scaled(global_[MODEL], step, self.config.server_lr)}, cloud_state
 
-    def edge_round_update(self, edge_global: Tensors, aggregate_: EdgeAggregate) -> Tensors:
+    def edge_round_update(self, edge_global: Record, aggregate_: EdgeAggregate) -> Record:
         mean = aggregate.mean(aggregate.Partial(aggregate_.tensors, aggregate_.weight))
-        return aggregate.add_scaled(edge_global, mean, 1.0)
+        return {MODEL: aggregate.add_scaled(edge_global[MODEL], mean[MODEL], 1.0)}
 
-    def edge_contribution(self, global_: Tensors, edge_global: Tensors, aggregate_: EdgeAggregate) -> EdgeAggregate:
-        drift = {name: (edge_global[name].to(torch.float64) - global_[name].to(torch.float64)) * aggregate_.weight
-                 for name in global_}
-        return EdgeAggregate({name: aggregate_.tensors[name] + drift[name] for name in global_}, aggregate_.weight)
+    def edge_contribution(self, global_: Record, edge_global: Record, aggregate_: EdgeAggregate) -> EdgeAggregate:
+        w, w_l, sums = global_[MODEL], edge_global[MODEL], aggregate_.tensors[MODEL]
+        drift = {name: (w_l[name].to(torch.float64) - w[name].to(torch.float64)) * aggregate_.weight for name in w}
+        return EdgeAggregate({MODEL: {name: sums[name] + drift[name] for name in w}}, aggregate_.weight)

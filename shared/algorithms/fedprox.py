@@ -39,10 +39,8 @@ def proximal_term(model: nn.Module, centre: Tensors, mu: float) -> torch.Tensor:
     return 0.5 * mu * squared
 
 
-class FedProx(FedAvg):
+class FedProx(FedAvg[FedProxParams]):
     name = "fedprox"
-    Params = FedProxParams
-    params: FedProxParams
 
     def regulariser(self, global_: Tensors) -> Regulariser | None:
         mu = self.params.mu

@@ -12,8 +12,8 @@ Aggregation is per coordinate, over the selected clients whose window covers it:
     w ← w + (Σ_k p_k Δw_k) / (Σ_k p_k)        (coordinates nobody covered stay),
 with p_k as in FedAvg (data sizes or 1; the normalisation over S cancels in the ratio). Each edge
 embeds its clients' Δw_k at their windows and sends, per parameter, the float64 partial sums
-Σ p̃_k Δw_k ("<param>") and Σ p̃_k over the covering clients ("weight.<param>", full-size). Both are
-associative, so several edges give the flat rule over all of S (multi_edge is allowed).
+Σ p̃_k Δw_k (its "model" group) and Σ p̃_k over the covering clients (its "coverage" group, full-size).
+Both are associative, so several edges give the flat rule over all of S (multi_edge is allowed).
 
 Capacities: `params.capacities` lists β_k per client (length N). Without it, client k gets
 β_k = [1, ½, ¼][k mod 3], the mix the issue's convergence claim is about. logreg has no hidden
@@ -32,9 +32,10 @@ from typing import Annotated, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeVar
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
+from shared.algorithms.base import MODEL, Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
 from shared.algorithms.submodel import (
     Architecture,
     Masks,
@@ -48,10 +49,11 @@ from shared.algorithms.submodel import (
 from shared.config import RunConfig
 from shared.federation import model_factory
 from shared.training import load_parameters, local_sgd, parameters_of
+from shared.transport.records import Record, RecordSpec
 from shared.transport.tensors import MAX_ABS, InvalidContent, Tensors, TensorSpec
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25)
-WEIGHT = "weight."
+COVERAGE = "coverage"  # per coordinate, Σ p̃_k over the clients whose window covers it
 
 Capacity = Annotated[float, Field(gt=0, le=1)]
 
@@ -70,38 +72,30 @@ def capacity_of(capacities: list[float] | None, client_id: int) -> float:
     return capacities[client_id]
 
 
-def coverage_reduce(items: Iterable[tuple[float, Tensors, Masks]]) -> tuple[Tensors, float]:
-    """Σ p_k Δw_k and Σ p_k per coordinate, over (p_k, Δw_k embedded at full size, coverage mask).
-
-    Returns the sums ("<param>" and "weight.<param>", float64, full-size) and Σ p_k over the clients.
-    """
-    sums: Tensors = {}
-    total = 0.0
-    for weight, delta, masks in items:
-        total += weight
-        for name, d in delta.items():
-            terms = {name: d.to(torch.float64) * weight, WEIGHT + name: masks[name].to(torch.float64) * weight}
-            for key, term in terms.items():
-                sums[key] = sums[key] + term if key in sums else term
-    if total <= 0:
-        raise ValueError("cannot reduce an empty or zero-weight set")
-    return sums, total
+RP = TypeVar("RP", bound=FedRolexParams, default=FedRolexParams)
 
 
-def covered_mean(sums: Tensors, names: Iterable[str]) -> Tensors:
+def coverage_reduce(items: Iterable[tuple[float, Tensors, Masks]]) -> aggregate.Partial:
+    """Σ p_k Δw_k ("model") and Σ p_k per coordinate ("coverage"), float64 and full-size, over
+    (p_k, Δw_k embedded at full size, coverage mask), with Σ p_k over the clients as the weight."""
+    return aggregate.reduce(
+        (weight, {MODEL: delta, COVERAGE: {n: m.to(torch.float64) for n, m in masks.items()}})
+        for weight, delta, masks in items
+    )
+
+
+def covered_mean(sums: Record) -> Tensors:
     """Σ p_k Δw_k / Σ p_k where some client covered the coordinate, 0 where nobody did."""
     means = {}
-    for name in names:
-        weight = sums[WEIGHT + name]
+    for name, total in sums[MODEL].items():
+        weight = sums[COVERAGE][name]
         covered = weight > 0
-        means[name] = torch.where(covered, sums[name] / torch.where(covered, weight, 1.0), 0.0)
+        means[name] = torch.where(covered, total / torch.where(covered, weight, 1.0), 0.0)
     return means
 
 
-class FedRolex(Algorithm):
+class FedRolex(Algorithm[RP]):
     name = "fedrolex"
-    Params = FedRolexParams
-    params: FedRolexParams
     multi_edge = True
     edge_rounds = False
     # The issue's FedRolex step has no η_s; FedSCAVAR's has one.
@@ -115,7 +109,9 @@ class FedRolex(Algorithm):
     def check_config(cls, config: RunConfig) -> None:
         super().check_config(config)
         architecture_of(config.model)  # an imported model cannot be cut into sub-models
-        capacities = cls.Params.model_validate(config.params).capacities
+        params = cls.Params.model_validate(config.params)
+        assert isinstance(params, FedRolexParams)
+        capacities = params.capacities
         if capacities is not None and len(capacities) != config.data.num_clients:
             raise ValueError(
                 f"{cls.name}: params.capacities has {len(capacities)} entries for {config.data.num_clients} clients"
@@ -158,55 +154,53 @@ class FedRolex(Algorithm):
         return embed(tensors, self.architecture, self.windows(client_id, round), self.full_shapes)
 
     # ---- edge ----------------------------------------------------------------------------------
-    def client_task(self, global_: Tensors, client_id: int, round: int) -> Tensors:
+    def client_task(self, global_: Record, client_id: int, round: int) -> Record:
         model = self.model_parameters(global_)
         if self._full_shapes is None:
             self.full_shapes = {n: tuple(t.shape) for n, t in model.items()}
-        return extract(model, self.architecture, self.windows(client_id, round))
+        return {MODEL: extract(model, self.architecture, self.windows(client_id, round))}
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Tensors, round: int
-    ) -> tuple[EdgeAggregate, Tensors]:
+        self, results: list[ClientResult], edge_state: Record, round: int
+    ) -> tuple[EdgeAggregate, Record]:
         ordered = sorted(results, key=lambda r: r.client_id)
-        sums, total = coverage_reduce(
-            (self.client_weight(r.num_samples), *self.embed_result(r.tensors, r.client_id, round)) for r in ordered
+        partial = coverage_reduce(
+            (self.client_weight(r.num_samples), *self.embed_result(r.tensors[MODEL], r.client_id, round))
+            for r in ordered
         )
-        return EdgeAggregate(sums, total), edge_state
+        return EdgeAggregate(partial.sums, partial.weight), edge_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
-        model = self.sub_model(job, task)
+    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+        w = task[MODEL]
+        model = self.sub_model(job, w)
         stats = local_sgd(model, job.data.train, self.config.local, job.generator)
         trained = parameters_of(model)
-        delta = {name: (trained[name] - task[name]).contiguous() for name in task}
-        return ClientUpdate(delta, len(job.data.train), stats.mean_loss, state)
+        delta = {name: (trained[name] - w[name]).contiguous() for name in w}
+        return ClientUpdate({MODEL: delta}, len(job.data.train), stats.mean_loss, state)
 
     # ---- cloud ---------------------------------------------------------------------------------
-    def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
-        spec: TensorSpec = {}
-        for name, t in global_.items():
-            spec[name] = (tuple(t.shape), torch.float64)
-            spec[WEIGHT + name] = (tuple(t.shape), torch.float64)
-        return spec
+    def contribution_spec(self, global_: Record, clients: list[int]) -> RecordSpec:
+        full: TensorSpec = {name: (tuple(t.shape), torch.float64) for name, t in global_[MODEL].items()}
+        return {MODEL: full, COVERAGE: dict(full)}
 
-    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors, weight: float,
+    def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
                            edge_id: int | None = None) -> None:
         """Also per coordinate: its weight lies in [0, weight], and its mean (sum / its weight) within
         ±MAX_ABS, nothing where nobody covered it. A 1e-300 coordinate weight under an ordinary sum would
         otherwise make that coordinate of the next model inf, whatever the contribution's total weight."""
         super().check_contribution(global_, clients, tensors, weight, edge_id)
-        for name in global_:
-            sums, covered = tensors[name], tensors[WEIGHT + name]
+        for name in global_[MODEL]:
+            sums, covered = tensors[MODEL][name], tensors[COVERAGE][name]
             if bool((covered < 0).any()) or bool((covered > weight * (1 + 1e-9)).any()):
-                raise InvalidContent(f"tensor {WEIGHT + name!r} must lie in [0, {weight:g}] (the weight)")
+                raise InvalidContent(f"coverage of {name!r} must lie in [0, {weight:g}] (the weight)")
             if bool((sums.abs() > MAX_ABS * covered).any()):
                 raise InvalidContent(f"tensor {name!r} has values beyond ±{MAX_ABS:g} times their weights "
-                                     f"in {WEIGHT + name!r}")
+                                     "in its coverage")
 
     def cloud_update(
-        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
-    ) -> tuple[Tensors, Tensors]:
+        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+    ) -> tuple[Record, Record]:
         ordered = sorted(contributions, key=lambda c: c.edge_id)
         combined = aggregate.combine(aggregate.Partial(c.tensors, c.weight) for c in ordered)
-        step = covered_mean(combined.sums, global_)
-        return aggregate.add_scaled(global_, step, 1.0), cloud_state
+        return {MODEL: aggregate.add_scaled(global_[MODEL], covered_mean(combined.sums), 1.0)}, cloud_state

@@ -7,23 +7,23 @@ learning rate). It equals FedAvg with E = 1 and full batch at the same learning 
 from __future__ import annotations
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import ClientUpdate, Contribution, LocalJob, combined_mean
+from shared.algorithms.base import MODEL, ClientUpdate, Contribution, LocalJob, NoParams, combined_mean
 from shared.algorithms.fedavg import FedAvg
 from shared.training import full_gradient, load_parameters
-from shared.transport.tensors import Tensors
+from shared.transport.records import Record
 
 
-class FedSGD(FedAvg):
+class FedSGD(FedAvg[NoParams]):
     name = "fedsgd"
     edge_rounds = False  # an edge round would need a step size for gradients; not defined by the rule
 
-    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
-        model = load_parameters(job.model_factory(), task)
+    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+        model = load_parameters(job.model_factory(), task[MODEL])
         grads, loss = full_gradient(model, job.data.train)
-        return ClientUpdate(grads, len(job.data.train), loss, state)
+        return ClientUpdate({MODEL: grads}, len(job.data.train), loss, state)
 
     def cloud_update(
-        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
-    ) -> tuple[Tensors, Tensors]:
+        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+    ) -> tuple[Record, Record]:
         step = -self.config.server_lr * self.config.local.lr
-        return aggregate.add_scaled(global_, combined_mean(contributions), step), cloud_state
+        return {MODEL: aggregate.add_scaled(global_[MODEL], combined_mean(contributions)[MODEL], step)}, cloud_state

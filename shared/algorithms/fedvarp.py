@@ -15,16 +15,18 @@ Choices the issue leaves open:
   straggler misses the deadline, v is the same estimator over the clients that answered (and leaves the
   straggler's y as it was). The two agree whenever every selected client answers.
 - The rule is unweighted (1/m, 1/N) as in the issue and the paper; `weighting` does not apply.
-- Δw_k crosses the wire per client ("client.<k>.<param>", the model's dtype, float32) rather than as a
-  partial sum: the cloud must see each Δw_k to store it as y_k. Hence one edge only (multi_edge =
-  False) and no edge rounds; the memory is global.
-- The memory is cloud_state "y.<param>" of shape (N, *param.shape) in the model's dtype; storing Δw_k
-  there is exact. Σ_j y_j is recomputed from it every round in float64 instead of kept as a running
-  sum, so no rounding drift accumulates and the state holds nothing but the y's.
+- Δw_k crosses the wire per client (the "deltas" group: per parameter, the Δw_k of the contribution's
+  clients stacked in id order, the model's dtype, float32) rather than as a partial sum: the cloud must
+  see each Δw_k to store it as y_k. Hence one edge only (multi_edge = False) and no edge rounds; the
+  memory is global.
+- The memory is the cloud state's "memory" group: per parameter, y of shape (N, *param.shape) in the
+  model's dtype; storing Δw_k there is exact. Σ_j y_j is recomputed from it every round in float64
+  instead of kept as a running sum, so no rounding drift accumulates and the state holds nothing but the y's.
 
-The maths is written once for a memory with one slot per *group* of clients (`varp_direction`,
-`updated_memory`); FedVARP is the case where every client is its own group, ClusterFedVARP shares a
-slot per cluster.
+The maths is written once, for a memory with one slot per *group* of clients and clients that each
+cover part of the coordinates (`varp_direction`, `updated_memory`, with coverage masks for FedSCAVAR's
+sub-models); FedVARP is the case where every client is its own group and covers everything (full
+masks), ClusterFedVARP shares a slot per cluster.
 """
 from __future__ import annotations
 
@@ -35,46 +37,45 @@ from dataclasses import dataclass
 import torch
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import ClientResult, Contribution, EdgeAggregate
+from shared.algorithms.base import MODEL, ClientResult, Contribution, EdgeAggregate, P
 from shared.algorithms.fedavg import FedAvg
-from shared.transport.tensors import InvalidContent, Tensors, TensorSpec
+from shared.transport.records import Record, RecordSpec
+from shared.transport.tensors import InvalidContent, Tensors
 
-MEMORY_PREFIX = "y."
-
-
-def client_name(client_id: int, param: str) -> str:
-    return f"client.{client_id}.{param}"
+DELTAS = "deltas"  # per parameter, the Δw_k of a contribution's clients stacked in id order
+MEMORY = "memory"  # per parameter, y: one slot per group of clients
 
 
-def memory_name(param: str) -> str:
-    return f"{MEMORY_PREFIX}{param}"
+def varp_direction(deltas: torch.Tensor, masks: torch.Tensor, memory: torch.Tensor, rows: torch.Tensor,
+                   sizes: torch.Tensor, num_clients: int) -> torch.Tensor:
+    """v = (1/m) Σ_i M_i ⊙ (Δ_i − y_{rows[i]}) + (1/N) Σ_g sizes[g] y_g, in float64.
 
-
-def varp_direction(deltas: torch.Tensor, memory: torch.Tensor, rows: torch.Tensor, sizes: torch.Tensor,
-                   num_clients: int) -> torch.Tensor:
-    """v = (1/m) Σ_i (Δ_i − y_{rows[i]}) + (1/N) Σ_g sizes[g] y_g, in float64.
-
-    deltas: (m, *shape), one Δw per participating client; memory: (G, *shape), one y per group;
-    rows: (m,) the group of each participating client; sizes: (G,) clients per group, so that
+    deltas, masks: (m, *shape), one Δw per participating client (at full size) and where it is defined
+    (all True unless the client trained a sub-model); memory: (G, *shape), one y per group; rows: (m,)
+    the group of each participating client; sizes: (G,) clients per group, so that
     Σ_g sizes[g] y_g = Σ_{j=1..N} y_{group(j)}.
     """
-    deltas, memory = deltas.to(torch.float64), memory.to(torch.float64)
+    deltas, memory, masks = deltas.to(torch.float64), memory.to(torch.float64), masks.to(torch.float64)
     weights = sizes.to(torch.float64).reshape(-1, *([1] * (memory.dim() - 1)))
-    return (deltas - memory[rows]).mean(0) + (weights * memory).sum(0) / num_clients
+    return (masks * (deltas - memory[rows])).mean(0) + (weights * memory).sum(0) / num_clients
 
 
-def updated_memory(memory: torch.Tensor, deltas: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """y_g ← mean of the Δ_i with rows[i] = g for every group that has one; other groups unchanged.
+def updated_memory(memory: torch.Tensor, deltas: torch.Tensor, masks: torch.Tensor,
+                   rows: torch.Tensor) -> torch.Tensor:
+    """y_g ← per coordinate, the mean of the Δ_i with rows[i] = g that cover it; elsewhere unchanged.
 
     Sums run in float64 and the result is cast to memory's dtype; a group with a single Δ gets it back
     exactly."""
-    sums = torch.zeros(memory.shape, dtype=torch.float64).index_add_(0, rows, deltas.to(torch.float64))
-    counts = torch.zeros(memory.shape[0], dtype=torch.float64).index_add_(
-        0, rows, torch.ones(len(rows), dtype=torch.float64))
+    shape = memory.shape
+    sums = torch.zeros(shape, dtype=torch.float64).index_add_(0, rows, (masks * deltas).to(torch.float64))
+    counts = torch.zeros(shape, dtype=torch.float64).index_add_(0, rows, masks.to(torch.float64))
     hit = counts > 0
-    new = memory.clone()
-    new[hit] = (sums[hit] / counts[hit].reshape(-1, *([1] * (memory.dim() - 1)))).to(memory.dtype)
-    return new
+    return torch.where(hit, sums / torch.where(hit, counts, 1.0), memory.to(torch.float64)).to(memory.dtype)
+
+
+def stacked(per_client: list[Tensors]) -> Tensors:
+    """The "deltas" group: per parameter, the clients' tensors stacked in the given (id) order."""
+    return {name: torch.stack([t[name] for t in per_client]).contiguous() for name in per_client[0]}
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,14 @@ class BufferedClients:
     """Who is behind a buffer's contributions, laid out against the memory groups."""
 
     ids: list[int]  # in id order
-    source: dict[int, Contribution]  # the contribution that carries each client's Δw
+    source: dict[int, tuple[Contribution, int]]  # the contribution carrying each client's Δw, and its row there
     rows: torch.Tensor  # (m,) the memory group of each client
     sizes: torch.Tensor  # (G,) clients per group, over all N
     num_groups: int
+
+    def deltas(self, name: str) -> torch.Tensor:
+        """(m, *shape): Δw of parameter `name` for every buffered client, in id order."""
+        return torch.stack([c.tensors[DELTAS][name][row] for c, row in (self.source[k] for k in self.ids)])
 
 
 def buffered_clients(algorithm: str, contributions: list[Contribution], groups: list[int]) -> BufferedClients:
@@ -95,22 +100,22 @@ def buffered_clients(algorithm: str, contributions: list[Contribution], groups: 
     check_client_ids(algorithm, ids, len(groups))
     return BufferedClients(
         ids=ids,
-        source={k: c for c in contributions for k in c.clients},
+        source={k: (c, row) for c in contributions for row, k in enumerate(sorted(c.clients))},
         rows=torch.tensor([groups[k] for k in ids], dtype=torch.int64),
         sizes=torch.bincount(torch.tensor(groups, dtype=torch.int64), minlength=num_groups),
         num_groups=num_groups,
     )
 
 
-def stored_memory(cloud_state: Tensors, name: str, param: torch.Tensor, num_groups: int,
+def stored_memory(cloud_state: Record, name: str, param: torch.Tensor, num_groups: int,
                   dtype: torch.dtype) -> torch.Tensor:
     """y for parameter `name` from the cloud state: zeros before the first update, shape-checked after."""
     shape = (num_groups, *param.shape)
-    if memory_name(name) not in cloud_state:
+    y = cloud_state.get(MEMORY, {}).get(name)
+    if y is None:
         return torch.zeros(shape, dtype=dtype)
-    y = cloud_state[memory_name(name)]
     if tuple(y.shape) != shape:
-        raise ValueError(f"cloud_state {memory_name(name)!r} has shape {list(y.shape)}, expected {list(shape)}")
+        raise ValueError(f"the memory of {name!r} has shape {list(y.shape)}, expected {list(shape)}")
     return y
 
 
@@ -129,7 +134,12 @@ def check_client_ids(algorithm: str, clients: Sequence[int], n: int) -> None:
                              f"{duplicates}, out of range {outside}, {len(clients)} clients")
 
 
-class FedVARP(FedAvg):
+def deltas_spec(params: Tensors, clients: list[int]) -> RecordSpec:
+    """The "deltas" group for `clients`: a row per client of every parameter, in the model's dtype."""
+    return {DELTAS: {name: ((len(clients), *t.shape), t.dtype) for name, t in params.items()}}
+
+
+class FedVARP(FedAvg[P]):
     name = "fedvarp"
     multi_edge = False  # y spans all N clients
     edge_rounds = False  # the cloud must see every Δw_k of the round it applies
@@ -142,40 +152,38 @@ class FedVARP(FedAvg):
     def memory_dtype(self, param: torch.Tensor) -> torch.dtype:
         return param.dtype  # y_k is a copy of a Δw_k, which arrives in the model's dtype
 
-    def server_memory_bytes(self, global_: Tensors) -> int:
-        return memory_bytes(self.memory_groups(), global_, self.memory_dtype)
+    def server_memory_bytes(self, global_: Record) -> int:
+        return memory_bytes(self.memory_groups(), global_[MODEL], self.memory_dtype)
 
     # ---- edge ----------------------------------------------------------------------------------
     def client_weight(self, num_samples: int) -> float:
         return 1.0  # the rule is unweighted (1/m, 1/N)
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Tensors, round: int
-    ) -> tuple[EdgeAggregate, Tensors]:
+        self, results: list[ClientResult], edge_state: Record, round: int
+    ) -> tuple[EdgeAggregate, Record]:
         if not results:
             raise ValueError("cannot aggregate an empty set of results")
         ordered = sorted(results, key=lambda r: r.client_id)
-        tensors = {client_name(r.client_id, name): t.contiguous() for r in ordered for name, t in r.tensors.items()}
-        return EdgeAggregate(tensors, sum(self.client_weight(r.num_samples) for r in ordered)), edge_state
+        deltas = stacked([r.tensors[MODEL] for r in ordered])
+        return EdgeAggregate({DELTAS: deltas}, sum(self.client_weight(r.num_samples) for r in ordered)), edge_state
 
     # ---- cloud ---------------------------------------------------------------------------------
-    def _check_clients(self, clients: Sequence[int]) -> None:
+    def contribution_spec(self, global_: Record, clients: list[int]) -> RecordSpec:
         check_client_ids(self.name, clients, self.config.data.num_clients)
-
-    def contribution_spec(self, global_: Tensors, clients: list[int]) -> TensorSpec:
-        self._check_clients(clients)
-        return {client_name(k, name): (tuple(t.shape), t.dtype) for k in sorted(clients) for name, t in global_.items()}
+        return deltas_spec(global_[MODEL], clients)
 
     def cloud_update(
-        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
-    ) -> tuple[Tensors, Tensors]:
+        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+    ) -> tuple[Record, Record]:
         groups = self.memory_groups()
         b = buffered_clients(self.name, contributions, groups)
         step: Tensors = {}
-        new_state: Tensors = {}
-        for name, param in global_.items():
-            memory = stored_memory(cloud_state, name, param, b.num_groups, self.memory_dtype(param))
-            deltas = torch.stack([b.source[k].tensors[client_name(k, name)] for k in b.ids])
-            step[name] = varp_direction(deltas, memory, b.rows, b.sizes, len(groups))
-            new_state[memory_name(name)] = updated_memory(memory, deltas, b.rows).contiguous()
-        return aggregate.add_scaled(global_, step, self.config.server_lr), new_state
+        memory: Tensors = {}
+        for name, param in global_[MODEL].items():
+            y = stored_memory(cloud_state, name, param, b.num_groups, self.memory_dtype(param))
+            deltas = b.deltas(name)
+            everywhere = torch.ones(deltas.shape, dtype=torch.bool)  # every client trained the whole model
+            step[name] = varp_direction(deltas, everywhere, y, b.rows, b.sizes, len(groups))
+            memory[name] = updated_memory(y, deltas, everywhere, b.rows).contiguous()
+        return {MODEL: aggregate.add_scaled(global_[MODEL], step, self.config.server_lr)}, {MEMORY: memory}

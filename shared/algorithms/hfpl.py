@@ -5,14 +5,22 @@ class prototypes, counts and a sample of features travel. Edges aggregate protot
 the cloud consumes a buffer of B edge triples (C^l, N^l, X^l), updates the global prototypes C̄ and
 trains a global linear classifier G on the union of the latest features of every edge.
 
-Wire names (all tensors; J classes, d = feature_dim):
-    global / task   prototypes (J, d) f64 · prototype_counts (J,) f64 · classifier.weight (J, d) · classifier.bias (J,)
-    client result   prototypes (J, d) f64 · class_counts (J,) i64 · features (n, d) · labels (n,) i64
-    edge triple     prototypes (J, d) f64 · counts (J,) f64 · features (n, d) · labels (n,) i64
+Records (group: tensors; J classes, d = feature_dim):
+    global / task   prototypes: means (J, d) f64, counts (J,) f64 · classifier: weight (J, d), bias (J,)
+    client result   prototypes: means (J, d) f64, counts (J,) i64 (its samples per class)
+                    sample: features (n, d), labels (n,) i64
+    edge triple     prototypes: means (J, d) f64, counts (J,) f64 (clients per class) · sample: as a result's
+    client state    extractor: f_i's state dict
+    edge state      prototypes: (C^l, N^l) · clients: a ClientMemory per client, packed by id
+    cloud state     edges: an EdgeMemory per edge, packed by id · evaluation: each client's latest figures (N,)
+The model the REST API serves keeps the names it always had: prototypes, prototype_counts,
+classifier.weight, classifier.bias.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -26,21 +34,46 @@ from shared.algorithms.prototypes import (
     EdgePrototypes,
     cloud_update_prototypes,
     edge_aggregate_prototypes,
+    empty,
 )
 from shared.config import RunConfig
 from shared.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
 from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
 from shared.training import Evaluation, batches, make_optimizer
-from shared.transport.tensors import Dim, InvalidContent, Tensors, TensorSpec, check_magnitude, check_tensors
+from shared.transport import records
+from shared.transport.records import Record, RecordSpec, pack, unpack
+from shared.transport.tensors import Dim, InvalidContent, Tensors
 
-PROTOTYPES, PROTOTYPE_COUNTS = "prototypes", "prototype_counts"
-WEIGHT, BIAS = "classifier.weight", "classifier.bias"
-CLASS_COUNTS, COUNTS, FEATURES, LABELS = "class_counts", "counts", "features", "labels"
-EXTRACTOR = "f."  # prefix of the client's own feature-extractor parameters in its state
-# Per-client evaluation the cloud keeps (latest report of each client; NaN until it reports).
-# What each client reports with its result; the cloud keeps every client's latest under "eval.<name>".
+# Groups
+PROTOTYPES, HEAD, SAMPLE, EXTRACTOR = "prototypes", "classifier", "sample", "extractor"  # HEAD: G
+CLIENTS, EDGES, EVALUATION = "clients", "edges", "evaluation"
+# Tensors within them
+MEANS, COUNTS, WEIGHT, BIAS, FEATURES, LABELS = "means", "counts", "weight", "bias", "features", "labels"
+# The served model's names (GET /runs/{id}/model), as they were before the state had groups.
+SERVED = {"prototypes": (PROTOTYPES, MEANS), "prototype_counts": (PROTOTYPES, COUNTS),
+          "classifier.weight": (HEAD, WEIGHT), "classifier.bias": (HEAD, BIAS)}
+# What each client reports with its result; the cloud keeps every client's latest in "evaluation"
+# (one value per client, NaN until it reports).
 ACCURACY, PROTO_ACCURACY, TEST_LOSS = "accuracy", "proto_accuracy", "test_loss"
 EVAL_METRICS = (ACCURACY, PROTO_ACCURACY, TEST_LOSS)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Features with their labels: X_i of a client, X^l of an edge."""
+
+    features: torch.Tensor  # (n, d) float32
+    labels: torch.Tensor  # (n,) int64
+
+
+@dataclass(frozen=True)
+class ClientMemory(Sample, ClientPrototypes):
+    """What an edge keeps of client i (packed by id): c_i^{prev} (means, classes it ever had) and X_i^{l,edge}."""
+
+
+@dataclass(frozen=True)
+class EdgeMemory(Sample, EdgePrototypes):
+    """What the cloud keeps of edge l (packed by id): (C^{l,prev}, N^{l,prev}) and X^{l,cloud}."""
 
 
 class HFPLParams(BaseModel):
@@ -65,10 +98,8 @@ class HFPLParams(BaseModel):
         return self
 
 
-class HFPL(Algorithm):
+class HFPL(Algorithm[HFPLParams]):
     name = "hfpl"
-    Params = HFPLParams
-    params: HFPLParams
     synchronous: ClassVar[bool] = False
 
     @classmethod
@@ -99,7 +130,7 @@ class HFPL(Algorithm):
         return build_feature_extractor(self.family_of(client_id), input_shape, self.params.feature_dim, seed)
 
     # ---- cloud ---------------------------------------------------------------------------------
-    def init_global(self, model: nn.Module) -> Tensors:
+    def init_global(self, model: nn.Module) -> Record:
         # The run's `model` only tells J (its last layer's width): clients bring their own extractors.
         # (On 1-D data the config still needs a model that fits it, e.g. "mlp", as for every algorithm.)
         num_classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
@@ -107,69 +138,81 @@ class HFPL(Algorithm):
         with seeded_default_generator(derive_seed(self.config.seed, MODEL_INIT, CLASSIFIER)):
             g = nn.Linear(d, num_classes)
         return {
-            PROTOTYPES: torch.zeros(num_classes, d, dtype=torch.float64),
-            PROTOTYPE_COUNTS: torch.zeros(num_classes, dtype=torch.float64),
-            WEIGHT: g.weight.detach().clone(),
-            BIAS: g.bias.detach().clone(),
+            PROTOTYPES: {MEANS: torch.zeros(num_classes, d, dtype=torch.float64),
+                         COUNTS: torch.zeros(num_classes, dtype=torch.float64)},
+            HEAD: {WEIGHT: g.weight.detach().clone(), BIAS: g.bias.detach().clone()},
         }
 
-    def contribution_spec(self, global_: Tensors, clients: list[int], edge_id: int | None = None) -> TensorSpec:
+    def model_parameters(self, global_: Record) -> Tensors:
+        """(C̄, G) under the names the REST API has always served."""
+        return {name: global_[group][member] for name, (group, member) in SERVED.items()}
+
+    def contribution_spec(self, global_: Record, clients: list[int], edge_id: int | None = None) -> RecordSpec:
         """Edge l's triple: at most feature_cap features per client of edge l (of any edge if None)."""
-        num_classes, d = global_[PROTOTYPES].shape
-        population = self._population(edge_id)
-        n = Dim("n", self.params.feature_cap * population)
-        return {PROTOTYPES: ((num_classes, d), torch.float64), COUNTS: ((num_classes,), torch.float64),
-                FEATURES: ((n, d), torch.float32), LABELS: ((n,), torch.int64)}
+        return self._triple_spec(global_, self.params.feature_cap * self._population(edge_id), torch.float64)
+
+    def _triple_spec(self, global_: Record, max_features: int, counts: torch.dtype) -> RecordSpec:
+        """A client's result or an edge's triple: prototypes with counts, and a sample of ≤ max_features."""
+        num_classes, d = global_[PROTOTYPES][MEANS].shape
+        n = Dim("n", max_features)
+        return {PROTOTYPES: {MEANS: ((num_classes, d), torch.float64), COUNTS: ((num_classes,), counts)},
+                SAMPLE: {FEATURES: ((n, d), torch.float32), LABELS: ((n,), torch.int64)}}
+
+    def _check_triple(self, global_: Record, tensors: Record, spec: RecordSpec) -> None:
+        records.check(tensors, spec)
+        _check_labels(tensors[SAMPLE][LABELS], global_[PROTOTYPES][MEANS].shape[0])
+        records.check_magnitude(tensors, members={PROTOTYPES: (MEANS,), SAMPLE: (FEATURES,)})
 
     def _population(self, edge_id: int | None) -> int:
         if edge_id is None:
             return self.config.data.num_clients
         return len(self.config.clients_of_edge(edge_id))
 
-    def check_contribution(self, global_: Tensors, clients: list[int], tensors: Tensors, weight: float,
+    def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
                            edge_id: int | None = None) -> None:
         # Bounded by the edge's own clients: an edge must not weigh in C̄ or in G's data as more than it is.
-        check_tensors(tensors, self.contribution_spec(global_, clients, edge_id))
-        num_classes = global_[PROTOTYPES].shape[0]
-        _check_labels(tensors[LABELS], num_classes)
-        check_magnitude(tensors, names=(PROTOTYPES, FEATURES))
-        counts, population = tensors[COUNTS], self._population(edge_id)
+        self._check_triple(global_, tensors, self.contribution_spec(global_, clients, edge_id))
+        counts, population = tensors[PROTOTYPES][COUNTS], self._population(edge_id)
         if bool((counts < 0).any()) or bool((counts != counts.round()).any()) or bool((counts > population).any()):
             raise InvalidContent(f"counts must be whole numbers in [0, {population}] (the edge's clients)")
 
     def cloud_update(
-        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
-    ) -> tuple[Tensors, Tensors]:
+        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+    ) -> tuple[Record, Record]:
         edges = sorted(c.edge_id for c in contributions)
         if len(set(edges)) != len(edges):
             raise ValueError(f"the buffer holds two triples of one edge: {edges}")
-        previous = {l: EdgePrototypes(cloud_state[f"edge{l}.{PROTOTYPES}"], cloud_state[f"edge{l}.{COUNTS}"])
-                    for l in _indices(cloud_state, "edge")}
-        buffer = {c.edge_id: EdgePrototypes(c.tensors[PROTOTYPES], c.tensors[COUNTS]) for c in contributions}
-        means, total, previous = cloud_update_prototypes(global_[PROTOTYPES], previous, buffer)
+        memory = unpack(cloud_state.get(EDGES, {}), EdgeMemory)
+        previous: dict[int, EdgePrototypes] = dict(memory)
+        buffer = {c.edge_id: EdgePrototypes(c.tensors[PROTOTYPES][MEANS], c.tensors[PROTOTYPES][COUNTS])
+                  for c in contributions}
+        means, total, previous = cloud_update_prototypes(global_[PROTOTYPES][MEANS], previous, buffer)
 
-        state = {k: v.clone() for k, v in cloud_state.items()}  # nothing aliases the caller's tensors
+        # Nothing aliases the caller's tensors: pack copies, and the figures are cloned before they change.
+        evaluation = {k: v.clone() for k, v in cloud_state.get(EVALUATION, {}).items()}
         for c in contributions:  # X^{l,cloud} ← X^l for the edges in the buffer
             l = c.edge_id
-            state[f"edge{l}.{PROTOTYPES}"], state[f"edge{l}.{COUNTS}"] = previous[l].means, previous[l].counts
-            state[f"edge{l}.{FEATURES}"], state[f"edge{l}.{LABELS}"] = c.tensors[FEATURES], c.tensors[LABELS]
+            memory[l] = EdgeMemory(means=previous[l].means, counts=previous[l].counts,
+                                   features=c.tensors[SAMPLE][FEATURES], labels=c.tensors[SAMPLE][LABELS])
             for client, metrics in c.metrics.items():
                 for name in EVAL_METRICS:
                     if name in metrics:
-                        state.setdefault(_eval(name), _nan(self.config.data.num_clients))[client] = metrics[name]
-        ids = _indices(state, "edge")
-        x = torch.cat([state[f"edge{l}.{FEATURES}"] for l in ids])
-        y = torch.cat([state[f"edge{l}.{LABELS}"] for l in ids])
-        weight, bias = self.train_classifier(global_[WEIGHT], global_[BIAS], x, y, round)
-        return {PROTOTYPES: means, PROTOTYPE_COUNTS: total, WEIGHT: weight, BIAS: bias}, state
+                        evaluation.setdefault(name, _nan(self.config.data.num_clients))[client] = metrics[name]
+        x = torch.cat([memory[l].features for l in sorted(memory)])
+        y = torch.cat([memory[l].labels for l in sorted(memory)])
+        weight, bias = self.train_classifier(global_[HEAD][WEIGHT], global_[HEAD][BIAS], x, y, round)
+        state = {EDGES: pack(memory), EVALUATION: evaluation}
+        return {PROTOTYPES: {MEANS: means, COUNTS: total}, HEAD: {WEIGHT: weight, BIAS: bias}}, state
 
-    def server_memory_bytes(self, global_: Tensors) -> int:
-        """Per edge C^{l,prev} and N^{l,prev} (f64) and X^{l,cloud}: at most feature_cap rows of d f32
-        features and i64 labels per client; per client its latest evaluation figures (f64)."""
-        num_classes, d = global_[PROTOTYPES].shape
+    def server_memory_bytes(self, global_: Record) -> int:
+        """Per edge C^{l,prev} and N^{l,prev} (f64), X^{l,cloud} (at most feature_cap rows of d f32
+        features and i64 labels per client) and its packing index (id and rows per field, i64); per client
+        its latest evaluation figures (f64)."""
+        num_classes, d = global_[PROTOTYPES][MEANS].shape
         edges, clients = self.config.topology.num_edges, self.config.data.num_clients
-        return (edges * (num_classes * d + num_classes) * 8 + clients * self.params.feature_cap * (d * 4 + 8)
-                + clients * len(EVAL_METRICS) * 8)
+        index = 1 + len(dataclasses.fields(EdgeMemory))
+        return (edges * (num_classes * d + num_classes + index) * 8
+                + clients * self.params.feature_cap * (d * 4 + 8) + clients * len(EVAL_METRICS) * 8)
 
     def train_classifier(self, weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                          round: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,85 +227,85 @@ class HFPL(Algorithm):
                 opt.step()
         return g.weight.detach().clone(), g.bias.detach().clone()
 
-    def evaluate(self, global_: Tensors, cloud_state: Tensors) -> Evaluation | None:
+    def evaluate(self, global_: Record, cloud_state: Record) -> Evaluation | None:
         """The mean over clients of each one's latest held-out figures (own f_i with G)."""
-        accuracy = cloud_state.get(_eval(ACCURACY))
+        evaluation = cloud_state.get(EVALUATION, {})
+        accuracy = evaluation.get(ACCURACY)
         if accuracy is None:
             return Evaluation(math.nan, math.nan, 0)
         seen = ~torch.isnan(accuracy)
-        loss = cloud_state.get(_eval(TEST_LOSS), _nan(len(seen)))[seen]
+        loss = evaluation.get(TEST_LOSS, _nan(len(seen)))[seen]
         return Evaluation(float(loss.mean()), float(accuracy[seen].mean()), int(seen.sum()))
 
-    def server_metrics(self, global_: Tensors, cloud_state: Tensors) -> dict[str, float]:
+    def server_metrics(self, global_: Record, cloud_state: Record) -> dict[str, float]:
         """The mean over clients of each one's latest nearest-prototype accuracy (its f_i against C̄),
         which the history would otherwise only have for the clients of each update."""
-        accuracy = cloud_state.get(_eval(PROTO_ACCURACY))
+        accuracy = cloud_state.get(EVALUATION, {}).get(PROTO_ACCURACY)
         seen = accuracy[~torch.isnan(accuracy)] if accuracy is not None else torch.empty(0)
         return {PROTO_ACCURACY: float(seen.mean())} if len(seen) else {}
 
     # ---- edge ----------------------------------------------------------------------------------
-    def result_spec(self, task: Tensors) -> TensorSpec:
-        num_classes, d = task[PROTOTYPES].shape
-        n = Dim("n", self.params.feature_cap)
-        return {PROTOTYPES: ((num_classes, d), torch.float64), CLASS_COUNTS: ((num_classes,), torch.int64),
-                FEATURES: ((n, d), torch.float32), LABELS: ((n,), torch.int64)}
+    def result_spec(self, task: Record) -> RecordSpec:
+        return self._triple_spec(task, self.params.feature_cap, torch.int64)
 
-    def check_result(self, task: Tensors, tensors: Tensors) -> None:
-        check_tensors(tensors, self.result_spec(task))
-        _check_labels(tensors[LABELS], task[PROTOTYPES].shape[0])
-        check_magnitude(tensors, names=(PROTOTYPES, FEATURES))
-        if bool((tensors[CLASS_COUNTS] < 0).any()):
-            raise InvalidContent("class_counts must not be negative")
+    def check_result(self, task: Record, tensors: Record) -> None:
+        self._check_triple(task, tensors, self.result_spec(task))
+        if bool((tensors[PROTOTYPES][COUNTS] < 0).any()):
+            raise InvalidContent("class counts must not be negative")
 
     def client_weight(self, num_samples: int) -> float:
         return 1.0
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Tensors, round: int
-    ) -> tuple[EdgeAggregate, Tensors]:
+        self, results: list[ClientResult], edge_state: Record, round: int
+    ) -> tuple[EdgeAggregate, Record]:
         """EdgeAggregate (incremental): see prototypes.edge_aggregate_prototypes; X^l = ∪_i X_i^{l,edge}."""
         if not results:
             raise ValueError("no client results to aggregate")
-        num_classes, d = results[0].tensors[PROTOTYPES].shape
-        current = EdgePrototypes(edge_state.get(PROTOTYPES, torch.zeros(num_classes, d, dtype=torch.float64)),
-                                 edge_state.get(COUNTS, torch.zeros(num_classes, dtype=torch.float64)))
-        previous = {i: ClientPrototypes(edge_state[f"client{i}.{PROTOTYPES}"], edge_state[f"client{i}.present"])
-                    for i in _indices(edge_state, "client")}
-        updates = {r.client_id: ClientPrototypes(r.tensors[PROTOTYPES], r.tensors[CLASS_COUNTS] > 0) for r in results}
+        if PROTOTYPES in edge_state:
+            current = EdgePrototypes(edge_state[PROTOTYPES][MEANS], edge_state[PROTOTYPES][COUNTS])
+        else:
+            current = empty(*results[0].tensors[PROTOTYPES][MEANS].shape)
+        memory = unpack(edge_state.get(CLIENTS, {}), ClientMemory)
+        previous: dict[int, ClientPrototypes] = dict(memory)
+        updates = {r.client_id: ClientPrototypes(r.tensors[PROTOTYPES][MEANS], r.tensors[PROTOTYPES][COUNTS] > 0)
+                   for r in results}
         new, previous = edge_aggregate_prototypes(current, previous, updates)
 
-        state = {k: v for k, v in edge_state.items()}
-        state[PROTOTYPES], state[COUNTS] = new.means, new.counts
-        for i, c in previous.items():
-            state[f"client{i}.{PROTOTYPES}"], state[f"client{i}.present"] = c.means, c.present
-        for r in results:  # X_i^{l,edge} ← X_i^l
-            state[f"client{r.client_id}.{FEATURES}"] = r.tensors[FEATURES]
-            state[f"client{r.client_id}.{LABELS}"] = r.tensors[LABELS]
-        ids = _indices(state, "client")
+        sample = {r.client_id: r.tensors[SAMPLE] for r in results}  # X_i^{l,edge} ← X_i^l
+        kept = {i: sample[i] if i in sample else {FEATURES: memory[i].features, LABELS: memory[i].labels}
+                for i in previous}
+        memory = {i: ClientMemory(means=c.means, present=c.present, features=kept[i][FEATURES], labels=kept[i][LABELS])
+                  for i, c in previous.items()}
+        ids = sorted(memory)
         triple = {
-            PROTOTYPES: new.means,
-            COUNTS: new.counts,
-            FEATURES: torch.cat([state[f"client{i}.{FEATURES}"] for i in ids]),
-            LABELS: torch.cat([state[f"client{i}.{LABELS}"] for i in ids]),
+            PROTOTYPES: {MEANS: new.means, COUNTS: new.counts},
+            SAMPLE: {FEATURES: torch.cat([memory[i].features for i in ids]),
+                     LABELS: torch.cat([memory[i].labels for i in ids])},
         }
+        state = {PROTOTYPES: {MEANS: new.means, COUNTS: new.counts}, CLIENTS: pack(memory)}
         return EdgeAggregate(triple, float(len(results))), state
 
     # ---- client --------------------------------------------------------------------------------
-    def client_model(self, client_id: int, state: Tensors, input_shape: tuple[int, ...]) -> nn.Module:
+    def client_model(self, client_id: int, state: Record, input_shape: tuple[int, ...]) -> nn.Module:
         """f_i as the client keeps it: its family's extractor with the state's weights (or initial ones)."""
         f = self.feature_extractor(client_id, input_shape)
-        if state:
-            f.load_state_dict({k[len(EXTRACTOR):]: v for k, v in state.items() if k.startswith(EXTRACTOR)})
+        if EXTRACTOR in state:
+            f.load_state_dict(state[EXTRACTOR])
         return f
 
-    def evaluate_client(self, client_id: int, state: Tensors, global_: Tensors, data) -> dict[str, float]:
-        """Client i's f_i with the global (C̄, G) on `data`: accuracy, nearest-prototype accuracy, loss."""
+    def evaluate_client(self, client_id: int, state: Record, model: Tensors, data) -> dict[str, float]:
+        """Client i's f_i with the global (C̄, G), as the REST API serves it, on `data`: accuracy,
+        nearest-prototype accuracy, loss."""
+        global_: Record = {}
+        for name, (group, member) in SERVED.items():
+            global_.setdefault(group, {})[member] = model[name]
         f = self.client_model(client_id, state, tuple(data.x.shape[1:]))
-        g = _classifier(global_[WEIGHT], global_[BIAS], trainable=False)
+        g = _classifier(global_[HEAD][WEIGHT], global_[HEAD][BIAS], trainable=False)
         f.eval()
-        return _evaluate(f, g, global_[PROTOTYPES], global_[PROTOTYPE_COUNTS] > 0, data)
+        return _evaluate(f, g, global_[PROTOTYPES][MEANS], global_[PROTOTYPES][COUNTS] > 0, data)
 
-    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
+    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         """ClientUpdate(i, C̄, G): K epochs of minibatch SGD on f_i with G frozen, minimising
 
             ℓ(batch) = 1/|batch| · Σ_{(x,y) ∈ batch} [ −log softmax(G(f_i(x)))_y
@@ -275,9 +318,9 @@ class HFPL(Algorithm):
         """
         train, test = job.data.train, job.data.test
         f = self.client_model(job.client_id, state, tuple(train.x.shape[1:]))
-        g = _classifier(task[WEIGHT], task[BIAS], trainable=False)
-        centres = task[PROTOTYPES].to(torch.float32)
-        exists = task[PROTOTYPE_COUNTS] > 0
+        g = _classifier(task[HEAD][WEIGHT], task[HEAD][BIAS], trainable=False)
+        centres = task[PROTOTYPES][MEANS].to(torch.float32)
+        exists = task[PROTOTYPES][COUNTS] > 0
         lam = self.params.proto_weight
 
         f.train()
@@ -304,13 +347,13 @@ class HFPL(Algorithm):
             sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64).index_add_(0, train.y, z)
             means = sums / counts.clamp(min=1)[:, None].to(torch.float64)
             keep = torch.randperm(len(train), generator=job.generator)[: self.params.feature_cap].sort().values
-            metrics = _evaluate(f, g, task[PROTOTYPES], exists, test)
+            metrics = _evaluate(f, g, task[PROTOTYPES][MEANS], exists, test)
         return ClientUpdate(
-            tensors={PROTOTYPES: means, CLASS_COUNTS: counts, FEATURES: z[keep].to(torch.float32).contiguous(),
-                     LABELS: train.y[keep].clone()},
+            tensors={PROTOTYPES: {MEANS: means, COUNTS: counts},
+                     SAMPLE: {FEATURES: z[keep].to(torch.float32).contiguous(), LABELS: train.y[keep].clone()}},
             num_samples=len(train),
             loss=loss_sum / max(steps, 1),
-            state={EXTRACTOR + k: v.detach().clone() for k, v in f.state_dict().items()},
+            state={EXTRACTOR: {k: v.detach().clone() for k, v in f.state_dict().items()}},
             metrics=metrics,
         )
 
@@ -342,15 +385,6 @@ def _evaluate(f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torc
 def _check_labels(labels: torch.Tensor, num_classes: int) -> None:
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise InvalidContent(f"labels must lie in [0, {num_classes})")
-
-
-def _indices(state: Tensors, kind: str) -> list[int]:
-    """The ids i of keys '<kind><i>.*' in a state dict, sorted."""
-    return sorted({int(k[len(kind):].split(".", 1)[0]) for k in state if k.startswith(kind) and k[len(kind)].isdigit()})
-
-
-def _eval(metric: str) -> str:
-    return f"eval.{metric}"
 
 
 def _nan(n: int) -> torch.Tensor:

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.algorithms import aggregate
 from shared.algorithms.base import (
+    MODEL,
     Algorithm,
     ClientResult,
     ClientUpdate,
@@ -53,7 +54,10 @@ from shared.config import RunConfig
 from shared.data.datasets import ArrayDataset
 from shared.selection import select_clients
 from shared.training import batches, evaluate, grad_of, load_parameters, make_optimizer, parameters_of
+from shared.transport.records import Record
 from shared.transport.tensors import Tensors
+
+PERSONAL = "personal"  # the client state's group holding θ_k
 
 
 class PFedMeParams(BaseModel):
@@ -82,10 +86,8 @@ def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterato
         yield from batches(n, batch_size, generator)
 
 
-class PFedMe(Algorithm):
+class PFedMe(Algorithm[PFedMeParams]):
     name = "pfedme"
-    Params = PFedMeParams
-    params: PFedMeParams
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -115,8 +117,8 @@ class PFedMe(Algorithm):
         return 1.0  # θ mixes the plain mean of the ω_k over S
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Tensors, round: int
-    ) -> tuple[EdgeAggregate, Tensors]:
+        self, results: list[ClientResult], edge_state: Record, round: int
+    ) -> tuple[EdgeAggregate, Record]:
         chosen = set(self.sampled([r.client_id for r in results], round))
         ordered = sorted((r for r in results if r.client_id in chosen), key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
@@ -124,17 +126,17 @@ class PFedMe(Algorithm):
 
     # ---- cloud ---------------------------------------------------------------------------------
     def cloud_update(
-        self, global_: Tensors, contributions: list[Contribution], cloud_state: Tensors, round: int
-    ) -> tuple[Tensors, Tensors]:
-        return mix(global_, combined_mean(contributions), self.params.beta), cloud_state
+        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+    ) -> tuple[Record, Record]:
+        return {MODEL: mix(global_[MODEL], combined_mean(contributions)[MODEL], self.params.beta)}, cloud_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Tensors, state: Tensors) -> ClientUpdate:
+    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         p = self.params
-        model = load_parameters(job.model_factory(), task)
+        model = load_parameters(job.model_factory(), task[MODEL])
         model.train()
         theta = dict(model.named_parameters())
-        omega = {name: t.detach().clone() for name, t in task.items()}
+        omega = {name: t.detach().clone() for name, t in task[MODEL].items()}
         # The inner solver's optimiser (plain steps, or Nesterov with its buffer reset here each round).
         opt = make_optimizer(theta.values(), self.config.local.model_copy(update={"lr": p.personal_lr}))
         train = job.data.train
@@ -156,8 +158,8 @@ class PFedMe(Algorithm):
                 for name, t in theta.items():
                     omega[name].sub_(omega[name] - t, alpha=self.config.local.lr * p.lam)
         personal = parameters_of(model)
-        return ClientUpdate(omega, len(train), loss_sum / (p.local_rounds * p.inner_steps), personal,
-                            personal_metrics(model, job.data.test))
+        return ClientUpdate({MODEL: omega}, len(train), loss_sum / (p.local_rounds * p.inner_steps),
+                            {PERSONAL: personal}, personal_metrics(model, job.data.test))
 
 
 def personal_metrics(model: torch.nn.Module, test: ArrayDataset) -> dict[str, float]:

@@ -9,9 +9,9 @@ from client.state import ClientStateStore
 def test_state_survives_a_new_process_and_is_tied_to_its_task(tmp_path):
     store = ClientStateStore(tmp_path, "run1", 3)
     assert store.load() == {} and store.last_task_id() is None and store.saved_result("t0") is None
-    store.save("t0", {"c.w": torch.arange(4.0)}, b"result-0")
+    store.save("t0", {"control": {"w": torch.arange(4.0)}}, b"result-0")
     again = ClientStateStore(tmp_path, "run1", 3)
-    assert torch.equal(again.load()["c.w"], torch.arange(4.0))
+    assert torch.equal(again.load()["control"]["w"], torch.arange(4.0))
     assert again.last_task_id() == "t0"
     assert again.saved_result("t0") == b"result-0"  # re-sent, not recomputed, after a crash
     assert again.saved_result("t1") is None

@@ -24,9 +24,9 @@ from client.worker import Worker
 from edge.tasks import Task
 from shared.schemas import ClientTaskHeader
 from shared.transport.http import make_client
-from shared.transport.tensors import check_tensors, spec_of
+from shared.transport.records import check, spec_of
 from shared.transport.wire import client_token
-from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_tensors
+from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_record
 
 pytestmark = pytest.mark.anyio
 
@@ -64,10 +64,10 @@ def client_of(request: httpx.Request) -> int | None:
 
 
 def make_task(client_id: int, round_: int = 0, blob: bytes | None = None) -> Task:
-    tensors = task_tensors(client_id)
+    tensors = task_record(client_id)
     header = ClientTaskHeader(task_id=f"{RUN_ID}-v{round_}-e0-c{client_id}", run_id=RUN_ID, client_id=client_id,
                               round=round_, version=round_, config=CONFIG)
-    return Task(header, tensors, partial(check_tensors, expected=spec_of(tensors)), _blob=blob)
+    return Task(header, tensors, partial(check, expected=spec_of(tensors)), _blob=blob)
 
 
 def answered(edge: Edge) -> set[int]:

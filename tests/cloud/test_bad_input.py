@@ -535,10 +535,13 @@ def _wrong_tensors(global_: Tensors, case: str) -> tuple[Tensors, str]:
     if case == "missing-tensor":
         return {k: v for k, v in good.items() if k != name}, f"missing [{name!r}], unexpected []"
     if case == "renamed-tensor":
-        renamed = {("renamed" if k == name else k): v for k, v in good.items()}
-        return renamed, f"missing [{name!r}], unexpected ['renamed']"
+        renamed = {("model/renamed" if k == name else k): v for k, v in good.items()}
+        return renamed, f"missing [{name!r}], unexpected ['model/renamed']"
     if case == "extra-tensor":
-        return {**good, "bonus": torch.zeros(1, dtype=torch.float64)}, "missing [], unexpected ['bonus']"
+        bonus = torch.zeros(1, dtype=torch.float64)
+        return {**good, "model/bonus": bonus}, "missing [], unexpected ['model/bonus']"
+    if case == "ungrouped-tensor":  # the record codec refuses it before any algorithm sees it
+        return {**good, "bonus": torch.zeros(1, dtype=torch.float64)}, "tensor 'bonus' names no group"
     if case == "wrong-shape":
         shape = list(good[name].shape)
         longer = {**good, name: torch.zeros(shape + [1], dtype=torch.float64)}
@@ -557,8 +560,8 @@ def _wrong_tensors(global_: Tensors, case: str) -> tuple[Tensors, str]:
 
 
 @pytest.mark.parametrize(
-    "case", ["missing-tensor", "renamed-tensor", "extra-tensor", "wrong-shape", "transposed", "float32", "int64",
-             "nan", "inf", "-inf"],
+    "case", ["missing-tensor", "renamed-tensor", "extra-tensor", "ungrouped-tensor", "wrong-shape", "transposed",
+             "float32", "int64", "nan", "inf", "-inf"],
 )
 async def test_contribution_wrong_tensors(cloud: Cloud, case: str) -> None:
     run_id, global_ = await running_run(cloud)

@@ -39,12 +39,17 @@ EDGES = (0, 1, 2)
 def triple(n: int = 7, **replace: torch.Tensor) -> Tensors:  # n ≤ MAX_ROWS = 10
     """A valid edge triple (C^l, N^l, X^l) with n feature rows; `replace` swaps single tensors."""
     good = {
-        "prototypes": torch.arange(NUM_CLASSES * DIM, dtype=torch.float64).reshape(NUM_CLASSES, DIM) / 10,
-        "counts": torch.tensor([2, 1, 0, 2, 1, 1, 0, 2, 1, 1], dtype=torch.float64),
-        "features": torch.randn(n, DIM, generator=torch.Generator().manual_seed(n)),
-        "labels": torch.arange(n, dtype=torch.int64) % NUM_CLASSES,
+        WIRE["prototypes"]: torch.arange(NUM_CLASSES * DIM, dtype=torch.float64).reshape(NUM_CLASSES, DIM) / 10,
+        WIRE["counts"]: torch.tensor([2, 1, 0, 2, 1, 1, 0, 2, 1, 1], dtype=torch.float64),
+        WIRE["features"]: torch.randn(n, DIM, generator=torch.Generator().manual_seed(n)),
+        WIRE["labels"]: torch.arange(n, dtype=torch.int64) % NUM_CLASSES,
     }
-    return {**good, **replace}
+    return {**good, **{WIRE[k]: t for k, t in replace.items()}}
+
+
+# The triple's tensors as the record codec names them on the wire (group/name).
+WIRE = {"prototypes": "prototypes/means", "counts": "prototypes/counts", "features": "sample/features",
+        "labels": "sample/labels"}
 
 
 def message(run_id: str, edge_id: int, base_version: int, key: str | None = None,
@@ -65,7 +70,8 @@ async def accepted(cloud: Cloud, edge_id: int, blob: bytes, buffered: int) -> No
 
 async def hfpl_run(cloud: Cloud) -> str:
     run_id, global_ = await running_run(cloud, CONFIG, edges=EDGES)
-    assert (global_["prototypes"].shape, global_["prototypes"].dtype) == ((NUM_CLASSES, DIM), torch.float64)
+    means = global_[WIRE["prototypes"]]
+    assert (means.shape, means.dtype) == ((NUM_CLASSES, DIM), torch.float64)
     return run_id
 
 
@@ -152,8 +158,8 @@ async def test_fedavg_still_refuses_a_stale_contribution(cloud: Cloud) -> None:
 # =================================================================================================
 def _bad(case: str) -> tuple[Tensors, str]:
     labels = torch.arange(7, dtype=torch.int64) % NUM_CLASSES
-    counts = triple()["counts"]
-    prototypes = triple()["prototypes"]
+    counts = triple()[WIRE["counts"]]
+    prototypes = triple()[WIRE["prototypes"]]
     whole = f"counts must be whole numbers in [0, {PER_EDGE}] (the edge's clients)"
     if case == "negative-label":
         return triple(labels=torch.cat([labels[:-1], torch.tensor([-1])])), f"labels must lie in [0, {NUM_CLASSES})"
@@ -161,9 +167,9 @@ def _bad(case: str) -> tuple[Tensors, str]:
         return triple(labels=torch.cat([labels[:-1], torch.tensor([NUM_CLASSES])])), \
             f"labels must lie in [0, {NUM_CLASSES})"
     if case == "labels-shorter":
-        return triple(labels=labels[:-1]), "tensor 'labels' has shape [6], expected ['n=7']"
+        return triple(labels=labels[:-1]), "tensor 'sample/labels' has shape [6], expected ['n=7']"
     if case == "above-the-cap":
-        fragment = f"tensor 'features' has shape [{MAX_ROWS + 1}, {DIM}], expected ['n<={MAX_ROWS}', {DIM}]"
+        fragment = f"tensor 'sample/features' has shape [{MAX_ROWS + 1}, {DIM}], expected ['n<={MAX_ROWS}', {DIM}]"
         return triple(MAX_ROWS + 1), fragment
     if case == "negative-count":
         return triple(counts=torch.cat([counts[:-1], torch.tensor([-1.0], dtype=torch.float64)])), whole
@@ -173,19 +179,19 @@ def _bad(case: str) -> tuple[Tensors, str]:
         return triple(counts=torch.cat([counts[:-1], torch.tensor([PER_EDGE + 1.0], dtype=torch.float64)])), \
             whole
     if case == "huge-feature":
-        return triple(features=torch.full((7, DIM), 1e20)), "tensor 'features' has values beyond ±1e+06"
+        return triple(features=torch.full((7, DIM), 1e20)), "tensor 'sample/features' has values beyond ±1e+06"
     if case == "nan-prototype":
         bad = prototypes.clone()
         bad[3, 4] = math.nan
-        return triple(prototypes=bad), "tensor 'prototypes' contains NaN or Inf"
+        return triple(prototypes=bad), "tensor 'prototypes/means' contains NaN or Inf"
     if case == "wrong-d":
         return triple(prototypes=torch.zeros(NUM_CLASSES, DIM + 1, dtype=torch.float64)), \
-            f"tensor 'prototypes' has shape [{NUM_CLASSES}, {DIM + 1}], expected [{NUM_CLASSES}, {DIM}]"
+            f"tensor 'prototypes/means' has shape [{NUM_CLASSES}, {DIM + 1}], expected [{NUM_CLASSES}, {DIM}]"
     if case == "float64-features":
         return triple(features=torch.zeros(7, DIM, dtype=torch.float64)), \
-            "tensor 'features' has dtype torch.float64, expected torch.float32"
+            "tensor 'sample/features' has dtype torch.float64, expected torch.float32"
     assert case == "missing-counts"
-    return {k: v for k, v in triple().items() if k != "counts"}, "missing ['counts'], unexpected []"
+    return {k: v for k, v in triple().items() if k != WIRE["counts"]}, "missing ['prototypes/counts'], unexpected []"
 
 
 BAD_CASES = ["negative-label", "label-equals-J", "labels-shorter", "above-the-cap", "negative-count",

@@ -109,7 +109,8 @@ async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud
 
     def diverged(self, *args, **kwargs):
         new_global, new_state = cloud_update(self, *args, **kwargs)
-        return {n: t.fill_(float("inf")) for n, t in new_global.items()}, new_state
+        inf = {group: {n: t.fill_(float("inf")) for n, t in tensors.items()} for group, tensors in new_global.items()}
+        return inf, new_state
 
     monkeypatch.setattr(FedAvg, "cloud_update", diverged)
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
@@ -118,7 +119,8 @@ async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud
         assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
         await stopped_at_version_0(cloud, run_id)
     assert (await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))).content == v0.content
-    assert f"run {run_id} diverged: version 1 would have non-finite ['linear.bias', 'linear.weight']" in caplog.text
+    names = "['model/linear.bias', 'model/linear.weight']"
+    assert f"run {run_id} diverged: version 1 would have non-finite {names}" in caplog.text
 
 
 async def stopped_at_version_0(cloud: Cloud, run_id: str) -> None:

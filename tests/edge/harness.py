@@ -28,7 +28,9 @@ from shared.schemas import (
     ResultReceipt,
     SubmitReceipt,
 )
-from shared.transport.tensors import Tensors, check_tensors, decode, encode, spec_of
+from shared.transport.records import Record, check, flatten
+from shared.transport.records import spec_of as record_spec
+from shared.transport.tensors import Tensors, decode, encode
 from shared.transport.wire import SAFETENSORS
 from tests.web import bearer
 
@@ -45,16 +47,21 @@ def auth(token: str | None = CLIENT_TOKEN) -> dict[str, str]:
     return bearer(token)
 
 
-_GLOBAL: Tensors | None = None
+_GLOBAL: Record | None = None
 
 
-def task_tensors(client_id: int) -> Tensors:
+def task_record(client_id: int) -> Record:
     """What the round loop hands client `client_id` for round 0 of CONFIG."""
     global _GLOBAL
     algorithm = registry.create(CONFIG)
     if _GLOBAL is None:
         _GLOBAL = algorithm.init_global(initial_model(CONFIG))
     return algorithm.client_task(_GLOBAL, client_id, 0)
+
+
+def task_tensors(client_id: int) -> Tensors:
+    """That task as it travels: one flat safetensors document."""
+    return flatten(task_record(client_id))
 
 
 def task_id(client_id: int) -> str:
@@ -76,10 +83,10 @@ class Edge:
         tasks = []
         for k in client_ids:
             await self.register(k)
-            tensors = task_tensors(k)
+            tensors = task_record(k)
             header = ClientTaskHeader(task_id=task_id(k), run_id=RUN_ID, client_id=k, round=0, version=0,
                                       config=CONFIG)
-            tasks.append(Task(header, tensors, partial(check_tensors, expected=spec_of(tensors))))
+            tasks.append(Task(header, tensors, partial(check, expected=record_spec(tensors))))
         await self.board.post(tasks)
 
     async def send_result(self, client_id: int, body: Any, token: str | None = CLIENT_TOKEN,
@@ -154,7 +161,7 @@ class CloudDouble:
                 return httpx.Response(200, content=b"not a state")
             if self.publishing and (params.get("run_id") != self.run_id or int(params["after"]) < self.version):
                 header = GlobalStateHeader(run_id=self.run_id, version=self.version, config=self.config)
-                return httpx.Response(200, content=encode(self.global_, header))
+                return httpx.Response(200, content=encode(flatten(self.global_), header))
             await asyncio.sleep(0.05)  # a (very) short long-poll
             return httpx.Response(204)
         if request.method == "POST" and path.endswith("/contributions"):

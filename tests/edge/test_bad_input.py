@@ -275,10 +275,12 @@ def _wrong_tensors(case: str) -> tuple[Tensors, str]:
     if case == "missing-tensor":
         return {k: v for k, v in good.items() if k != name}, f"missing [{name!r}], unexpected []"
     if case == "renamed-tensor":
-        renamed = {("renamed" if k == name else k): v for k, v in good.items()}
-        return renamed, f"missing [{name!r}], unexpected ['renamed']"
+        renamed = {("model/renamed" if k == name else k): v for k, v in good.items()}
+        return renamed, f"missing [{name!r}], unexpected ['model/renamed']"
     if case == "extra-tensor":
-        return {**good, "bonus": torch.zeros(1)}, "missing [], unexpected ['bonus']"
+        return {**good, "model/bonus": torch.zeros(1)}, "missing [], unexpected ['model/bonus']"
+    if case == "ungrouped-tensor":  # the record codec refuses it before any algorithm sees it
+        return {**good, "bonus": torch.zeros(1)}, "tensor 'bonus' names no group"
     if case == "wrong-shape":
         shape = list(good[name].shape)
         return {**good, name: torch.zeros(shape[::-1])}, f"has shape {shape[::-1]}, expected {shape}"
@@ -295,8 +297,8 @@ def _wrong_tensors(case: str) -> tuple[Tensors, str]:
 
 
 @pytest.mark.parametrize(
-    "case", ["missing-tensor", "renamed-tensor", "extra-tensor", "wrong-shape", "flattened", "float64", "float16",
-             "nan", "inf", "-inf"],
+    "case", ["missing-tensor", "renamed-tensor", "extra-tensor", "ungrouped-tensor", "wrong-shape", "flattened",
+             "float64", "float16", "nan", "inf", "-inf"],
 )
 async def test_result_wrong_tensors(edge: Edge, case: str) -> None:
     await edge.open_tasks(0)

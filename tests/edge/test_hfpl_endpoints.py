@@ -16,6 +16,7 @@ from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.federation import initial_model
 from shared.schemas import ClientTaskHeader
+from shared.transport.records import flatten
 from shared.transport.tensors import Tensors, encode
 from tests.edge.harness import (
     ACCEPTED,
@@ -48,16 +49,19 @@ async def open_hfpl_task(edge: Edge, client_id: int = 0) -> None:
 def answer(n: int = CAP, **replace: torch.Tensor) -> Tensors:
     """A valid client result with n feature rows; `replace` swaps single tensors."""
     good = {
-        "prototypes": torch.linspace(-1, 1, NUM_CLASSES * DIM, dtype=torch.float64).reshape(NUM_CLASSES, DIM),
-        "class_counts": torch.tensor([3, 0, 1, 4, 0, 2, 5, 0, 1, 2], dtype=torch.int64),
-        "features": torch.randn(n, DIM, generator=torch.Generator().manual_seed(n)),
-        "labels": torch.tensor([0, 2, 3, 6, 9, 5, 6][:n], dtype=torch.int64),
+        "prototypes/means": torch.linspace(-1, 1, NUM_CLASSES * DIM, dtype=torch.float64).reshape(NUM_CLASSES, DIM),
+        "prototypes/counts": torch.tensor([3, 0, 1, 4, 0, 2, 5, 0, 1, 2], dtype=torch.int64),
+        "sample/features": torch.randn(n, DIM, generator=torch.Generator().manual_seed(n)),
+        "sample/labels": torch.tensor([0, 2, 3, 6, 9, 5, 6][:n], dtype=torch.int64),
     }
-    return {**good, **replace}
+    return {**good, **{WIRE[k]: t for k, t in replace.items()}}
+
+
+WIRE = {"labels": "sample/labels", "class_counts": "prototypes/counts"}  # as the record codec names them
 
 
 def _bad(case: str) -> tuple[Tensors, str]:
-    labels = answer()["labels"]
+    labels = answer()["sample/labels"]
     in_range = f"labels must lie in [0, {NUM_CLASSES})"
     if case == "negative-label":
         return answer(labels=torch.cat([labels[:-1], torch.tensor([-1])])), in_range
@@ -65,14 +69,15 @@ def _bad(case: str) -> tuple[Tensors, str]:
         return answer(labels=torch.cat([labels[:-1], torch.tensor([NUM_CLASSES])])), in_range
     if case == "labels-longer":
         return answer(labels=torch.cat([labels, torch.tensor([1])])), \
-            f"tensor 'labels' has shape [{CAP + 1}], expected ['n={CAP}']"
+            f"tensor 'sample/labels' has shape [{CAP + 1}], expected ['n={CAP}']"
     if case == "above-feature-cap":  # the cap is per client at the edge: feature_cap rows
-        return answer(CAP + 1), f"tensor 'features' has shape [{CAP + 1}, {DIM}], expected ['n<={CAP}', {DIM}]"
+        return answer(CAP + 1), \
+            f"tensor 'sample/features' has shape [{CAP + 1}, {DIM}], expected ['n<={CAP}', {DIM}]"
     if case == "negative-class-count":
         return answer(class_counts=torch.tensor([3, 0, 1, 4, 0, -2, 5, 0, 1, 2])), \
-            "class_counts must not be negative"
+            "class counts must not be negative"
     bad = answer()
-    target = {"nan-prototype": "prototypes", "nan-feature": "features"}[case]
+    target = {"nan-prototype": "prototypes/means", "nan-feature": "sample/features"}[case]
     values = bad[target].clone()
     values[1, 2] = math.nan
     return {**bad, target: values}, f"tensor {target!r} contains NaN or Inf"
@@ -99,6 +104,7 @@ async def test_valid_result_accepted(edge: Edge, n: int) -> None:
     r = await edge.send_result(0, encode(sent, result_header(0)))
     assert r.status_code == 202 and r.json() == ACCEPTED, r.text
     (kept,) = edge.board.results()
-    assert kept.client_id == 0 and kept.tensors.keys() == sent.keys()
-    assert all(torch.equal(kept.tensors[k], sent[k]) for k in sent)
+    kept_tensors = flatten(kept.tensors)
+    assert kept.client_id == 0 and kept_tensors.keys() == sent.keys()
+    assert all(torch.equal(kept_tensors[k], sent[k]) for k in sent)
     assert await edge.open_task(0) is None  # answered: nothing left to fetch

@@ -19,9 +19,11 @@ from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import Task, TaskBoard
 from shared.algorithms import registry
+from shared.algorithms.hfpl import CLIENTS, ClientMemory
 from shared.config import RunConfig
 from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader, GlobalStateHeader
-from shared.transport.tensors import check_tensors, decode_tensors, spec_of
+from shared.transport.records import decode_state, flatten, unflatten, unpack
+from shared.transport.tensors import check_tensors, spec_of
 from tests.edge import test_hfpl_endpoints as hfpl
 from tests.edge.harness import (
     CONFIG,
@@ -114,7 +116,7 @@ async def test_a_failed_round_leaves_the_edge_state_it_started_with(tmp_path) ->
                     task = await board.fetch(k, timeout=0.05)
                     if task is not None:
                         answer = ClientResultHeader(task_id=task.header.task_id, client_id=k, num_samples=5, loss=0.1)
-                        await board.accept(k, answer, hfpl.answer())
+                        await board.accept(k, answer, unflatten(hfpl.answer()))
 
         answering = asyncio.create_task(clients())
         try:
@@ -129,8 +131,8 @@ async def test_a_failed_round_leaves_the_edge_state_it_started_with(tmp_path) ->
         finally:
             answering.cancel()
     assert [c.weight for c in cloud.contributions] == [len(mine)]
-    saved = decode_tensors((blocker / "state" / f"edge0-{RUN_ID}.safetensors").read_bytes())
-    assert sorted(saved) == sorted(loop._edge_state) and any(k.startswith(f"client{mine[-1]}.") for k in saved)
+    saved = decode_state((blocker / "state" / f"edge0-{RUN_ID}.safetensors").read_bytes())
+    assert sorted(saved) == sorted(loop._edge_state) and mine[-1] in unpack(saved[CLIENTS], ClientMemory)
 
 
 # =================================================================================================
@@ -186,12 +188,12 @@ async def test_result_decoding_and_checks_run_off_the_event_loop(edge, monkeypat
 
     def check(tensors):
         seen.append(("check", threading.get_ident()))
-        check_tensors(tensors, spec_of(task_tensors(0)))
+        check_tensors(flatten(tensors), spec_of(task_tensors(0)))
 
     monkeypatch.setattr(web, "decode", decode)
     await edge.register(0)
     header = ClientTaskHeader(task_id=task_id(0), run_id=RUN_ID, client_id=0, round=0, version=0, config=CONFIG)
-    await edge.board.post([Task(header, task_tensors(0), check)])
+    await edge.board.post([Task(header, unflatten(task_tensors(0)), check)])
     r = await edge.send_result(0, result(0))
     assert r.status_code == 202, r.text
     assert [name for name, _ in seen] == ["decode", "check"]
@@ -209,11 +211,11 @@ async def test_a_result_checked_while_its_round_changes(edge, meanwhile: str) ->
         checks.append("first")
         checking.set()
         assert release.wait(5)
-        check_tensors(tensors, spec_of(task_tensors(0)))
+        check_tensors(flatten(tensors), spec_of(task_tensors(0)))
 
     def task(check) -> Task:
         header = ClientTaskHeader(task_id=task_id(0), run_id=RUN_ID, client_id=0, round=0, version=0, config=CONFIG)
-        return Task(header, task_tensors(0), check)
+        return Task(header, unflatten(task_tensors(0)), check)
 
     await edge.register(0)
     await edge.board.post([task(slow_check)])

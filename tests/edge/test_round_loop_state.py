@@ -11,10 +11,10 @@ def loop(tmp_path) -> EdgeRoundLoop:
 
 def test_state_round_trips_per_run(tmp_path):
     first = loop(tmp_path)
-    first._edge_state = {"client3.prototypes": torch.arange(6, dtype=torch.float64).reshape(2, 3)}
+    first._edge_state = {"prototypes": {"means": torch.arange(6, dtype=torch.float64).reshape(2, 3)}}
     first._save_state("run-a")
     again = loop(tmp_path)  # a restarted edge
-    assert torch.equal(again._load_state("run-a")["client3.prototypes"], first._edge_state["client3.prototypes"])
+    assert torch.equal(again._load_state("run-a")["prototypes"]["means"], first._edge_state["prototypes"]["means"])
     assert again._load_state("run-b") == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors"]  # no temporary left
 

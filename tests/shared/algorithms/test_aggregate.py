@@ -7,9 +7,10 @@ from shared.algorithms import aggregate
 
 def test_weighted_mean_by_hand():
     # weights 1 and 3: mean = (1*[1, 2] + 3*[5, 6]) / 4 = [4, 5]
-    partial = aggregate.reduce([(1.0, {"x": torch.tensor([1.0, 2.0])}), (3.0, {"x": torch.tensor([5.0, 6.0])})])
+    partial = aggregate.reduce([(1.0, {"g": {"x": torch.tensor([1.0, 2.0])}}),
+                                (3.0, {"g": {"x": torch.tensor([5.0, 6.0])}})])
     assert partial.weight == 4.0
-    assert torch.equal(aggregate.mean(partial)["x"], torch.tensor([4.0, 5.0], dtype=torch.float64))
+    assert torch.equal(aggregate.mean(partial)["g"]["x"], torch.tensor([4.0, 5.0], dtype=torch.float64))
 
 
 @settings(max_examples=50, deadline=None)
@@ -21,10 +22,10 @@ def test_weighted_mean_by_hand():
 def test_partials_are_associative(items, cut):
     """combine([reduce(all)]) == combine([reduce(a), reduce(b)]): hierarchical equals flat."""
     cut = min(cut, len(items) - 1)
-    items = [(w, {"x": torch.tensor(v)}) for w, v in items]
+    items = [(w, {"g": {"x": torch.tensor(v)}}) for w, v in items]
     flat = aggregate.mean(aggregate.reduce(items))
     split = aggregate.mean(aggregate.combine([aggregate.reduce(items[:cut]), aggregate.reduce(items[cut:])]))
-    assert torch.allclose(flat["x"], split["x"], rtol=1e-12, atol=1e-12)
+    assert torch.allclose(flat["g"]["x"], split["g"]["x"], rtol=1e-12, atol=1e-12)
 
 
 def test_add_scaled_keeps_dtype():

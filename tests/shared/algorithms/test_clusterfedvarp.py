@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from shared.algorithms import registry
-from shared.algorithms.base import ClientResult, Contribution
+from shared.algorithms.base import MODEL, ClientResult, Contribution
 from shared.algorithms.clusterfedvarp import ClusterFedVARP
 from shared.algorithms.clustering import canonical_labels, kmeans, label_histograms
-from shared.algorithms.fedvarp import FedVARP
+from shared.algorithms.fedvarp import DELTAS, MEMORY, FedVARP
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.federation import participation
 from shared.reference import run_reference
-from shared.transport.tensors import check_tensors, decode_tensors, encode
+from shared.transport.records import check, decode_state, encode
 from tests.shared.algorithms.determinism import assert_reference_is_deterministic
 
 SMALL = {"algorithm": "clusterfedvarp", "model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 6},
@@ -27,7 +27,7 @@ def algo(clusters: list[int] | None, num_clients: int = 4, server_lr: float = 1.
 
 
 def contribution(algorithm, deltas: dict[int, float]) -> Contribution:
-    results = [ClientResult(k, 10 * (k + 1), 0.0, {"w": torch.tensor([d])}) for k, d in deltas.items()]
+    results = [ClientResult(k, 10 * (k + 1), 0.0, {MODEL: {"w": torch.tensor([d])}}) for k, d in deltas.items()]
     agg, _ = algorithm.edge_aggregate(results, {}, 0)
     return Contribution(0, 0, agg.tensors, agg.weight, tuple(participation(results)))
 
@@ -37,11 +37,12 @@ def test_cloud_update_by_hand_with_a_given_map():
     # Σ_j y_{c_j} = 1 + 1 + 2 + 4 = 8 → 8/4 = 2; (1/3)[(3 − 1) + (5 − 1) + (7 − 4)] = 9/3 = 3; v = 5, w = 15.
     # y_0 ← mean(3, 5) = 4; cluster 1 had nobody in S: y_1 = 2 stays; y_2 ← 7.
     a = algo([0, 0, 1, 2])
-    state = {"y.w": torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64)}
-    new, new_state = a.cloud_update({"w": torch.tensor([10.0])}, [contribution(a, {3: 7.0, 0: 3.0, 1: 5.0})], state, 2)
-    assert torch.equal(new["w"], torch.tensor([15.0]))
-    assert torch.equal(new_state["y.w"], torch.tensor([[4.0], [2.0], [7.0]], dtype=torch.float64))
-    assert torch.equal(state["y.w"], torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64))
+    state = {MEMORY: {"w": torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64)}}
+    buffer = [contribution(a, {3: 7.0, 0: 3.0, 1: 5.0})]
+    new, new_state = a.cloud_update({MODEL: {"w": torch.tensor([10.0])}}, buffer, state, 2)
+    assert torch.equal(new[MODEL]["w"], torch.tensor([15.0]))
+    assert torch.equal(new_state[MEMORY]["w"], torch.tensor([[4.0], [2.0], [7.0]], dtype=torch.float64))
+    assert torch.equal(state[MEMORY]["w"], torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64))
 
 
 def test_two_rounds_from_empty_memory_by_hand_with_an_unused_cluster_id():
@@ -50,45 +51,46 @@ def test_two_rounds_from_empty_memory_by_hand_with_an_unused_cluster_id():
     # (1/2)[(1 − y_2) + (3 − y_0)] = ½[(1 − 2) + (3 − 6)] = −2; (1/4)(y_2 + y_0 + y_2 + y_0) = 16/4 = 4;
     # v = 2, w = 4 + 0.5·2 = 5; y_2 ← 1, y_0 ← 3, y_1 stays 0.
     a = algo([2, 0, 2, 0], server_lr=1.0)
-    w, state = a.cloud_update({"w": torch.tensor([0.0])}, [contribution(a, {0: 2.0, 1: 6.0})], {}, 0)
-    assert torch.equal(w["w"], torch.tensor([4.0]))
-    assert torch.equal(state["y.w"], torch.tensor([[6.0], [0.0], [2.0]], dtype=torch.float64))
+    w, state = a.cloud_update({MODEL: {"w": torch.tensor([0.0])}}, [contribution(a, {0: 2.0, 1: 6.0})], {}, 0)
+    assert torch.equal(w[MODEL]["w"], torch.tensor([4.0]))
+    assert torch.equal(state[MEMORY]["w"], torch.tensor([[6.0], [0.0], [2.0]], dtype=torch.float64))
     b = algo([2, 0, 2, 0], server_lr=0.5)
     w, state = b.cloud_update(w, [contribution(b, {2: 1.0, 3: 3.0})], state, 1)
-    assert torch.equal(w["w"], torch.tensor([5.0]))
-    assert torch.equal(state["y.w"], torch.tensor([[3.0], [0.0], [1.0]], dtype=torch.float64))
+    assert torch.equal(w[MODEL]["w"], torch.tensor([5.0]))
+    assert torch.equal(state[MEMORY]["w"], torch.tensor([[3.0], [0.0], [1.0]], dtype=torch.float64))
 
 
 def test_singleton_clusters_are_fedvarp():
     g = torch.Generator().manual_seed(1)
     memory = torch.randn(4, 3, generator=g)
     deltas = {k: torch.randn(3, generator=g) for k in (0, 2)}
-    global_ = {"w": torch.randn(3, generator=g)}
+    global_ = {MODEL: {"w": torch.randn(3, generator=g)}}
     outcomes = []
     for a in (algo([0, 1, 2, 3]), FedVARP(RunConfig(**{**SMALL, "algorithm": "fedvarp",
                                                        "data": {"dataset": "digits", "num_clients": 4}}))):
-        results = [ClientResult(k, 1, 0.0, {"w": d}) for k, d in deltas.items()]
+        results = [ClientResult(k, 1, 0.0, {MODEL: {"w": d}}) for k, d in deltas.items()]
         agg, _ = a.edge_aggregate(results, {}, 0)
         contribution = Contribution(0, 0, agg.tensors, agg.weight, tuple(participation(results)))
-        outcomes.append(a.cloud_update(global_, [contribution], {"y.w": memory.to(a.memory_dtype(global_["w"]))}, 0))
+        outcomes.append(a.cloud_update(global_, [contribution],
+                                       {MEMORY: {"w": memory.to(a.memory_dtype(global_[MODEL]["w"]))}}, 0))
     (w_c, y_c), (w_f, y_f) = outcomes
-    assert torch.equal(w_c["w"], w_f["w"])
-    assert torch.equal(y_c["y.w"].float(), y_f["y.w"])
+    assert torch.equal(w_c[MODEL]["w"], w_f[MODEL]["w"])
+    assert torch.equal(y_c[MEMORY]["w"].float(), y_f[MEMORY]["w"])
 
 
 def test_contribution_spec_and_state_round_trip():
     a = algo([0, 1, 0, 1])
-    global_ = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
+    global_ = {MODEL: {"w": torch.zeros(2, 3), "b": torch.zeros(3)}}
     assert a.contribution_spec(global_, [2]) == {
-        "client.2.w": ((2, 3), torch.float32), "client.2.b": ((3,), torch.float32)}
-    results = [ClientResult(2, 5, 0.1, {"w": torch.ones(2, 3), "b": torch.ones(3)})]
+        DELTAS: {"w": ((1, 2, 3), torch.float32), "b": ((1, 3), torch.float32)}}
+    results = [ClientResult(2, 5, 0.1, {MODEL: {"w": torch.ones(2, 3), "b": torch.ones(3)}})]
     agg, _ = a.edge_aggregate(results, {}, 0)
-    check_tensors(decode_tensors(encode(agg.tensors)), a.contribution_spec(global_, [2]))
+    check(decode_state(encode(agg.tensors)), a.contribution_spec(global_, [2]))
     contribution = Contribution(0, 0, agg.tensors, agg.weight, tuple(participation(results)))
     _, state = a.cloud_update(global_, [contribution], {}, 0)
-    assert {k: (tuple(v.shape), v.dtype) for k, v in state.items()} == {
-        "y.w": ((2, 2, 3), torch.float64), "y.b": ((2, 3), torch.float64)}
-    assert torch.equal(decode_tensors(encode(state))["y.w"], state["y.w"])
+    assert {k: (tuple(v.shape), v.dtype) for k, v in state[MEMORY].items()} == {
+        "w": ((2, 2, 3), torch.float64), "b": ((2, 3), torch.float64)}
+    assert torch.equal(decode_state(encode(state))[MEMORY]["w"], state[MEMORY]["w"])
 
 
 def test_config_checks():

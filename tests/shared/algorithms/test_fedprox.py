@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from shared.algorithms import registry
-from shared.algorithms.base import LocalJob
+from shared.algorithms.base import MODEL, LocalJob
 from shared.algorithms.fedprox import FedProx
 from shared.config import ModelConfig, RunConfig
 from shared.data.datasets import ArrayDataset, ClientData
@@ -38,10 +38,10 @@ def test_two_full_batch_steps_by_hand(mu):
     a = 0.025 * (1 - 0.1 * mu) + 0.1 * q
     config = RunConfig(**{**SMALL, "local": {"epochs": 2, "batch_size": 0, "lr": 0.1}}, algorithm="fedprox",
                        params={"mu": mu})
-    task = {"linear.weight": torch.zeros(2, 2), "linear.bias": torch.zeros(2)}
+    task = {MODEL: {"linear.weight": torch.zeros(2, 2), "linear.bias": torch.zeros(2)}}
     update = FedProx(config).local_update(_job(), task, {})
-    assert torch.allclose(update.tensors["linear.weight"], torch.tensor([[a, -a], [-a, a]]), atol=1e-7)
-    assert torch.allclose(update.tensors["linear.bias"], torch.zeros(2), atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL]["linear.weight"], torch.tensor([[a, -a], [-a, a]]), atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL]["linear.bias"], torch.zeros(2), atol=1e-7)
     # The reported loss is the data loss alone, the mean over the two steps: (ln 2 + ln(1 + e^{−0.05}))/2.
     assert update.loss == pytest.approx((math.log(2) + math.log(1 + math.exp(-0.05))) / 2, rel=1e-6)
     assert update.num_samples == 2 and update.state == {}

@@ -3,15 +3,16 @@ import pytest
 import torch
 
 from shared.algorithms import registry
-from shared.algorithms.base import ClientResult, Contribution
-from shared.algorithms.fedrolex import FedRolex, coverage_reduce
+from shared.algorithms.base import MODEL, ClientResult, Contribution
+from shared.algorithms.fedrolex import COVERAGE, FedRolex, coverage_reduce
 from shared.algorithms.submodel import ARCHITECTURES, embed
 from shared.config import ModelConfig, RunConfig
 from shared.data.datasets import load_federated
 from shared.federation import initial_model, local_job
 from shared.models import build_model
 from shared.reference import run_reference
-from shared.transport.tensors import InvalidContent, decode_tensors, encode, spec_of
+from shared.transport.records import decode_state, encode, spec_of
+from shared.transport.tensors import InvalidContent
 
 SMALL = {"algorithm": "fedrolex", "model": {"name": "mlp"}, "data": {"dataset": "digits", "num_clients": 6},
          "local": {"lr": 0.1, "epochs": 2}}
@@ -47,23 +48,25 @@ def test_per_coordinate_aggregation_by_hand():
     a = {"fc1.bias": torch.tensor([2.0, 4.0]), "fc3.weight": torch.tensor([[1.0]])}
     b = {"fc1.bias": torch.tensor([4.0, 8.0, 12.0]), "fc3.weight": torch.tensor([[5.0]])}
     # Each client through its own edge: the cloud's combination must equal the flat rule.
-    edges = [algo.edge_aggregate([ClientResult(k, n, 0.0, t)], {}, 1)[0] for k, n, t in ((1, 1, a), (2, 3, b))]
-    assert torch.equal(edges[1].tensors["weight.fc1.bias"], torch.tensor([0.0, 3.0, 3.0, 3.0], dtype=torch.float64))
-    assert torch.equal(edges[1].tensors["fc1.bias"], torch.tensor([0.0, 12.0, 24.0, 36.0], dtype=torch.float64))
+    edges = [algo.edge_aggregate([ClientResult(k, n, 0.0, {MODEL: t})], {}, 1)[0] for k, n, t in ((1, 1, a), (2, 3, b))]
+    assert torch.equal(edges[1].tensors[COVERAGE]["fc1.bias"], torch.tensor([0.0, 3.0, 3.0, 3.0], dtype=torch.float64))
+    assert torch.equal(edges[1].tensors[MODEL]["fc1.bias"], torch.tensor([0.0, 12.0, 24.0, 36.0], dtype=torch.float64))
     contributions = [Contribution(e, 0, agg.tensors, agg.weight, (k,))
                      for e, (k, agg) in enumerate(zip((1, 2), edges, strict=True))]
-    new, state = algo.cloud_update({"fc1.bias": torch.ones(4), "fc3.weight": torch.ones(1, 2)}, contributions, {}, 1)
-    assert torch.equal(new["fc1.bias"], torch.tensor([1.0, 4.5, 8.0, 13.0]))
-    assert torch.equal(new["fc3.weight"], torch.tensor([[1.0, 5.0]]))
+    global_ = {MODEL: {"fc1.bias": torch.ones(4), "fc3.weight": torch.ones(1, 2)}}
+    new, state = algo.cloud_update(global_, contributions, {}, 1)
+    assert torch.equal(new[MODEL]["fc1.bias"], torch.tensor([1.0, 4.5, 8.0, 13.0]))
+    assert torch.equal(new[MODEL]["fc3.weight"], torch.tensor([[1.0, 5.0]]))
     assert state == {}
 
 
 def test_coverage_reduce_sums_weights_per_coordinate():
     windows = {"fc1": torch.tensor([0, 3]), "fc2": torch.tensor([0, 1])}
     placed, masks = embed({"fc1.bias": torch.tensor([1.0, 1.0])}, MLP, windows, TINY)
-    sums, total = coverage_reduce([(2.0, placed, masks), (0.5, placed, masks)])
-    assert total == 2.5
-    assert torch.equal(sums["weight.fc1.bias"], torch.tensor([2.5, 0.0, 0.0, 2.5], dtype=torch.float64))
+    partial = coverage_reduce([(2.0, placed, masks), (0.5, placed, masks)])
+    assert partial.weight == 2.5
+    assert torch.equal(partial.sums[COVERAGE]["fc1.bias"], torch.tensor([2.5, 0.0, 0.0, 2.5], dtype=torch.float64))
+    assert torch.equal(partial.sums[MODEL]["fc1.bias"], torch.tensor([2.5, 0.0, 0.0, 2.5], dtype=torch.float64))
 
 
 def test_edge_aggregate_on_the_run_model_counts_coverage():
@@ -71,17 +74,20 @@ def test_edge_aggregate_on_the_run_model_counts_coverage():
     client 0 (β = 1) covers fc1 units 0..199, client 1 (β = ½) 0..99, client 2 (β = ¼) 0..49."""
     algo = FedRolex(RunConfig(**SMALL, weighting="uniform"))
     global_ = algo.init_global(initial_model(algo.config))
-    results = [ClientResult(k, 10, 0.0, {n: torch.ones_like(t) for n, t in algo.client_task(global_, k, 0).items()})
+    results = [ClientResult(k, 10, 0.0, {MODEL: {n: torch.ones_like(t)
+                                                 for n, t in algo.client_task(global_, k, 0)[MODEL].items()}})
                for k in (2, 0, 1)]
     aggregate, _ = algo.edge_aggregate(results, {}, 0)
     expected = torch.tensor([3.0] * 50 + [2.0] * 50 + [1.0] * 100, dtype=torch.float64)
-    assert torch.equal(aggregate.tensors["weight.fc1.bias"], expected)
-    assert torch.equal(aggregate.tensors["fc1.bias"], expected)
-    assert aggregate.tensors["weight.fc2.weight"][40, 40] == 3 and aggregate.tensors["weight.fc2.weight"][40, 60] == 2
-    assert aggregate.tensors["weight.fc2.weight"][150, 40] == 1 and aggregate.tensors["weight.fc3.weight"][9, 99] == 2
+    coverage = aggregate.tensors[COVERAGE]
+    assert torch.equal(coverage["fc1.bias"], expected)
+    assert torch.equal(aggregate.tensors[MODEL]["fc1.bias"], expected)
+    assert coverage["fc2.weight"][40, 40] == 3 and coverage["fc2.weight"][40, 60] == 2
+    assert coverage["fc2.weight"][150, 40] == 1 and coverage["fc3.weight"][9, 99] == 2
     assert aggregate.weight == 3.0
     assert spec_of(aggregate.tensors) == algo.contribution_spec(global_, [0, 1, 2])
-    assert torch.equal(decode_tensors(encode(aggregate.tensors))["fc2.weight"], aggregate.tensors["fc2.weight"])
+    back = decode_state(encode(aggregate.tensors))
+    assert torch.equal(back[MODEL]["fc2.weight"], aggregate.tensors[MODEL]["fc2.weight"])
 
 
 @pytest.mark.parametrize("case", ["tiny-coordinate-weight", "weight-beyond-the-total", "negative-weight",
@@ -90,12 +96,13 @@ def test_check_contribution_bounds_every_coordinate(case):
     """The contribution's total weight checks out, yet one coordinate's weight could still blow its mean up."""
     algo = FedRolex(RunConfig(**SMALL, weighting="uniform"))
     global_ = algo.init_global(initial_model(algo.config))
-    results = [ClientResult(k, 10, 0.0, {n: torch.ones_like(t) for n, t in algo.client_task(global_, k, 0).items()})
+    results = [ClientResult(k, 10, 0.0, {MODEL: {n: torch.ones_like(t)
+                                                 for n, t in algo.client_task(global_, k, 0)[MODEL].items()}})
                for k in (2, 0, 1)]
     good, _ = algo.edge_aggregate(results, {}, 0)
     algo.check_contribution(global_, [0, 1, 2], good.tensors, good.weight)
-    tensors = dict(good.tensors)
-    bias, weight = tensors["fc1.bias"].clone(), tensors["weight.fc1.bias"].clone()
+    tensors = {group: dict(members) for group, members in good.tensors.items()}
+    bias, weight = tensors[MODEL]["fc1.bias"].clone(), tensors[COVERAGE]["fc1.bias"].clone()
     if case == "tiny-coordinate-weight":
         weight[0], fragment = 1e-300, "values beyond"
     elif case == "weight-beyond-the-total":
@@ -105,7 +112,7 @@ def test_check_contribution_bounds_every_coordinate(case):
     else:
         bias[199], fragment = 1.0, "values beyond"
         weight[199] = 0.0
-    tensors["fc1.bias"], tensors["weight.fc1.bias"] = bias, weight
+    tensors[MODEL]["fc1.bias"], tensors[COVERAGE]["fc1.bias"] = bias, weight
     with pytest.raises(InvalidContent, match=fragment.replace("[", r"\[")):
         algo.check_contribution(global_, [0, 1, 2], tensors, good.weight)
 
@@ -116,16 +123,17 @@ def test_client_trains_the_window_only():
     algo = FedRolex(config)
     global_ = algo.init_global(initial_model(algo.config))
     task = algo.client_task(global_, 1, 7)
-    assert spec_of(task) == {"fc1.weight": ((100, 64), torch.float32), "fc1.bias": ((100,), torch.float32),
-                             "fc2.weight": ((100, 100), torch.float32), "fc2.bias": ((100,), torch.float32),
-                             "fc3.weight": ((10, 100), torch.float32), "fc3.bias": ((10,), torch.float32)}
-    assert torch.equal(task["fc1.bias"], global_["fc1.bias"][7:107])
-    assert torch.equal(task["fc2.weight"], global_["fc2.weight"][7:107, 7:107])
+    assert spec_of(task) == {MODEL: {
+        "fc1.weight": ((100, 64), torch.float32), "fc1.bias": ((100,), torch.float32),
+        "fc2.weight": ((100, 100), torch.float32), "fc2.bias": ((100,), torch.float32),
+        "fc3.weight": ((10, 100), torch.float32), "fc3.bias": ((10,), torch.float32)}}
+    assert torch.equal(task[MODEL]["fc1.bias"], global_[MODEL]["fc1.bias"][7:107])
+    assert torch.equal(task[MODEL]["fc2.weight"], global_[MODEL]["fc2.weight"][7:107, 7:107])
     job = local_job(config, 1, 7, load_federated(config.data, config.seed).clients[1])
     update = algo.local_update(job, task, {})
     assert spec_of(update.tensors) == algo.result_spec(task)
-    assert update.tensors["fc1.weight"].abs().sum() > 0 and update.state == {}
-    assert torch.equal(decode_tensors(encode(task))["fc2.weight"], task["fc2.weight"])
+    assert update.tensors[MODEL]["fc1.weight"].abs().sum() > 0 and update.state == {}
+    assert torch.equal(decode_state(encode(task))[MODEL]["fc2.weight"], task[MODEL]["fc2.weight"])
 
 
 def test_full_capacity_is_fedavg_exactly():

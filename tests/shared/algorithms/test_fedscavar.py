@@ -6,15 +6,16 @@ import torch
 import torch.nn.functional as F
 
 from shared.algorithms import registry
-from shared.algorithms.base import ClientResult, Contribution, LocalJob
-from shared.algorithms.fedscavar import FedSCAVAR, covered_memory, masked_varp_direction
-from shared.algorithms.fedvarp import updated_memory, varp_direction
+from shared.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
+from shared.algorithms.control import CONTROL
+from shared.algorithms.fedscavar import FedSCAVAR
+from shared.algorithms.fedvarp import DELTAS, MEMORY, updated_memory, varp_direction
 from shared.config import ModelConfig, RunConfig
 from shared.data.datasets import ArrayDataset, ClientData
 from shared.federation import participation
 from shared.models import build_model
 from shared.reference import run_reference
-from shared.transport.tensors import decode_tensors, encode, spec_of
+from shared.transport.records import decode_state, encode, spec_of
 
 SMALL = {"algorithm": "fedscavar", "model": {"name": "mlp"}, "data": {"dataset": "digits", "num_clients": 6},
          "local": {"lr": 0.1, "epochs": 2}}
@@ -37,12 +38,12 @@ def test_local_update_against_plain_tensors():
     algo = FedSCAVAR(config)
     algo.full_shapes = TINY
     w, c, c_k = _values(0), _values(1, 0.1), _values(2, 0.1)
-    global_ = {**w, **{f"control.{n}": t for n, t in c.items()}}
+    global_ = {MODEL: w, CONTROL: c}
     task = algo.client_task(global_, 1, 1)
     data = ArrayDataset(torch.tensor([[1.0, -1.0], [0.5, 2.0], [-1.5, 0.5]]), torch.tensor([0, 1, 1]))
     factory = partial(build_model, ModelConfig(name="mlp"), (2,), 2, hidden1=4, hidden2=2)
     job = LocalJob(1, 1, ClientData(data, data), factory, torch.Generator().manual_seed(0))
-    update = algo.local_update(job, task, {f"control.{n}": t for n, t in c_k.items()})
+    update = algo.local_update(job, task, {CONTROL: c_k})
 
     # The window by hand, as slices.
     at = {"fc1.weight": (slice(1, 3),), "fc1.bias": (slice(1, 3),), "fc2.weight": (slice(1, 2), slice(1, 3)),
@@ -62,15 +63,15 @@ def test_local_update_against_plain_tensors():
             p = {n: (p[n] - lr * (g - cks[n] + cs[n])).requires_grad_() for n, g in zip(TINY, grads, strict=True)}
     for n in TINY:
         c_plus = cks[n] - cs[n] + (w0[n] - p[n].detach()) / (2 * lr)
-        assert torch.allclose(task[n], w0[n]) and torch.allclose(task[f"control.{n}"], cs[n])
-        assert torch.allclose(update.tensors[n], p[n].detach() - w0[n], atol=1e-6), n
-        assert torch.allclose(update.tensors[f"control.{n}"], c_plus - cks[n], atol=1e-5), n
+        assert torch.allclose(task[MODEL][n], w0[n]) and torch.allclose(task[CONTROL][n], cs[n])
+        assert torch.allclose(update.tensors[MODEL][n], p[n].detach() - w0[n], atol=1e-6), n
+        assert torch.allclose(update.tensors[CONTROL][n], c_plus - cks[n], atol=1e-5), n
         kept = c_k[n].clone()
         kept[at[n]] = c_plus
-        assert torch.allclose(update.state[f"control.{n}"], kept, atol=1e-5), n  # outside the window: c_k
+        assert torch.allclose(update.state[CONTROL][n], kept, atol=1e-5), n  # outside the window: c_k
     assert update.loss == pytest.approx(sum(losses) / 2, rel=1e-6)
     assert spec_of(update.tensors) == algo.result_spec(task)
-    assert spec_of(update.state) == {f"control.{n}": (s, torch.float32) for n, s in TINY.items()}
+    assert spec_of(update.state) == {CONTROL: {n: (s, torch.float32) for n, s in TINY.items()}}
 
 
 def test_cloud_step_by_hand():
@@ -89,40 +90,46 @@ def test_cloud_step_by_hand():
                        params={"capacities": [1.0, 0.5, 0.75, 0.25], "clusters": [0, 0, 1, 1]})
     algo = FedSCAVAR(config)
     algo.full_shapes = TINY
-    global_ = {**{n: torch.zeros(s) for n, s in TINY.items()},
-               **{f"control.{n}": torch.zeros(s) for n, s in TINY.items()}}
+    zeros = {n: torch.zeros(s) for n, s in TINY.items()}
+    global_ = {MODEL: zeros, CONTROL: dict(zeros)}
     values = {1: ([3.0, 5.0], [1.0, 1.0], [1.0, 1.0]), 2: ([4.0, 6.0, 8.0], [3.0, 3.0], [2.0, 2.0, 2.0])}
     results = []
     for k, n in ((2, 3), (1, 1)):
-        tensors = {name: torch.zeros_like(t) for name, t in algo.client_task(global_, k, 1).items()}
-        tensors["fc1.bias"], tensors["fc3.bias"] = torch.tensor(values[k][0]), torch.tensor(values[k][1])
-        tensors["control.fc1.bias"] = torch.tensor(values[k][2])
+        tensors = {g: {name: torch.zeros_like(t) for name, t in ts.items()}
+                   for g, ts in algo.client_task(global_, k, 1).items()}
+        tensors[MODEL]["fc1.bias"], tensors[MODEL]["fc3.bias"] = torch.tensor(values[k][0]), torch.tensor(values[k][1])
+        tensors[CONTROL]["fc1.bias"] = torch.tensor(values[k][2])
         results.append(ClientResult(k, n, 0.0, tensors))
     aggregate, _ = algo.edge_aggregate(results, {}, 1)
     assert spec_of(aggregate.tensors) == algo.contribution_spec(global_, [1, 2])
-    assert torch.equal(aggregate.tensors["client.2.fc1.bias"], torch.tensor([0.0, 4.0, 6.0, 8.0]))
-    blob = decode_tensors(encode(aggregate.tensors))
-    memory = {"y.fc1.bias": torch.tensor([[1.0] * 4, [2.0] * 4], dtype=torch.float64)}
+    assert torch.equal(aggregate.tensors[DELTAS]["fc1.bias"][1], torch.tensor([0.0, 4.0, 6.0, 8.0]))  # client 2
+    blob = decode_state(encode(aggregate.tensors))
+    memory = {MEMORY: {"fc1.bias": torch.tensor([[1.0] * 4, [2.0] * 4], dtype=torch.float64)}}
     contribution = Contribution(0, 1, blob, aggregate.weight, tuple(participation(results)))
     new, state = algo.cloud_update(global_, [contribution], memory, 1)
-    assert torch.allclose(new["fc1.bias"], torch.tensor([3.0, 7.0, 11.0, 9.0]))
-    assert torch.allclose(new["fc3.bias"], torch.tensor([4.0, 4.0]))
-    assert torch.allclose(new["control.fc1.bias"], torch.tensor([0.0, 0.875, 0.875, 0.75]))
-    assert torch.equal(new["fc1.weight"], torch.zeros(4, 2)) and torch.equal(new["control.fc3.bias"], torch.zeros(2))
+    assert torch.allclose(new[MODEL]["fc1.bias"], torch.tensor([3.0, 7.0, 11.0, 9.0]))
+    assert torch.allclose(new[MODEL]["fc3.bias"], torch.tensor([4.0, 4.0]))
+    assert torch.allclose(new[CONTROL]["fc1.bias"], torch.tensor([0.0, 0.875, 0.875, 0.75]))
+    assert torch.equal(new[MODEL]["fc1.weight"], torch.zeros(4, 2))
+    assert torch.equal(new[CONTROL]["fc3.bias"], torch.zeros(2))
     want = torch.tensor([[1.0, 3.0, 5.0, 1.0], [2.0, 4.0, 6.0, 8.0]], dtype=torch.float64)
-    assert torch.equal(state["y.fc1.bias"], want)
-    assert torch.equal(state["y.fc3.bias"], torch.tensor([[1.0, 1.0], [3.0, 3.0]], dtype=torch.float64))
-    assert all(t.dtype == torch.float64 and t.shape[0] == 2 for t in state.values())
+    assert torch.equal(state[MEMORY]["fc1.bias"], want)
+    assert torch.equal(state[MEMORY]["fc3.bias"], torch.tensor([[1.0, 1.0], [3.0, 3.0]], dtype=torch.float64))
+    assert all(t.dtype == torch.float64 and t.shape[0] == 2 for t in state[MEMORY].values())
     assert algo.model_parameters(new).keys() == TINY.keys()
 
 
-def test_full_masks_reduce_to_clusterfedvarp_maths():
+def test_full_masks_give_the_unmasked_varp_maths():
+    """FedVARP's rule is the masked one with every mask 1: v = (1/m) Σ (Δ_i − y_{g_i}) + (1/N) Σ_g |g| y_g and
+    y_g ← the mean of its clients' Δ_i, by plain tensor arithmetic."""
     g = torch.Generator().manual_seed(0)
     deltas, memory = torch.randn(3, 5, generator=g), torch.randn(2, 5, generator=g, dtype=torch.float64)
     rows, sizes, ones = torch.tensor([0, 1, 1]), torch.tensor([4, 2]), torch.ones(3, 5, dtype=torch.bool)
-    assert torch.allclose(masked_varp_direction(deltas, ones, memory, rows, sizes, 6),
-                          varp_direction(deltas, memory, rows, sizes, 6))
-    assert torch.allclose(covered_memory(memory, deltas, ones, rows), updated_memory(memory, deltas, rows))
+    d = deltas.to(torch.float64)
+    by_hand = ((d[0] - memory[0]) + (d[1] - memory[1]) + (d[2] - memory[1])) / 3 + (4 * memory[0] + 2 * memory[1]) / 6
+    assert torch.allclose(varp_direction(deltas, ones, memory, rows, sizes, 6), by_hand)
+    want = torch.stack([d[0], (d[1] + d[2]) / 2])
+    assert torch.allclose(updated_memory(memory, deltas, ones, rows), want)
 
 
 def test_full_capacity_one_cluster_no_prox_is_scaffold():
@@ -130,6 +137,7 @@ def test_full_capacity_one_cluster_no_prox_is_scaffold():
     base = {**SMALL, "rounds": 3, "fraction": 0.5, "weighting": "uniform"}
     scavar = run_reference(RunConfig(**base, params={"mu": 0, "capacities": [1.0] * 6, "clusters": [0] * 6}))
     scaffold = run_reference(RunConfig(**{**base, "algorithm": "scaffold"}))
+    assert scavar.global_record.keys() == scaffold.global_record.keys() == {MODEL, CONTROL}
     for name, t in scaffold.global_state.items():
         assert torch.allclose(scavar.global_state[name], t, atol=1e-5), name
 
@@ -141,8 +149,7 @@ def test_reference_run_is_deterministic_and_keeps_full_size_controls():
         assert torch.equal(a.global_state[name], b.global_state[name])
     assert all(len(h.clients) == 3 for h in a.history)
     for k, state in a.client_states.items():
-        assert spec_of(state) == {f"control.{n}": (tuple(t.shape), torch.float32)
-                                  for n, t in a.global_state.items() if not n.startswith("control.")}, k
+        assert spec_of(state) == {CONTROL: {n: (tuple(t.shape), torch.float32) for n, t in a.global_state.items()}}, k
     assert a.history[-1].test_accuracy > 0.3
 
 

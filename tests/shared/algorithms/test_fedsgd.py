@@ -32,7 +32,7 @@ def test_local_gradient_and_cloud_step_by_hand():
     Cloud, two edges with p = [1/4, 3/4] and η = 0.5: w − 0.5·(¼·[4, 0] + ¾·[0, 4]) = [1, 1] − [0.5, 1.5]."""
     from functools import partial
 
-    from shared.algorithms.base import Contribution, LocalJob
+    from shared.algorithms.base import MODEL, Contribution, LocalJob
     from shared.algorithms.fedsgd import FedSGD
     from shared.config import ModelConfig
     from shared.data.datasets import ArrayDataset, ClientData
@@ -42,11 +42,11 @@ def test_local_gradient_and_cloud_step_by_hand():
     data = ArrayDataset(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]))
     job = LocalJob(0, 0, ClientData(data, data), partial(build_model, ModelConfig(name="logreg"), (2,), 2),
                    torch.Generator())
-    update = algo.local_update(job, {"linear.weight": torch.zeros(2, 2), "linear.bias": torch.zeros(2)}, {})
-    assert torch.allclose(update.tensors["linear.weight"], torch.tensor([[-0.25, 0.25], [0.25, -0.25]]))
-    assert torch.allclose(update.tensors["linear.bias"], torch.zeros(2))
+    update = algo.local_update(job, {MODEL: {"linear.weight": torch.zeros(2, 2), "linear.bias": torch.zeros(2)}}, {})
+    assert torch.allclose(update.tensors[MODEL]["linear.weight"], torch.tensor([[-0.25, 0.25], [0.25, -0.25]]))
+    assert torch.allclose(update.tensors[MODEL]["linear.bias"], torch.zeros(2))
     assert abs(update.loss - 0.6931471805599453) < 1e-6
-    contributions = [Contribution(0, 0, {"w": torch.tensor([4.0, 0.0], dtype=torch.float64)}, 1.0),
-                     Contribution(1, 0, {"w": torch.tensor([0.0, 12.0], dtype=torch.float64)}, 3.0)]
-    new, _ = algo.cloud_update({"w": torch.ones(2)}, contributions, {}, 0)
-    assert torch.allclose(new["w"], torch.tensor([0.5, -0.5]))
+    contributions = [Contribution(0, 0, {MODEL: {"w": torch.tensor([4.0, 0.0], dtype=torch.float64)}}, 1.0),
+                     Contribution(1, 0, {MODEL: {"w": torch.tensor([0.0, 12.0], dtype=torch.float64)}}, 3.0)]
+    new, _ = algo.cloud_update({MODEL: {"w": torch.ones(2)}}, contributions, {}, 0)
+    assert torch.allclose(new[MODEL]["w"], torch.tensor([0.5, -0.5]))

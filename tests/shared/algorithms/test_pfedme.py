@@ -8,8 +8,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from shared.algorithms import registry
-from shared.algorithms.base import ClientResult, Contribution, LocalJob
-from shared.algorithms.pfedme import PFedMe, personal_metrics
+from shared.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
+from shared.algorithms.pfedme import PERSONAL, PFedMe, personal_metrics
 from shared.config import ModelConfig, RunConfig
 from shared.data.datasets import ArrayDataset, ClientData, load_federated
 from shared.federation import initial_model, local_job
@@ -36,7 +36,7 @@ def ce_grad_coefficient(c: float) -> float:
 def two_point_job(config: RunConfig) -> tuple[PFedMe, LocalJob, dict]:
     job = LocalJob(0, 0, ClientData(POINTS, POINTS), partial(build_model, ModelConfig(name="logreg"), (2,), 2),
                    torch.Generator().manual_seed(0))
-    task = {"linear.weight": torch.zeros(2, 2), "linear.bias": torch.zeros(2)}
+    task = {MODEL: {"linear.weight": torch.zeros(2, 2), "linear.bias": torch.zeros(2)}}
     return PFedMe(config), job, task
 
 
@@ -55,10 +55,10 @@ def test_one_local_round_two_inner_steps_by_hand():
     update = algo.local_update(job, task, {})
     theta = 0.02 + 0.2 * sigmoid(-0.2)
     assert theta == pytest.approx(0.1100332, abs=1e-7)
-    assert torch.allclose(update.state["linear.weight"], theta * U, atol=1e-7)
-    assert torch.allclose(update.tensors["linear.weight"], 0.5 * theta * U, atol=1e-7)
-    assert torch.allclose(update.tensors["linear.bias"], torch.zeros(2), atol=1e-7)
-    assert torch.allclose(update.state["linear.bias"], torch.zeros(2), atol=1e-7)
+    assert torch.allclose(update.state[PERSONAL]["linear.weight"], theta * U, atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL]["linear.weight"], 0.5 * theta * U, atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL]["linear.bias"], torch.zeros(2), atol=1e-7)
+    assert torch.allclose(update.state[PERSONAL]["linear.bias"], torch.zeros(2), atol=1e-7)
     assert update.num_samples == 2
     # mean loss over the two inner steps, each taken before its step: ln 2 and −ln σ(0.2)
     assert update.loss == pytest.approx((math.log(2) - math.log(sigmoid(0.2))) / 2, rel=1e-6)
@@ -77,8 +77,8 @@ def test_omega_is_the_moving_anchor_across_local_rounds():
     algo, job, task = two_point_job(config_with(
         {"local_rounds": 2, "inner_steps": 1, "personal_lr": eta_p, "lam": lam}, lr=eta))
     update = algo.local_update(job, task, {})
-    assert torch.allclose(update.state["linear.weight"], t2 * U, atol=1e-7)
-    assert torch.allclose(update.tensors["linear.weight"], w2 * U, atol=1e-7)
+    assert torch.allclose(update.state[PERSONAL]["linear.weight"], t2 * U, atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL]["linear.weight"], w2 * U, atol=1e-7)
 
 
 def test_nesterov_inner_solver_by_hand():
@@ -93,25 +93,25 @@ def test_nesterov_inner_solver_by_hand():
         {"local_rounds": 1, "inner_steps": 2, "personal_lr": eta_p, "lam": lam},
         lr=eta, optimizer="nesterov", momentum=mu))
     update = algo.local_update(job, task, {})
-    assert torch.allclose(update.state["linear.weight"], t2 * U, atol=1e-7)
-    assert torch.allclose(update.tensors["linear.weight"], eta * lam * t2 * U, atol=1e-7)
+    assert torch.allclose(update.state[PERSONAL]["linear.weight"], t2 * U, atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL]["linear.weight"], eta * lam * t2 * U, atol=1e-7)
 
 
 def test_cloud_mixing_by_hand():
     # Edge 0 sent ω sums [4, 6] for 2 sampled clients, edge 1 sent [3, 0] for 1: mean ω = [7/3, 2].
     # β = 0.5: θ ← ½[1, 1] + ½[7/3, 2] = [5/3, 3/2]; β = 1 replaces θ by the mean.
-    contributions = [Contribution(0, 0, {"w": torch.tensor([4.0, 6.0], dtype=torch.float64)}, 2.0),
-                     Contribution(1, 0, {"w": torch.tensor([3.0, 0.0], dtype=torch.float64)}, 1.0)]
+    contributions = [Contribution(0, 0, {MODEL: {"w": torch.tensor([4.0, 6.0], dtype=torch.float64)}}, 2.0),
+                     Contribution(1, 0, {MODEL: {"w": torch.tensor([3.0, 0.0], dtype=torch.float64)}}, 1.0)]
     for beta, expected in [(0.5, [5 / 3, 1.5]), (1.0, [7 / 3, 2.0]), (2.0, [11 / 3, 3.0])]:
         algo = PFedMe(RunConfig(**SMALL, params={"beta": beta}, topology={"num_edges": 2, "buffer_size": 2}))
-        new, state = algo.cloud_update({"w": torch.ones(2)}, contributions, {}, 0)
-        assert new["w"].dtype == torch.float32
-        assert torch.allclose(new["w"], torch.tensor(expected))
+        new, state = algo.cloud_update({MODEL: {"w": torch.ones(2)}}, contributions, {}, 0)
+        assert new[MODEL]["w"].dtype == torch.float32
+        assert torch.allclose(new[MODEL]["w"], torch.tensor(expected))
         assert state == {}
 
 
 def omega_of(k: int) -> dict:
-    return {"w": torch.tensor([float(k), 10.0 * k])}
+    return {MODEL: {"w": torch.tensor([float(k), 10.0 * k])}}
 
 
 def test_edge_sums_only_its_uniform_sample():
@@ -125,7 +125,8 @@ def test_edge_sums_only_its_uniform_sample():
     assert len(sample) == 4
     # p_k = 1/|S| whatever the sample sizes: the weight is |S|, the sums plain sums of ω
     assert aggregate.weight == 4.0
-    assert torch.equal(aggregate.tensors["w"], torch.tensor([sum(sample), 10.0 * sum(sample)], dtype=torch.float64))
+    assert torch.equal(aggregate.tensors[MODEL]["w"],
+                       torch.tensor([sum(sample), 10.0 * sum(sample)], dtype=torch.float64))
     assert state == {}
 
 
@@ -135,7 +136,8 @@ def test_edge_samples_among_the_clients_that_answered():
     aggregate, _ = PFedMe(config).edge_aggregate([ClientResult(k, 1, 0.0, omega_of(k)) for k in answered], {}, 1)
     sample = select_clients(config, answered, 1, 0)  # m = ⌊0.5·5⌋ = 2
     assert aggregate.weight == 2.0
-    assert torch.equal(aggregate.tensors["w"], torch.tensor([sum(sample), 10.0 * sum(sample)], dtype=torch.float64))
+    assert torch.equal(aggregate.tensors[MODEL]["w"],
+                       torch.tensor([sum(sample), 10.0 * sum(sample)], dtype=torch.float64))
 
 
 def test_each_edge_samples_its_own_clients():
@@ -146,7 +148,8 @@ def test_each_edge_samples_its_own_clients():
     aggregate, _ = algo.edge_aggregate([ClientResult(k, 1, 0.0, omega_of(k)) for k in mine], {}, 0)
     sample = select_clients(config, mine, 0, 1)
     assert aggregate.weight == 2.0 and set(sample) <= set(mine)
-    assert torch.equal(aggregate.tensors["w"], torch.tensor([sum(sample), 10.0 * sum(sample)], dtype=torch.float64))
+    assert torch.equal(aggregate.tensors[MODEL]["w"],
+                       torch.tensor([sum(sample), 10.0 * sum(sample)], dtype=torch.float64))
     with pytest.raises(ValueError, match="several edges"):
         algo.edge_aggregate([ClientResult(k, 1, 0.0, omega_of(k)) for k in (0, 1)], {}, 0)
 
@@ -189,11 +192,12 @@ def test_reference_runs_every_client_and_records_the_sample_s_with_its_personal_
         assert acc == pytest.approx(per_client / sum(c.num_samples for c in record.clients))
     assert sorted(a.client_states) == list(range(6))
     for state in a.client_states.values():
-        assert {n: (t.shape, t.dtype) for n, t in state.items()} == \
+        assert set(state) == {PERSONAL}
+        assert {n: (t.shape, t.dtype) for n, t in state[PERSONAL].items()} == \
             {n: (t.shape, torch.float32) for n, t in a.global_state.items()}
         # the state and the tensors survive safetensors unchanged
-        back = st_load(st_save(state))
-        assert all(torch.equal(back[n], t) for n, t in state.items())
+        back = st_load(st_save(state[PERSONAL]))
+        assert all(torch.equal(back[n], t) for n, t in state[PERSONAL].items())
 
 
 def test_reference_round_equals_the_rule_applied_to_the_hooks():
@@ -203,9 +207,9 @@ def test_reference_round_equals_the_rule_applied_to_the_hooks():
     data = load_federated(REF.data, REF.seed)
     sample = select_clients(REF, list(range(6)), 0, 0)
     assert len(sample) == 3
-    omegas = [algo.local_update(local_job(REF, k, 0, data.clients[k]), theta0, {}).tensors for k in sample]
+    omegas = [algo.local_update(local_job(REF, k, 0, data.clients[k]), theta0, {}).tensors[MODEL] for k in sample]
     result = run_reference(REF, rounds=1)
-    for name, t in theta0.items():
+    for name, t in theta0[MODEL].items():
         mean = torch.stack([o[name].double() for o in omegas]).mean(0)
         expected = (0.3 * t.double() + 0.7 * mean).float()
         assert torch.allclose(result.global_state[name], expected, atol=1e-6), name

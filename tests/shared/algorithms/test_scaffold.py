@@ -6,19 +6,19 @@ import pytest
 import torch
 
 from shared.algorithms import registry
-from shared.algorithms.base import ClientResult, Contribution, LocalJob
-from shared.algorithms.scaffold import Scaffold, step_length
+from shared.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
+from shared.algorithms.control import CONTROL, step_length
+from shared.algorithms.scaffold import Scaffold
 from shared.config import LocalTrainingConfig, ModelConfig, RunConfig
 from shared.data.datasets import ArrayDataset, ClientData, load_federated
 from shared.federation import initial_model, local_job, participation
 from shared.models import build_model
 from shared.reference import run_reference
-from shared.transport.tensors import decode_tensors, encode, spec_of
+from shared.transport.records import decode_state, encode, spec_of
 
 SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 6}, "algorithm": "scaffold"}
 M = torch.tensor([[-1.0, 1.0], [1.0, -1.0]])
 W, B = "linear.weight", "linear.bias"
-CW, CB = "control.linear.weight", "control.linear.bias"
 
 
 def _job() -> LocalJob:
@@ -27,8 +27,8 @@ def _job() -> LocalJob:
                     torch.Generator().manual_seed(0))
 
 
-def _zero_task(c_w: torch.Tensor, c_b: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {W: torch.zeros(2, 2), B: torch.zeros(2), CW: c_w, CB: c_b}
+def _zero_task(c_w: torch.Tensor, c_b: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+    return {MODEL: {W: torch.zeros(2, 2), B: torch.zeros(2)}, CONTROL: {W: c_w, B: c_b}}
 
 
 def test_one_step_control_is_the_gradient():
@@ -38,12 +38,12 @@ def test_one_step_control_is_the_gradient():
     C = torch.tensor([[0.2, 0.0], [0.0, -0.4]])
     config = RunConfig(**SMALL, local={"epochs": 1, "batch_size": 0, "lr": 0.5})
     update = Scaffold(config).local_update(_job(), _zero_task(C, torch.tensor([0.1, -0.1])), {})
-    assert torch.allclose(update.tensors[W], -0.5 * (0.25 * M + C))
-    assert torch.allclose(update.tensors[B], -0.5 * torch.tensor([0.1, -0.1]))
-    assert torch.allclose(update.state[CW], 0.25 * M, atol=1e-7)
-    assert torch.allclose(update.state[CB], torch.zeros(2), atol=1e-7)
-    assert torch.allclose(update.tensors[CW], 0.25 * M, atol=1e-7)  # Δc_k = c_k⁺ − 0
-    assert set(update.state) == {CW, CB}
+    assert torch.allclose(update.tensors[MODEL][W], -0.5 * (0.25 * M + C))
+    assert torch.allclose(update.tensors[MODEL][B], -0.5 * torch.tensor([0.1, -0.1]))
+    assert torch.allclose(update.state[CONTROL][W], 0.25 * M, atol=1e-7)
+    assert torch.allclose(update.state[CONTROL][B], torch.zeros(2), atol=1e-7)
+    assert torch.allclose(update.tensors[CONTROL][W], 0.25 * M, atol=1e-7)  # Δc_k = c_k⁺ − 0
+    assert set(update.state) == {CONTROL} and set(update.state[CONTROL]) == {W, B}
 
 
 def test_two_steps_with_client_state_by_hand():
@@ -58,17 +58,17 @@ def test_two_steps_with_client_state_by_hand():
     q = (1 - s) / 2
     D, b_k = torch.tensor([[0.1, 0.0], [0.0, 0.1]]), torch.tensor([0.3, -0.3])
     config = RunConfig(**SMALL, local={"epochs": 2, "batch_size": 0, "lr": 0.5})
-    state = {CW: D.clone(), CB: b_k.clone()}
+    state = {CONTROL: {W: D.clone(), B: b_k.clone()}}
     update = Scaffold(config).local_update(_job(), _zero_task(D + 0.05 * M, b_k.clone()), state)
-    assert torch.allclose(update.tensors[W], -0.5 * (0.25 + q + 0.1) * M, atol=1e-6)
-    assert torch.allclose(update.tensors[B], torch.zeros(2), atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL][W], -0.5 * (0.25 + q + 0.1) * M, atol=1e-6)
+    assert torch.allclose(update.tensors[MODEL][B], torch.zeros(2), atol=1e-7)
     c_plus = (0.25 + q) / 2 * M
-    assert torch.allclose(update.state[CW], c_plus, atol=1e-6)
-    assert torch.allclose(update.state[CB], torch.zeros(2), atol=1e-7)
-    assert torch.allclose(update.tensors[CW], c_plus - D, atol=1e-6)
-    assert torch.allclose(update.tensors[CB], -b_k, atol=1e-7)
+    assert torch.allclose(update.state[CONTROL][W], c_plus, atol=1e-6)
+    assert torch.allclose(update.state[CONTROL][B], torch.zeros(2), atol=1e-7)
+    assert torch.allclose(update.tensors[CONTROL][W], c_plus - D, atol=1e-6)
+    assert torch.allclose(update.tensors[CONTROL][B], -b_k, atol=1e-7)
     assert update.loss == pytest.approx((math.log(2) + math.log(1 + math.exp(-0.3))) / 2, rel=1e-6)
-    assert torch.equal(state[CW], D)  # the caller's state is not modified in place
+    assert torch.equal(state[CONTROL][W], D)  # the caller's state is not modified in place
 
 
 def test_nesterov_step_length_by_hand():
@@ -85,8 +85,8 @@ def test_nesterov_one_step_control_is_the_gradient():
     config = RunConfig(**SMALL, local={"epochs": 1, "batch_size": 0, "lr": 0.5, "optimizer": "nesterov",
                                        "momentum": 0.5})
     update = Scaffold(config).local_update(_job(), _zero_task(C, torch.zeros(2)), {})
-    assert torch.allclose(update.tensors[W], -0.75 * (0.25 * M + C))
-    assert torch.allclose(update.state[CW], 0.25 * M, atol=1e-7)
+    assert torch.allclose(update.tensors[MODEL][W], -0.75 * (0.25 * M + C))
+    assert torch.allclose(update.state[CONTROL][W], 0.25 * M, atol=1e-7)
 
 
 def test_cloud_update_by_hand():
@@ -94,15 +94,17 @@ def test_cloud_update_by_hand():
     # Δw = [1, 0], [0, 1]; Δc = [.4, 0], [0, .8]:  Σ p Δw = [.25, .75], Σ p Δc = [.1, .6].
     # w = [1, 1] + η_s·[.25, .75];  c = [.5, 0] + (2/6)·[.1, .6] = [.5 + 1/30, .2].
     algo = Scaffold(RunConfig(**SMALL, fraction=1 / 3, server_lr=2.0))
-    results = [ClientResult(4, 3, 0.0, {"w": torch.tensor([0.0, 1.0]), "control.w": torch.tensor([0.0, 0.8])}),
-               ClientResult(1, 1, 0.0, {"w": torch.tensor([1.0, 0.0]), "control.w": torch.tensor([0.4, 0.0])})]
+    results = [
+        ClientResult(4, 3, 0.0, {MODEL: {"w": torch.tensor([0.0, 1.0])}, CONTROL: {"w": torch.tensor([0.0, 0.8])}}),
+        ClientResult(1, 1, 0.0, {MODEL: {"w": torch.tensor([1.0, 0.0])}, CONTROL: {"w": torch.tensor([0.4, 0.0])}}),
+    ]
     partial_, _ = algo.edge_aggregate(results, {}, 0)
-    global_ = {"w": torch.ones(2), "control.w": torch.tensor([0.5, 0.0])}
-    contribution = Contribution(0, 0, partial_.tensors, partial_.weight, tuple(participation(results)))
-    new, _ = algo.cloud_update(global_, [contribution], {}, 0)
-    assert torch.allclose(new["w"], torch.tensor([1.5, 2.5]))
-    assert torch.allclose(new["control.w"], torch.tensor([0.5 + 1 / 30, 0.2]))
-    assert new["w"].dtype == new["control.w"].dtype == torch.float32
+    global_ = {MODEL: {"w": torch.ones(2)}, CONTROL: {"w": torch.tensor([0.5, 0.0])}}
+    new, _ = algo.cloud_update(global_, [Contribution(0, 0, partial_.tensors, partial_.weight,
+                                                    tuple(participation(results)))], {}, 0)
+    assert torch.allclose(new[MODEL]["w"], torch.tensor([1.5, 2.5]))
+    assert torch.allclose(new[CONTROL]["w"], torch.tensor([0.5 + 1 / 30, 0.2]))
+    assert new[MODEL]["w"].dtype == new[CONTROL]["w"].dtype == torch.float32
 
 
 def test_m_counts_the_clients_every_edge_selects():
@@ -117,8 +119,8 @@ def test_global_state_and_model_parameters():
     config = RunConfig(**SMALL)
     algo = Scaffold(config)
     global_ = algo.init_global(initial_model(config))
-    assert set(global_) == {W, B, CW, CB}
-    assert torch.equal(global_[CW], torch.zeros(10, 64)) and torch.equal(global_[CB], torch.zeros(10))
+    assert set(global_) == {MODEL, CONTROL} and set(global_[MODEL]) == set(global_[CONTROL]) == {W, B}
+    assert torch.equal(global_[CONTROL][W], torch.zeros(10, 64)) and torch.equal(global_[CONTROL][B], torch.zeros(10))
     assert set(algo.model_parameters(global_)) == {W, B}
 
 
@@ -127,7 +129,7 @@ def test_wire_contract_and_safetensors_round_trip():
     config = RunConfig(**SMALL, local={"epochs": 2, "batch_size": 16, "lr": 0.1})
     algo = Scaffold(config)
     global_ = algo.init_global(initial_model(config))
-    global_[CW] = torch.full_like(global_[CW], 0.01)
+    global_[CONTROL][W] = torch.full_like(global_[CONTROL][W], 0.01)
     data = load_federated(config.data, config.seed)
     results, state = [], {}
     for k in (1, 2):
@@ -137,12 +139,12 @@ def test_wire_contract_and_safetensors_round_trip():
         state = update.state
         results.append(ClientResult(k, update.num_samples, update.loss, update.tensors))
     for tensors in (results[0].tensors, state):
-        back = decode_tensors(encode(tensors))
-        assert all(torch.equal(back[n], t) for n, t in tensors.items())
-    assert spec_of(state) == {CW: ((10, 64), torch.float32), CB: ((10,), torch.float32)}
+        back = decode_state(encode(tensors))
+        assert all(torch.equal(back[g][n], t) for g, ts in tensors.items() for n, t in ts.items())
+    assert spec_of(state) == {CONTROL: {W: ((10, 64), torch.float32), B: ((10,), torch.float32)}}
     partial_, _ = algo.edge_aggregate(results, {}, 0)
     assert spec_of(partial_.tensors) == algo.contribution_spec(global_, [1, 2])
-    assert all(t.dtype == torch.float64 for t in partial_.tensors.values())
+    assert all(t.dtype == torch.float64 for ts in partial_.tensors.values() for t in ts.values())
 
 
 BASE = dict(SMALL, rounds=2, fraction=0.5, local={"lr": 0.1, "epochs": 2, "batch_size": 16})
@@ -155,15 +157,15 @@ def test_client_controls_persist_across_rounds(weighting):
     first, second = ({c.client_id for c in h.clients} for h in two.history)
     assert set(one.client_states) == first and set(two.client_states) == first | second
     for k in first - second:  # kept on the client, untouched while it sits out
-        assert all(torch.equal(one.client_states[k][n], two.client_states[k][n]) for n in (CW, CB))
+        assert all(torch.equal(one.client_states[k][CONTROL][n], two.client_states[k][CONTROL][n]) for n in (W, B))
     for k in first & second:
-        assert not torch.equal(one.client_states[k][CW], two.client_states[k][CW])
+        assert not torch.equal(one.client_states[k][CONTROL][W], two.client_states[k][CONTROL][W])
     if weighting == "uniform":
         # p_k = 1/m, so c ← c + (1/N) Σ_{k∈S} Δc_k: from zeros, c stays the mean of all N client controls (a
         # client that never trained holds 0). This fails if c_k were not carried from round to round.
-        for n in (CW, CB):
-            mean = sum(s[n].double() for s in two.client_states.values()) / 6
-            assert torch.allclose(two.global_state[n].double(), mean, atol=1e-6)
+        for n in (W, B):
+            mean = sum(s[CONTROL][n].double() for s in two.client_states.values()) / 6
+            assert torch.allclose(two.global_record[CONTROL][n].double(), mean, atol=1e-6)
 
 
 def test_reference_is_deterministic_and_learns():
@@ -183,7 +185,7 @@ def test_two_edges_equal_one_edge_when_everyone_participates():
     for name in flat.global_state:
         assert torch.allclose(flat.global_state[name], hier.global_state[name], atol=1e-6), name
     for k in range(6):
-        assert torch.allclose(flat.client_states[k][CW], hier.client_states[k][CW], atol=1e-5)
+        assert torch.allclose(flat.client_states[k][CONTROL][W], hier.client_states[k][CONTROL][W], atol=1e-5)
 
 
 def test_edge_rounds_are_refused():
@@ -197,5 +199,5 @@ def test_nesterov_stays_stable_on_skewed_clients():
     config = RunConfig(**{**SMALL, "data": skewed},
                        local={"lr": 0.02, "epochs": 2, "optimizer": "nesterov"}, rounds=8)
     result = run_reference(config)
-    assert max(float(t.abs().max()) for n, t in result.global_state.items() if n.startswith("control.")) < 1.0
+    assert max(float(t.abs().max()) for t in result.global_record[CONTROL].values()) < 1.0
     assert result.history[-1].test_accuracy > 0.85
