@@ -31,5 +31,5 @@ def test_both_files_are_fsynced_before_they_are_renamed(tmp_path, monkeypatch):
     real_fsync, real_replace = os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd)))
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b)))
-    ClientStateStore(tmp_path, "r", 0).save("t", {"c.w": torch.ones(3)}, b"result")
+    ClientStateStore(tmp_path, "r", 0).save("t", {"c": {"w": torch.ones(3)}}, b"result")
     assert events == ["fsync", "replace result.safetensors", "fsync", "replace state.safetensors"]

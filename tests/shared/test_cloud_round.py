@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 import pytest
 import torch
 
-from shared.algorithms.base import Contribution
+from shared.algorithms.base import MODEL, Contribution
 from shared.algorithms.fedavg import FedAvg
 from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
 from shared.config import RunConfig
@@ -17,12 +17,12 @@ CONFIG = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_cli
 AT = datetime.now(timezone.utc)
 
 
-def zeros() -> dict[str, torch.Tensor]:
-    return {"linear.weight": torch.zeros(10, 64), "linear.bias": torch.zeros(10)}
+def zeros() -> dict[str, dict[str, torch.Tensor]]:
+    return {MODEL: {"linear.weight": torch.zeros(10, 64), "linear.bias": torch.zeros(10)}}
 
 
 def update(sums: dict[str, torch.Tensor], clients=(0,)) -> Contribution:
-    return Contribution(0, 0, {n: t.double() for n, t in sums.items()}, 1.0,
+    return Contribution(0, 0, {MODEL: {n: t.double() for n, t in sums.items()}}, 1.0,
                         tuple(ClientParticipation(client_id=k, num_samples=3, loss=0.5) for k in clients))
 
 
@@ -38,15 +38,15 @@ def test_a_round_nobody_evaluated_reads_back_from_json():
 def test_an_update_to_a_non_finite_model_raises_diverged_naming_the_tensors():
     # A mean step of 1e39 is finite in float64, where FedAvg sums, and inf in the model's float32.
     step = {"linear.weight": torch.zeros(10, 64), "linear.bias": torch.full((10,), 1e39, dtype=torch.float64)}
-    with pytest.raises(Diverged, match=r"diverged: version 3 would have non-finite \['linear.bias'\]") as caught:
+    with pytest.raises(Diverged, match=r"diverged: version 3 would have non-finite \['model/linear.bias'\]") as caught:
         run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 2)
-    assert (caught.value.version, caught.value.names) == (3, ["linear.bias"])
+    assert (caught.value.version, caught.value.names) == (3, ["model/linear.bias"])
 
 
 def test_a_finite_update_is_evaluated_and_keeps_the_state():
     step = {"linear.weight": torch.ones(10, 64), "linear.bias": torch.zeros(10)}
-    outcome = run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {"kept": torch.ones(1)}, 0)
-    assert torch.equal(outcome.global_["linear.weight"], torch.ones(10, 64))
+    outcome = run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {"kept": {"x": torch.ones(1)}}, 0)
+    assert torch.equal(outcome.global_[MODEL]["linear.weight"], torch.ones(10, 64))
     assert outcome.cloud_state.keys() == {"kept"}
     assert outcome.evaluation.samples > 0 and 0.0 <= outcome.evaluation.accuracy <= 1.0
     assert outcome.server_metrics == {}  # FedAvg reports none
@@ -56,13 +56,14 @@ class NormReporting(FedAvg):
     """A FedAvg that reports the new model's norm, the way an algorithm adds a server-side figure."""
 
     def server_metrics(self, global_, cloud_state):
-        return {"weight_norm": torch.linalg.vector_norm(global_["linear.weight"]), "state_size": len(cloud_state)}
+        norm = torch.linalg.vector_norm(global_[MODEL]["linear.weight"])
+        return {"weight_norm": norm, "state_size": len(cloud_state)}
 
 
 def test_server_metrics_of_the_hook_reach_the_record_and_its_json():
     step = {"linear.weight": torch.full((10, 64), 0.5), "linear.bias": torch.zeros(10)}
     contribution = update(step, clients=(2, 0))
-    outcome = run_cloud_round(NormReporting(CONFIG), zeros(), [contribution], {"a": torch.ones(1)}, 0)
+    outcome = run_cloud_round(NormReporting(CONFIG), zeros(), [contribution], {"a": {"x": torch.ones(1)}}, 0)
     assert outcome.server_metrics == {"weight_norm": pytest.approx(0.5 * math.sqrt(640)), "state_size": 1.0}
     assert all(type(v) is float for v in outcome.server_metrics.values())  # not tensors: they go to JSON
     record = round_record(0, [contribution], outcome, AT, AT, AT)
@@ -76,8 +77,9 @@ def test_the_reference_runner_stops_with_a_clear_error_when_the_model_diverges(m
 
     def blows_up_in_round_1(self, global_, contributions, cloud_state, round):
         new, state = cloud_update(self, global_, contributions, cloud_state, round)
-        return ({n: t * math.inf for n, t in new.items()} if round == 1 else new), state
+        return ({MODEL: {n: t * math.inf for n, t in new[MODEL].items()}} if round == 1 else new), state
 
     monkeypatch.setattr(FedAvg, "cloud_update", blows_up_in_round_1)
-    with pytest.raises(Diverged, match=r"diverged: version 2 would have non-finite \['linear.bias', 'linear.weight'\]"):
+    names = r"\['model/linear.bias', 'model/linear.weight'\]"
+    with pytest.raises(Diverged, match=rf"diverged: version 2 would have non-finite {names}"):
         run_reference(CONFIG)
