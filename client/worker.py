@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -18,11 +19,12 @@ from shared.algorithms import registry
 from shared.config import RunConfig
 from shared.data.datasets import load_client
 from shared.federation import local_job
+from shared.log import bind
 from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.http import binary_body, send
 from shared.transport.tensors import Tensors, decode, encode
 
-log = logging.getLogger("client.worker")
+log = logging.getLogger(__name__)
 
 
 def compute(settings: ClientSettings, header: ClientTaskHeader, task: Tensors) -> bytes:
@@ -34,9 +36,11 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Tensors) -
     config = _local_config(settings, header.config)
     algorithm = registry.create(config)
     data = load_client(config.data, config.seed, header.client_id)
+    started = time.perf_counter()
     update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
-                                num_samples=update.num_samples, loss=update.loss, metrics=update.metrics)
+                                num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
+                                train_seconds=time.perf_counter() - started)
     blob = encode(update.tensors, result)
     store.save(header.task_id, update.state, blob)
     return blob
@@ -131,6 +135,7 @@ class Worker:
         """One logical client's loop; returns only when the client stops for good (see ClientStopped)."""
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
         registered = False
+        bind(client_id=client_id)  # this logical client's task only
         while True:
             try:
                 if not registered:

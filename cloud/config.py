@@ -3,6 +3,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from shared.log import LogFormat
 from shared.settings import ServiceSettings
 
 
@@ -25,3 +26,7 @@ class CloudSettings(ServiceSettings):
     long_poll_max_s: float = Field(25.0, gt=0)
     torch_threads: int = Field(1, ge=1)
     log_level: str = "info"
+    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
+    log_format: LogFormat = "text"
+    # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
+    metrics_token: str | None = None

@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
+from cloud.metrics import CloudMetrics
 from cloud.store import BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm
 from shared.config import RunConfig
 from shared.federation import contribution, evaluate_global, round_record
+from shared.log import bind
 from shared.schemas import GlobalStateHeader, RunStatus
 from shared.transport.tensors import decode, decode_tensors, encode
 
-log = logging.getLogger("cloud.orchestrator")
+log = logging.getLogger(__name__)
 _CACHED_ALGORITHMS = 4
 
 
 class Orchestrator:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, metrics: CloudMetrics | None = None):
         self.store = store
+        self.metrics = metrics or CloudMetrics()
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._algorithms: dict[str, Algorithm] = {}
@@ -94,9 +98,12 @@ class Orchestrator:
         algorithm = self.algorithm(run_id, config)
         global_blob = await self.store.global_blob(run_id)
         state_blob = await self.store.cloud_state_blob(run_id)
+        bind(run_id=run_id)
+        update_started = time.perf_counter()
         new_global, new_state, evaluation = await asyncio.to_thread(
             self._update, algorithm, config, global_blob, state_blob, entries, info.version
         )
+        self.metrics.update_seconds.observe(time.perf_counter() - update_started)
         broken = sorted(n for n, t in new_global.items() if t.is_floating_point() and not bool(t.isfinite().all()))
         if broken:
             # Diverged (e.g. too large a learning rate): publishing it would make every client fail on it,

@@ -15,12 +15,14 @@ from pathlib import Path
 import httpx
 
 from edge.config import EdgeSettings
+from edge.metrics import EdgeMetrics
 from edge.tasks import ForeignClient, Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
 from shared.config import RoundPolicy
 from shared.edge_round import ClientTask, run_edge_round
 from shared.federation import participation
+from shared.log import bind
 from shared.schemas import (
     ClientTaskHeader,
     EdgeContributionHeader,
@@ -30,7 +32,7 @@ from shared.schemas import (
 from shared.transport.http import binary_body, send
 from shared.transport.tensors import PayloadError, Tensors, decode, decode_tensors, encode
 
-log = logging.getLogger("edge.round_loop")
+log = logging.getLogger(__name__)
 
 
 class RoundAbandoned(Exception):
@@ -42,8 +44,10 @@ class EdgeRoundLoop:
     retry_backoff_s: float = 1.0
     retry_backoff_max_s: float = 30.0
 
-    def __init__(self, settings: EdgeSettings, cloud: httpx.AsyncClient, board: TaskBoard):
+    def __init__(self, settings: EdgeSettings, cloud: httpx.AsyncClient, board: TaskBoard,
+                 metrics: EdgeMetrics | None = None):
         self.settings = settings
+        self.metrics = metrics or EdgeMetrics()
         self.cloud = cloud
         self.board = board
         self.edge_id = settings.edge_id
@@ -154,6 +158,7 @@ class EdgeRoundLoop:
 
     async def run_round(self, header: GlobalStateHeader, global_: Tensors) -> None:
         self.current = header
+        bind(run_id=header.run_id)
         # Before any run was known, any client id could register; now the run says which are this edge's.
         self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
         algorithm = self.algorithm(header)
@@ -171,6 +176,7 @@ class EdgeRoundLoop:
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
             await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results)
+            self.metrics.round_seconds.observe(time.monotonic() - started)
         except BaseException:
             # The re-run starts from the state this round started from, as after a restart (a failed save
             # leaves that on disk; after a save, the re-run replaces each client's entry with the same one).
@@ -236,6 +242,7 @@ class EdgeRoundLoop:
         )
         blob = await asyncio.to_thread(encode, tensors, message)
         response = await send(self.cloud, "POST", f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob))
+        self.metrics.submissions.labels(str(response.status_code)).inc()
         if response.status_code == 409:  # counted already, or the run moved on: nothing to do
             log.info("edge %d: %s", self.edge_id, response.text[:300])
         elif response.status_code >= 400:

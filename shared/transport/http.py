@@ -13,7 +13,7 @@ import httpx
 
 from shared.web import SAFETENSORS
 
-log = logging.getLogger("transport")
+log = logging.getLogger(__name__)
 
 
 def make_client(base_url: str, token: str, long_poll_s: float = 30.0, **kwargs: Any) -> httpx.AsyncClient:
