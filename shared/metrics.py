@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 
 # Seconds. Long-polls answer at their timeout when nothing happens: the top buckets reach past it.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0)
@@ -50,6 +50,11 @@ class ServiceMetrics:
             ["method", "route", "status"], buckets=latency_buckets(long_poll_max_s), registry=self.registry)
         self._observers: dict[tuple[str, str], Observer] = {}
         self._before_scrape: Callable[[], Awaitable[None]] | None = None
+        self._routes: list[BaseRoute] = []
+
+    def know_routes(self, routers: list[APIRouter]) -> None:
+        """The routes to label a request with when it was answered before routing (BodyLimit's 413)."""
+        self._routes = [route for router in routers for route in router.routes]
 
     def observe_route(self, method: str, route: str, observer: Observer) -> None:
         """Calls `observer(status, outcome, path_params)` after every request to that route."""
@@ -60,7 +65,7 @@ class ServiceMetrics:
         self._before_scrape = refresh
 
     def observe(self, scope: dict, status: int, seconds: float) -> None:
-        method, route = scope["method"], _route_template(scope)
+        method, route = scope["method"], self._route_template(scope)
         self.requests.labels(method, route, str(status)).observe(seconds)
         observer = self._observers.get((method, route))
         if observer is not None:
@@ -72,17 +77,16 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-def _route_template(scope: dict) -> str:
-    route = scope.get("route")
-    if route is not None:
-        return route.path
-    # Answered before routing (BodyLimit's 413): match the routes here, as the router would have.
-    app = scope.get("app")
-    for candidate in getattr(getattr(app, "router", None), "routes", ()):
-        match, _ = candidate.matches(scope)
-        if match == Match.FULL:
-            return candidate.path
-    return UNMATCHED
+    def _route_template(self, scope: dict) -> str:
+        route = scope.get("route")
+        if route is not None:
+            return route.path
+        # Answered before routing: match the routes here, as the router would have.
+        for candidate in self._routes:
+            match, _ = candidate.matches(scope)
+            if match == Match.FULL:
+                return candidate.path
+        return UNMATCHED
 
 
 class RequestMetrics:

@@ -202,7 +202,9 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
         app.state.metrics = metrics
         app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: it sees BodyLimit's 413s too
         guard = [Depends(bearer_guard(lambda _: metrics_token))] if metrics_token is not None else []
-        app.include_router(metrics_router(metrics, guard))
+        scrape = metrics_router(metrics, guard)
+        app.include_router(scrape)
+        metrics.know_routes([*routers, scrape])
     for error, status_code in errors.items():
         app.add_exception_handler(error, _answer_with(status_code))
     app.add_exception_handler(RequestValidationError, _invalid_request)
