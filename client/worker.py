@@ -181,6 +181,7 @@ class Worker:
             self.failed.add(header.task_id)
             return
         await self.upload(client_id, header, blob)
+        log.debug("client %d: task %s done", client_id, header.task_id)
 
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> None:
         response = await send(self.edge, "POST", f"/api/v1/clients/{client_id}/results", **binary_body(blob))

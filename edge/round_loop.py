@@ -177,6 +177,7 @@ class EdgeRoundLoop:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
             await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results)
             self.metrics.round_seconds.observe(time.monotonic() - started)
+            log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:
             # The re-run starts from the state this round started from, as after a restart (a failed save
             # leaves that on disk; after a save, the re-run replaces each client's entry with the same one).

@@ -73,6 +73,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: Text
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.captureWarnings(True)  # Python's warnings as log lines too, so a JSON log stays JSON
 
 
 class _Handler(logging.StreamHandler):
