@@ -170,6 +170,7 @@ class Worker:
         if response.status_code == 204:
             return
         task, header = decode(response.content, ClientTaskHeader)
+        bind(run_id=header.run_id)
         if header.task_id in self.failed:
             await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
             return
