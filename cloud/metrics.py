@@ -24,10 +24,7 @@ class CloudMetrics(ServiceMetrics):
         self.contributions = Counter("fl_cloud_contributions", "Contributions accepted into the buffer, per edge "
                                      "(outcome: accepted, or duplicate for a retry answered again)",
                                      ["edge_id", "outcome"], registry=r)
-        self.refused = Counter("fl_cloud_contributions_refused", "Contributions refused, by reason", ["reason"],
-                               registry=r)
-        for reason in REFUSALS:  # present at 0 from the start, so rate() sees the first one
-            self.refused.labels(reason)
+        self.refused = self.refusals("fl_cloud_contributions_refused", "Contributions refused, by reason", REFUSALS)
         self.update_seconds = Histogram("fl_cloud_update_duration_seconds",
                                         "cloud_update with its evaluation, per computed update",
                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
@@ -48,7 +45,7 @@ class CloudMetrics(ServiceMetrics):
             active = await store.active_run()
             if active is not None and active not in runs:
                 runs.append(active)
-            infos = [await store.info(run_id) for run_id in runs]
+            infos = [await store.info(run_id) for run_id in runs]  # all read before any gauge changes
             self.version.clear()
             self.buffered.clear()
             for info in infos:

@@ -28,10 +28,7 @@ class EdgeMetrics(ServiceMetrics):
         super().__init__(long_poll_max_s)
         r = self.registry
         self.results = Counter("fl_edge_results_received", "Client results accepted", registry=r)
-        self.refused = Counter("fl_edge_results_refused", "Client results refused, by reason", ["reason"],
-                               registry=r)
-        for reason in REFUSALS:  # present at 0 from the start, so rate() sees the first one
-            self.refused.labels(reason)
+        self.refused = self.refusals("fl_edge_results_refused", "Client results refused, by reason", REFUSALS)
         self.round_seconds = Histogram("fl_edge_round_duration_seconds",
                                        "Edge rounds, from the global state's arrival to the contribution's submission",
                                        buckets=_TRAIN_BUCKETS, registry=r)

@@ -8,13 +8,15 @@ observation is a label lookup and an add under a lock: nothing here touches a te
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.routing import BaseRoute, Match
 
+log = logging.getLogger(__name__)
 # Seconds. Long-polls answer at their timeout when nothing happens: the top buckets reach past it.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0)
 # What a refusal is called when the code that refused it gave no finer reason (`note_outcome`).
@@ -56,6 +58,14 @@ class ServiceMetrics:
         """The routes to label a request with when it was answered before routing (BodyLimit's 413)."""
         self._routes = [route for router in routers for route in router.routes]
 
+    def refusals(self, name: str, documentation: str, reasons: tuple[str, ...]) -> Counter:
+        """A counter by refusal reason, each known reason present at 0 from the start (so that rate() sees
+        the first refusal)."""
+        counter = Counter(name, documentation, ["reason"], registry=self.registry)
+        for reason in reasons:
+            counter.labels(reason)
+        return counter
+
     def observe_route(self, method: str, route: str, observer: Observer) -> None:
         """Calls `observer(status, outcome, path_params)` after every request to that route."""
         self._observers[(method, route)] = observer
@@ -73,7 +83,10 @@ class ServiceMetrics:
 
     async def scrape(self) -> bytes:
         if self._before_scrape is not None:
-            await self._before_scrape()
+            try:
+                await self._before_scrape()
+            except Exception:  # e.g. Redis away: the scrape still reports every counter (and the last gauges)
+                log.warning("metrics: reading the gauges failed", exc_info=True)
         return generate_latest(self.registry)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud.metrics import REFUSALS
+from shared.redis_server import free_port
 from shared.web import SAFETENSORS
 from tests.cloud.harness import (
     Cloud,
@@ -103,3 +104,11 @@ async def test_metrics_token_when_set(redis_url: str, token: str | None) -> None
     async with running_cloud(redis_url, metrics_token="scrape-secret") as cloud:
         assert (await cloud.http.get("/metrics", headers=bearer(token))).status_code == 401
         assert value(await scrape(cloud, **bearer("scrape-secret")), "fl_cloud_contributions_refused_total") == 0
+
+
+async def test_a_scrape_without_redis_still_reports_the_counters() -> None:
+    async with running_cloud(f"redis://127.0.0.1:{free_port()}/0") as cloud:
+        await cloud.http.get("/no/such/path")
+        m = await scrape(cloud)
+    assert value(m, "fl_http_request_duration_seconds_count", route="unmatched") == 1
+    assert not [name for name, _ in m if name == "fl_cloud_global_version"]
