@@ -36,11 +36,11 @@ def finished_run(tmp_path_factory):
         scrapes = {"cloud": samples(httpx.get(f"{topo.cloud_url}/metrics").text)}
         for e, edge in enumerate(topo.edges):
             scrapes[f"edge{e}"] = samples(httpx.get(f"{edge.url}/metrics").text)
-        yield run_id, api.history(run_id), scrapes, workdir
+        yield run_id, api.history(run_id), scrapes, workdir, topo
 
 
 def test_cloud_counters_match_the_history(finished_run) -> None:
-    run_id, history, scrapes, _ = finished_run
+    run_id, history, scrapes, *_ = finished_run
     cloud = scrapes["cloud"]
     per_edge = Counter(e for h in history for e in h.edges)
     assert sum(per_edge.values()) == sum(len(h.contributions) for h in history) == 2 * ROUNDS
@@ -57,7 +57,7 @@ def test_cloud_counters_match_the_history(finished_run) -> None:
 
 @pytest.mark.parametrize("edge_id", [0, 1])
 def test_edge_counters_match_the_history(finished_run, edge_id: int) -> None:
-    _, history, scrapes, _ = finished_run
+    _, history, scrapes, *_ = finished_run
     edge = scrapes[f"edge{edge_id}"]
     clients = [c for h in history for c in h.clients if c.edge_id == edge_id]
     rounds = sum(edge_id in h.edges for h in history)
@@ -81,7 +81,7 @@ def test_every_metric_of_the_dashboard_is_exported(finished_run) -> None:
 
 
 def test_every_service_logs_json_lines_with_its_context(finished_run) -> None:
-    run_id, _, _, workdir = finished_run
+    run_id, _, _, workdir, _ = finished_run
     logs = {path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             for path in workdir.glob("*.log")}
     assert set(logs) == {"cloud", "edge0", "edge1", "client0.0", "client1.0"}
@@ -96,3 +96,12 @@ def test_every_service_logs_json_lines_with_its_context(finished_run) -> None:
         assert Counter(line["client_id"] for line in tasks) == {k: ROUNDS for k in range(e, 8, 2)}
     versions = [line for line in logs["cloud"] if line["logger"] == "cloud.orchestrator"]
     assert len(versions) == ROUNDS and all(line["run_id"] == run_id for line in versions)
+
+
+def test_the_gauges_read_redis_after_a_cloud_restart(finished_run) -> None:
+    run_id, *_, topo = finished_run
+    topo.restart_cloud()  # SIGKILL: the new process has seen nothing of the run
+    cloud = samples(httpx.get(f"{topo.cloud_url}/metrics").text)
+    assert value(cloud, "fl_cloud_global_version", run_id=run_id) == ROUNDS
+    assert value(cloud, "fl_cloud_buffer_depth", run_id=run_id) == 0
+    assert value(cloud, "fl_cloud_contributions_total") == 0  # counters are the process's own
