@@ -5,6 +5,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from shared.log import LogFormat
 from shared.settings import ServiceSettings
 
 
@@ -27,6 +28,8 @@ class ClientSettings(ServiceSettings):
     retry_initial_s: float = Field(1.0, gt=0)
     retry_max_s: float = Field(30.0, gt=0)
     log_level: str = "info"
+    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
+    log_format: LogFormat = "text"
 
 
 def parse_ids(spec: str) -> list[int]:

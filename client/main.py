@@ -11,8 +11,10 @@ import typer
 
 from client.config import ClientSettings, parse_ids
 from client.worker import ClientsStopped, Worker
+from shared.log import configure_logging
 from shared.transport.http import make_client
 
+log = logging.getLogger(__name__)
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
@@ -30,12 +32,12 @@ def run(
         "data_path": data_path, "torch_threads": threads,
     }.items() if v is not None}
     settings = ClientSettings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s client %(levelname)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     torch.set_num_threads(settings.torch_threads)
     try:
         asyncio.run(_serve(settings))
     except ClientsStopped as exc:  # nothing left to serve: exit non-zero rather than sit idle
-        logging.getLogger("client").critical("%s; exiting", exc)
+        log.critical("%s; exiting", exc)
         raise typer.Exit(code=1) from None
 
 

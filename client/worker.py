@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -19,12 +20,13 @@ from shared.backoff import Backoff
 from shared.config import RunConfig
 from shared.data.datasets import load_client
 from shared.federation import local_job
+from shared.log import bind
 from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.http import binary_body
 from shared.transport.records import Record, decode, encode
 from shared.transport.retry import DEDUPLICATED
 
-log = logging.getLogger("client.worker")
+log = logging.getLogger(__name__)
 
 
 def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) -> bytes:
@@ -36,9 +38,11 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     config = _local_config(settings, header.config)
     algorithm = registry.create(config)
     data = load_client(config.data, config.seed, header.client_id)
+    started = time.perf_counter()
     update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
-                                num_samples=update.num_samples, loss=update.loss, metrics=update.metrics)
+                                num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
+                                train_seconds=time.perf_counter() - started)
     blob = encode(update.tensors, result)
     store.save(header.task_id, update.state, blob)
     return blob
@@ -117,6 +121,7 @@ class Worker:
         """One logical client's loop; returns only when the client stops for good (see ClientStopped)."""
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
         registered = False
+        bind(client_id=client_id)  # this logical client's task only
         while True:
             try:
                 if not registered:
@@ -151,6 +156,7 @@ class Worker:
         if response.status_code == 204:
             return
         task, header = decode(response.content, ClientTaskHeader)
+        bind(run_id=header.run_id)
         if header.task_id in self.failed:
             await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
             return
@@ -163,6 +169,7 @@ class Worker:
             await self.report_failure(client_id, header, exc)
             return
         await self.upload(client_id, header, blob)
+        log.debug("client %d: task %s done", client_id, header.task_id)
 
     async def report_failure(self, client_id: int, header: ClientTaskHeader, exc: Exception) -> None:
         """Tells the edge why the task cannot be trained here (e.g. the run's model package is missing from

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from shared.log import LogFormat
 from shared.settings import ServiceSettings
 
 
@@ -32,3 +33,7 @@ class CloudSettings(ServiceSettings):
     @property
     def allowed_import_prefixes(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.allowed_imports.split(",") if p.strip())
+    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
+    log_format: LogFormat = "text"
+    # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
+    metrics_token: str | None = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
@@ -14,21 +13,25 @@ from fastapi import FastAPI
 from cloud.config import CloudSettings
 from cloud.initial_state import InvalidRun
 from cloud.keys import Keys
+from cloud.metrics import CloudMetrics
 from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs, ui
 from cloud.store import Conflict, NotFound, RedisStore
+from shared.log import configure_logging
 from shared.web import serve, service_app
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
     settings = settings or CloudSettings()
+    metrics = CloudMetrics(settings.long_poll_max_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
         redis = aioredis.Redis.from_url(settings.redis_url)
         store = RedisStore(redis, Keys(settings.key_prefix))
-        orchestrator = Orchestrator(store)
+        orchestrator = Orchestrator(store, metrics)
+        metrics.watch_store(store)
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
         loop_task = asyncio.create_task(orchestrator.run_forever())
         try:
@@ -41,14 +44,15 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             await redis.aclose()
 
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
-                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422}, **ui.app_options)
+                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422},
+                      metrics=metrics, metrics_token=settings.metrics_token, **ui.app_options)
     ui.mount(app)
     return app
 
 
 def main() -> None:
     settings = CloudSettings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s cloud %(levelname)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     serve(create_app(settings), settings.host, settings.port, settings.log_level)
 
 

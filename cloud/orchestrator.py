@@ -8,27 +8,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from cloud.metrics import CloudMetrics
 from cloud.store import BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, Contribution
 from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
 from shared.config import RunConfig
 from shared.federation import contribution
+from shared.log import bind
 from shared.longpoll import wait_until
 from shared.schemas import GlobalStateHeader, RunStatus
 from shared.transport.records import decode, decode_state, encode
 
-log = logging.getLogger("cloud.orchestrator")
+log = logging.getLogger(__name__)
 _CACHED_ALGORITHMS = 4
 T = TypeVar("T")
 
 
 class Orchestrator:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, metrics: CloudMetrics | None = None):
         self.store = store
+        self.metrics = metrics or CloudMetrics()
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._algorithms: dict[str, Algorithm] = {}
@@ -96,6 +100,8 @@ class Orchestrator:
         algorithm = self.algorithm(run_id, config)
         global_blob = await self.store.global_blob(run_id)
         state_blob = await self.store.cloud_state_blob(run_id)
+        bind(run_id=run_id)
+        update_started = time.perf_counter()
         try:
             contributions, outcome = await asyncio.to_thread(
                 self._update, algorithm, global_blob, state_blob, entries, info.version
@@ -103,6 +109,8 @@ class Orchestrator:
         except Diverged as e:  # recomputing gives the same: stop the run, and say why
             log.error("run %s %s; stopping it", run_id, e)
             return await self._stop(run_id)
+        finally:
+            self.metrics.update_seconds.observe(time.perf_counter() - update_started)
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
         record = round_record(info.version, contributions, outcome, started, info.started_at or started, now())
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)

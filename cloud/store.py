@@ -33,6 +33,10 @@ def now() -> datetime:
 class Conflict(Exception):
     """A request that is well-formed but not allowed in the run's current state (HTTP 409)."""
 
+    def __init__(self, message: str, reason: str = "conflict"):
+        super().__init__(message)
+        self.reason = reason  # the refusal's name in the metrics (cloud/metrics.py)
+
 
 class StateTooLarge(ValueError):
     """A cloud update whose result cannot be stored: the run cannot go on."""
@@ -271,7 +275,7 @@ class RedisStore(Store):
             "pending": f"edge {header.edge_id} already has a contribution waiting in the buffer; "
                        "it gets a new global state once that one is consumed",
         }
-        raise Conflict(messages[outcome])
+        raise Conflict(messages[outcome], outcome)
 
     async def has_pending(self, run_id: str, edge_id: int) -> bool:
         """Whether the edge's last contribution is still in the buffer (it must wait for its update)."""

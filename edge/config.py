@@ -6,6 +6,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from shared.log import LogFormat
 from shared.settings import ServiceSettings
 
 
@@ -29,6 +30,10 @@ class EdgeSettings(ServiceSettings):
     # Torch's intra-op threads for the edge's tensor work (client_task, edge_aggregate), as the cloud's.
     torch_threads: int = Field(1, ge=1)
     log_level: str = "info"
+    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
+    log_format: LogFormat = "text"
+    # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
+    metrics_token: str | None = None
     # Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run,
     # so a restarted edge continues where it stopped. On by default: an edge that forgets reports only
     # the clients of its next round, and the others silently drop out of the global prototypes.

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from contextlib import asynccontextmanager
 
 import httpx
@@ -11,9 +10,11 @@ import torch
 from fastapi import FastAPI
 
 from edge.config import EdgeSettings
+from edge.metrics import EdgeMetrics
 from edge.round_loop import EdgeRoundLoop
 from edge.routes import clients, health
 from edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
+from shared.log import configure_logging
 from shared.transport.http import make_client
 from shared.web import Stopping, serve, service_app
 
@@ -22,6 +23,7 @@ def create_app(settings: EdgeSettings | None = None,
                cloud_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """`cloud_transport` replaces the network under the edge's client of the cloud (tests: an in-process cloud)."""
     settings = settings or EdgeSettings()
+    metrics = EdgeMetrics(settings.long_poll_max_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -29,7 +31,8 @@ def create_app(settings: EdgeSettings | None = None,
         cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s,
                             **({"transport": cloud_transport} if cloud_transport is not None else {}))
         board = TaskBoard()
-        round_loop = EdgeRoundLoop(settings, cloud, board)
+        round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
+        metrics.watch(board, round_loop)
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
         loop_task = asyncio.create_task(round_loop.run_forever())
         drain_task = asyncio.create_task(_close_on_stop(app.state.stopping, board))
@@ -43,7 +46,8 @@ def create_app(settings: EdgeSettings | None = None,
             await cloud.aclose()
 
     return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router],
-                       errors={UnknownClient: 404, TaskConflict: 409, ForeignClient: 409})
+                       errors={UnknownClient: 404, TaskConflict: 409, ForeignClient: 409},
+                       metrics=metrics, metrics_token=settings.metrics_token)
 
 
 async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
@@ -53,8 +57,7 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
 
 def main() -> None:
     settings = EdgeSettings()
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format=f"%(asctime)s edge{settings.edge_id} %(levelname)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
     serve(create_app(settings), settings.host, settings.port, settings.log_level)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from edge.config import EdgeSettings
+from edge.metrics import EdgeMetrics
 from edge.tasks import ForeignClient, Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
@@ -23,6 +24,7 @@ from shared.config import RoundPolicy
 from shared.edge_round import ClientTask, run_edge_round
 from shared.federation import participation
 from shared.files import atomic_write
+from shared.log import bind
 from shared.schemas import (
     ClientFailure,
     ClientTaskHeader,
@@ -35,7 +37,7 @@ from shared.transport.records import Record, decode, decode_state, encode
 from shared.transport.retry import DEDUPLICATED
 from shared.transport.tensors import PayloadError
 
-log = logging.getLogger("edge.round_loop")
+log = logging.getLogger(__name__)
 
 
 class RoundAbandoned(Exception):
@@ -47,8 +49,10 @@ class EdgeRoundLoop:
     retry_backoff_s: float = 1.0
     retry_backoff_max_s: float = 30.0
 
-    def __init__(self, settings: EdgeSettings, cloud: httpx.AsyncClient, board: TaskBoard):
+    def __init__(self, settings: EdgeSettings, cloud: httpx.AsyncClient, board: TaskBoard,
+                 metrics: EdgeMetrics | None = None):
         self.settings = settings
+        self.metrics = metrics or EdgeMetrics()
         self.cloud = cloud
         self.board = board
         self.edge_id = settings.edge_id
@@ -158,6 +162,7 @@ class EdgeRoundLoop:
 
     async def run_round(self, header: GlobalStateHeader, global_: Record) -> None:
         self.current = header
+        bind(run_id=header.run_id)
         # Before any run was known, any client id could register; now the run says which are this edge's.
         self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
         algorithm = self.algorithm(header)
@@ -178,6 +183,8 @@ class EdgeRoundLoop:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
             await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results,
                               failures)
+            self.metrics.round_seconds.observe(time.monotonic() - started)
+            log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:
             # The re-run starts from the state this round started from, as after a restart (a failed save
             # leaves that on disk; after a save, the re-run replaces each client's entry with the same one).
@@ -250,6 +257,7 @@ class EdgeRoundLoop:
         # Re-sent through a passing fault: the cloud counts an idempotency key once.
         response = await self.cloud.post(f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob),
                                          extensions=DEDUPLICATED)
+        self.metrics.submissions.labels(str(response.status_code)).inc()
         if response.status_code == 409:  # counted already, or the run moved on: nothing to do
             log.info("edge %d: %s", self.edge_id, response.text[:300])
         elif response.status_code >= 400:

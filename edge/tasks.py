@@ -18,6 +18,10 @@ from shared.transport.records import Record, encode
 class TaskConflict(Exception):
     """A stale or duplicate result (HTTP 409)."""
 
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason  # "stale" or "duplicate": the refusal's name in the metrics (edge/metrics.py)
+
 
 class UnknownClient(Exception):
     """A client id that never registered (HTTP 404)."""
@@ -80,6 +84,10 @@ class TaskBoard:
             self._closing = True
             self._changed.notify_all()
 
+    def outstanding(self) -> int:
+        """Tasks posted and not answered yet."""
+        return sum(1 for t in self._tasks.values() if t.result is None)
+
     def results(self) -> list[ClientResult]:
         return [t.result for t in self._tasks.values() if t.result is not None]
 
@@ -110,9 +118,9 @@ class TaskBoard:
         self._known(client_id)
         task = self._tasks.get(client_id)
         if task is None or task.header.task_id != task_id:
-            raise TaskConflict(f"stale result: task {task_id!r} is not open for client {client_id}")
+            raise TaskConflict(f"stale result: task {task_id!r} is not open for client {client_id}", "stale")
         if task.result is not None:
-            raise TaskConflict(f"duplicate result for task {task_id!r}")
+            raise TaskConflict(f"duplicate result for task {task_id!r}", "duplicate")
         return task
 
     async def accept(self, client_id: int, header: ClientResultHeader, tensors: Record) -> None:

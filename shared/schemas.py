@@ -102,6 +102,8 @@ class ClientResultHeader(Message):
     num_samples: int = Field(ge=1, le=MAX_SAMPLES)
     loss: Scalar
     metrics: Metrics = Field(default_factory=dict)
+    # Wall time of local_update, exported by the edge (fl_client_train_seconds); None from older clients.
+    train_seconds: float | None = Field(None, ge=0, le=10**7, allow_inf_nan=False)
 
 
 class ClientFailureReport(Message):

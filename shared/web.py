@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Callable
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, HTTPException, Request, status
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -19,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.metrics import RequestMetrics, ServiceMetrics, metrics_router, note_outcome
 from shared.transport.records import Record, decode
 from shared.transport.tensors import InvalidContent, M, PayloadError
 from shared.transport.wire import SAFETENSORS
@@ -195,9 +196,11 @@ class Stopping:
 
 
 def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
-                errors: dict[type[Exception], int], **fastapi_options: Any) -> FastAPI:
+                errors: dict[type[Exception], int], metrics: ServiceMetrics | None = None,
+                metrics_token: str | None = None, **fastapi_options: Any) -> FastAPI:
     """A service's FastAPI app: bounded bodies, its routers, its domain errors answered with their status
-    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`).
+    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`). With `metrics`:
+    every request measured and `GET /metrics`, open unless `metrics_token` is set (then a bearer token).
     `fastapi_options` go to FastAPI (e.g. docs_url=None for a service that serves its own docs)."""
     @asynccontextmanager
     async def bound(app: FastAPI):
@@ -210,6 +213,13 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
     app.add_middleware(BodyLimit, limit=max_payload_bytes)
     for router in routers:
         app.include_router(router)
+    if metrics is not None:
+        app.state.metrics = metrics
+        app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: it sees BodyLimit's 413s too
+        guard = [Depends(bearer_guard(lambda _: metrics_token))] if metrics_token is not None else []
+        scrape = metrics_router(metrics, guard)
+        app.include_router(scrape)
+        metrics.know_routes([*routers, scrape])
     for error, status_code in errors.items():
         app.add_exception_handler(error, _answer_with(status_code))
     # Starlette's stub wants a handler of any Exception, though it calls this one with the class it is
@@ -238,7 +248,10 @@ def _json_safe(value: Any) -> Any:
 
 
 def _answer_with(status_code: int):
-    async def handler(_: Request, exc: Exception) -> JSONResponse:
+    async def handler(request: Request, exc: Exception) -> JSONResponse:
+        reason = getattr(exc, "reason", None)  # a refusal's own name (e.g. "stale"), for the metrics
+        if reason is not None:
+            note_outcome(request, reason)
         return JSONResponse({"detail": str(exc)}, status_code=status_code)
 
     return handler
@@ -255,4 +268,5 @@ def serve(app: FastAPI, host: str, port: int, log_level: str) -> None:
             stopping.set()
             super().handle_exit(sig, frame)
 
-    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
+    # log_config=None: uvicorn's loggers go through the process's one setup (shared.log), not their own.
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None)).run()

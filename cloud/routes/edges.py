@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from cloud.contributions import check_contribution
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
 from cloud.store import NotFound
+from shared.metrics import note_outcome
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
 from shared.transport.records import decode
 from shared.transport.tensors import InvalidContent
@@ -84,5 +85,7 @@ async def submit(
     except InvalidContent as exc:
         raise reject(exc) from exc
     outcome = await store.submit(header, blob, algorithm.synchronous)
+    if outcome.duplicate:
+        note_outcome(request, "duplicate")
     orchestrator.notify()
     return SubmitReceipt(accepted=outcome.accepted, duplicate=outcome.duplicate, buffered=outcome.buffered)

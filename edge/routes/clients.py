@@ -42,6 +42,7 @@ async def result(client_id: int, request: Request, board: BoardDep) -> ResultRec
         await board.accept(client_id, header, tensors)  # checks the tensors on a worker thread too
     except InvalidContent as exc:
         raise reject(exc) from exc
+    request.app.state.metrics.trained(header)
     return ResultReceipt(accepted=True)
 
 

@@ -1,0 +1,55 @@
+"""The cloud's Prometheus metrics (`GET /metrics`), besides the request histogram every service has.
+
+The global version and the buffer depth are read from the store at each scrape, so a restarted cloud
+reports what Redis holds, not what this process happened to see.
+"""
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from shared.metrics import ServiceMetrics, refusal_reason
+
+CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
+# Refusals of a contribution: the buffer's own (cloud.store's Conflict reasons) and those of the request.
+REFUSALS = ("not_running", "future", "stale", "conflict", "key_reused", "pending",
+            "unreadable", "unauthorized", "not_found", "too_large", "invalid")
+# Gauges per run: the active run and the newest runs (a finished run's last values stay visible).
+RUNS_SHOWN = 10
+
+
+class CloudMetrics(ServiceMetrics):
+    def __init__(self, long_poll_max_s: float = 25.0):
+        super().__init__(long_poll_max_s)
+        r = self.registry
+        self.contributions = Counter("fl_cloud_contributions", "Contributions accepted into the buffer, per edge "
+                                     "(outcome: accepted, or duplicate for a retry answered again)",
+                                     ["edge_id", "outcome"], registry=r)
+        self.refused = self.refusals("fl_cloud_contributions_refused", "Contributions refused, by reason", REFUSALS)
+        self.update_seconds = Histogram("fl_cloud_update_duration_seconds",
+                                        "cloud_update with its evaluation, per computed update",
+                                        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
+        self.version = Gauge("fl_cloud_global_version", "Version of the run's global state", ["run_id"], registry=r)
+        self.buffered = Gauge("fl_cloud_buffer_depth", "Contributions waiting in the run's buffer", ["run_id"],
+                              registry=r)
+        self.observe_route("POST", CONTRIBUTIONS_ROUTE, self._contribution)
+
+    def _contribution(self, status: int, outcome: str | None, path_params: dict) -> None:
+        if status == 202:
+            self.contributions.labels(str(path_params.get("edge_id")), outcome or "accepted").inc()
+        else:
+            self.refused.labels(refusal_reason(status, outcome)).inc()
+
+    def watch_store(self, store) -> None:
+        async def refresh() -> None:
+            runs = (await store.run_ids())[-RUNS_SHOWN:]
+            active = await store.active_run()
+            if active is not None and active not in runs:
+                runs.append(active)
+            infos = [await store.info(run_id) for run_id in runs]  # all read before any gauge changes
+            self.version.clear()
+            self.buffered.clear()
+            for info in infos:
+                self.version.labels(info.run_id).set(info.version)
+                self.buffered.labels(info.run_id).set(info.buffered)
+
+        self.before_scrape(refresh)
