@@ -3,9 +3,9 @@ contributions accepted and refused by reason, the run's version and buffer read 
 from __future__ import annotations
 
 import pytest
-from shared.redis_server import free_port
 
 from cloud.metrics import REFUSALS
+from fedctl.redis_server import free_port
 from shared.web import SAFETENSORS
 from tests.cloud.harness import (
     Cloud,
