@@ -41,7 +41,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             await redis.aclose()
 
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
-                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422}, **ui.app_options)
+                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422})
     ui.mount(app)
     return app
 
