@@ -9,23 +9,16 @@ from fastapi import HTTPException, Query, Request, Response, status
 from cloud.contributions import check_contribution
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
 from cloud.store import NotFound
+from shared import web
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
 from shared.transport.tensors import InvalidContent, decode
-from shared.web import (
-    binary,
-    binary_body_doc,
-    error_responses,
-    guarded_router,
-    json_body_doc,
-    read_json,
-    read_message,
-    reject,
-)
+from shared.web import binary, read_json, read_message, reject
 
-router = guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
+router = web.guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
 
 
-@router.post("/edges", responses=error_responses(400, 413, 422), openapi_extra=json_body_doc(EdgeRegistration))
+@router.post("/edges", responses=web.error_responses(400, 413, 422),
+             openapi_extra=web.json_body_doc(EdgeRegistration))
 async def register(request: Request, store: StoreDep) -> EdgeRegistration:
     reg = await read_json(request, EdgeRegistration)  # after the token check
     await store.register_edge(reg)
@@ -51,7 +44,7 @@ async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes |
 
 
 @router.get("/edges/{edge_id}/global", responses={204: {"description": "nothing newer before the timeout"},
-                                                  **error_responses(404, 422)})
+                                                  **web.error_responses(404, 422)})
 async def global_state(
     edge_id: int,
     store: StoreDep,
@@ -78,7 +71,7 @@ async def global_state(
 
 
 @router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED,
-             responses=error_responses(400, 404, 409, 413, 422), openapi_extra=binary_body_doc())
+             responses=web.error_responses(400, 404, 409, 413, 422), openapi_extra=web.binary_body_doc())
 async def submit(
     edge_id: int, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
 ) -> SubmitReceipt:

@@ -6,26 +6,18 @@ import asyncio
 from fastapi import Depends, HTTPException, Query, Request, Response, status
 
 from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
+from shared import web
 from shared.schemas import ClientRegistration, ClientResultHeader, ResultReceipt
 from shared.transport.tensors import InvalidContent
-from shared.web import (
-    binary,
-    binary_body_doc,
-    error_responses,
-    guarded_router,
-    json_body_doc,
-    read_json,
-    read_message,
-    reject,
-)
+from shared.web import binary, read_json, read_message, reject
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
-router = guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["clients"])
+router = web.guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["clients"])
 
 
-@router.post("", responses=error_responses(400, 409, 413, 422),
-             openapi_extra=json_body_doc(ClientRegistration))
+@router.post("", responses=web.error_responses(400, 409, 413, 422),
+             openapi_extra=web.json_body_doc(ClientRegistration))
 async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
     reg = await read_json(request, ClientRegistration)  # after the token check
     loop.check_own_client(reg.client_id)
@@ -34,7 +26,7 @@ async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> Cli
 
 
 @router.get("/{client_id}/task", responses={204: {"description": "no task before the timeout"},
-                                            **error_responses(404, 422)})
+                                            **web.error_responses(404, 422)})
 async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: float = Query(20.0, ge=0)):
     found = await board.fetch(client_id, min(timeout, settings.long_poll_max_s))
     if found is None:
@@ -43,7 +35,7 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED,
-             responses=error_responses(400, 404, 409, 413, 422), openapi_extra=binary_body_doc())
+             responses=web.error_responses(400, 404, 409, 413, 422), openapi_extra=web.binary_body_doc())
 async def result(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
     tensors, header, _ = await read_message(request, ClientResultHeader)
     if header.client_id != client_id:
