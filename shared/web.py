@@ -238,7 +238,7 @@ class Stopping:
 
 
 # Swagger UI, ReDoc (vendored with their licences, see its README.md) and the favicon, served at /static.
-WEB_STATIC = Path(__file__).resolve().parent / "web_static"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC = "/static"
 
 
@@ -261,7 +261,7 @@ def offline_docs(app: FastAPI) -> None:
                               redoc_js_url=f"{STATIC}/redoc/redoc.standalone.js", redoc_favicon_url=favicon,
                               with_google_fonts=False)
 
-    app.mount(STATIC, StaticFiles(directory=WEB_STATIC), name="static")
+    app.mount(STATIC, StaticFiles(directory=STATIC_DIR), name="static")
 
 
 def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
