@@ -250,14 +250,14 @@ def offline_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{title} - Swagger UI",
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{title} - Swagger UI",
                                    swagger_js_url=f"{STATIC}/swagger-ui/swagger-ui-bundle.js",
                                    swagger_css_url=f"{STATIC}/swagger-ui/swagger-ui.css", swagger_favicon_url=favicon,
                                    swagger_ui_parameters={"validatorUrl": None})
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url=app.openapi_url, title=f"{title} - ReDoc",
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{title} - ReDoc",
                               redoc_js_url=f"{STATIC}/redoc/redoc.standalone.js", redoc_favicon_url=favicon,
                               with_google_fonts=False)
 
