@@ -57,13 +57,10 @@ from shared.algorithms.fedvarp import (
     deltas_spec,
     memory_bytes,
     stacked,
-    stored_memory,
-    updated_memory,
-    varp_direction,
+    varp_update,
 )
 from shared.algorithms.submodel import Shapes, coverage, embed, extract
 from shared.transport.records import Record, RecordSpec
-from shared.transport.tensors import Tensors
 
 
 class FedSCAVARParams(ClusterParams, FedRolexParams, FedProxParams):
@@ -101,14 +98,8 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         shapes: Shapes = {n: tuple(t.shape) for n, t in w.items()}
         # The windows are a function of (client, round): the cloud recomputes them instead of shipping masks.
         masks = {k: coverage(self.architecture, self.windows(k, round, shapes), shapes) for k in clients}
-        step: Tensors = {}
-        memory: Tensors = {}
-        for name, param in w.items():
-            y = stored_memory(cloud_state, name, param, b.num_groups, torch.float64)
-            deltas = b.deltas(name)
-            covered = torch.stack([masks[k][name] for k in clients])
-            step[name] = varp_direction(deltas, covered, y, b.rows, b.sizes, len(groups))
-            memory[name] = updated_memory(y, deltas, covered, b.rows).contiguous()
+        step, memory = varp_update(w, cloud_state, b, len(groups), lambda _: torch.float64,
+                                   lambda name: torch.stack([masks[k][name] for k in clients]))
         ordered = sorted(contributions, key=lambda c: c.edge_id)
         control = aggregate.combine(aggregate.Partial({CONTROL: c.tensors[CONTROL]}, c.weight) for c in ordered)
         new_w = aggregate.add_scaled(w, step, self.config.server_lr)
