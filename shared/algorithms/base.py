@@ -25,7 +25,7 @@ An algorithm is generic over its Params model (`class FedProx(FedAvg[FedProxPara
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, get_args
+from typing import Any, Callable, ClassVar, Collection, Generic, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -240,7 +240,10 @@ class Algorithm(Generic[P]):
         raise NotImplementedError
 
 
-def combined_mean(contributions: list[Contribution]) -> Record:
-    """Mean over all clients behind `contributions` (p_k-weighted), in float64."""
+def combined_mean(contributions: list[Contribution], groups: Collection[str] | None = None) -> Record:
+    """Mean over all clients behind `contributions` (p_k-weighted), in float64: of every group, or of `groups`
+    (those that are partial sums, when a contribution also carries per-client tensors)."""
     ordered = sorted(contributions, key=lambda c: c.edge_id)
-    return aggregate.mean(aggregate.combine(aggregate.Partial(c.tensors, c.weight) for c in ordered))
+    return aggregate.mean(aggregate.combine(
+        aggregate.Partial({g: t for g, t in c.tensors.items() if groups is None or g in groups}, c.weight)
+        for c in ordered))

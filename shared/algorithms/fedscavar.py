@@ -44,9 +44,18 @@ from typing import ClassVar
 import torch
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import MODEL, Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
+from shared.algorithms.base import (
+    MODEL,
+    Algorithm,
+    ClientResult,
+    ClientUpdate,
+    Contribution,
+    EdgeAggregate,
+    LocalJob,
+    combined_mean,
+)
 from shared.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
-from shared.algorithms.control import CONTROL, control_step, corrected_sgd, with_control
+from shared.algorithms.control import CONTROL, control_step, corrected_sgd, kept_control, with_control
 from shared.algorithms.fedprox import FedProxParams, proximal_term
 from shared.algorithms.fedrolex import FedRolex, FedRolexParams
 from shared.algorithms.fedvarp import (
@@ -100,10 +109,8 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         masks = {k: coverage(self.architecture, self.windows(k, round, shapes), shapes) for k in clients}
         step, memory = varp_update(w, cloud_state, b, len(groups), lambda _: torch.float64,
                                    lambda name: torch.stack([masks[k][name] for k in clients]))
-        ordered = sorted(contributions, key=lambda c: c.edge_id)
-        control = aggregate.combine(aggregate.Partial({CONTROL: c.tensors[CONTROL]}, c.weight) for c in ordered)
         new_w = aggregate.add_scaled(w, step, self.config.server_lr)
-        new_c = control_step(global_[CONTROL], aggregate.mean(control)[CONTROL], len(clients),
+        new_c = control_step(global_[CONTROL], combined_mean(contributions, [CONTROL])[CONTROL], len(clients),
                              self.config.data.num_clients)
         return {MODEL: new_w, CONTROL: new_c}, {MEMORY: memory}
 
@@ -130,10 +137,10 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
     def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         w, c = task[MODEL], task[CONTROL]
         # The run's full-width model gives the shapes c_k is kept at.
-        full_shapes: Shapes = {n: tuple(p.shape) for n, p in job.model_factory().named_parameters()}
+        full = {n: p.detach() for n, p in job.model_factory().named_parameters()}
+        full_shapes: Shapes = {n: tuple(p.shape) for n, p in full.items()}
         windows = self.windows(job.client_id, job.round, full_shapes)
-        kept = state.get(CONTROL, {})
-        c_k_full = {n: kept[n] if n in kept else torch.zeros(s) for n, s in full_shapes.items()}
+        c_k_full = kept_control(state, full)
         c_k = extract(c_k_full, self.architecture, windows)
         if any(tuple(c_k[n].shape) != tuple(t.shape) for n, t in w.items()):
             raise ValueError(f"task for client {job.client_id} in round {job.round} does not match its window")
