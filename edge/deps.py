@@ -67,4 +67,3 @@ def _client_id(raw: str) -> int | None:
     return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else None
 
 
-ClientAuthDep = Annotated[ClientAuth, Depends(client_auth)]
