@@ -33,8 +33,8 @@ Choices the issue leaves open:
 - The client→cluster map is ClusterFedVARP's run setting (`clusters`, or by default k-means with
   `num_clusters` on the clients' label histograms, shared.algorithms.clustering); capacities are
   FedRolex's (`capacities`, default [1, ½, ¼][k mod 3]); μ is one run-wide value (the notes' μ_k per
-  client is not used). With Nesterov the SCAFFOLD denominator is scaffold.step_length's effective
-  step length (see scaffold.py), E·|𝓑|·η_k for plain SGD.
+  client is not used). With Nesterov the SCAFFOLD denominator is control.step_length's effective
+  step length (scaffold.py says why), E·|𝓑|·η_k for plain SGD.
 - The memory spans all clients: one edge only (multi_edge = False), no edge rounds.
 """
 from __future__ import annotations
