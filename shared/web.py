@@ -46,6 +46,15 @@ def same_token(given: str, expected: str) -> bool:
     return secrets.compare_digest(given.encode(), expected.encode())
 
 
+def app_state(name: str) -> Callable[[Request], Any]:
+    """A dependency that returns `app.state.<name>`, what the service's lifespan put there."""
+
+    def get(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    return get
+
+
 def bearer_guard(expected: Callable[[Request], str]):
     """A dependency that admits requests carrying `Authorization: Bearer <expected(request)>`."""
 
