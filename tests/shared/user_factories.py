@@ -1,5 +1,7 @@
 """A researcher's code as the tests import it by path ("tests.shared.user_factories:..."): model factories
 and data loaders in the forms the contract allows, and some that break it."""
+import sys
+
 import numpy as np
 import torch
 from torch import nn
@@ -18,6 +20,14 @@ def not_a_module(input_shape, num_classes):
 
 def broken(input_shape, num_classes):
     raise RuntimeError("the researcher's bug")
+
+
+def exits(input_shape, num_classes):
+    sys.exit("usage: train.py [--width W]")  # as argparse does on options it does not know
+
+
+def exiting_loader():
+    sys.exit(2)
 
 
 def _arrays():
