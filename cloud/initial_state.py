@@ -14,7 +14,7 @@ from shared.data.datasets import load_federated
 from shared.federation import initial_model
 from shared.schemas import GlobalStateHeader
 from shared.selection import num_selected
-from shared.transport.records import Record, encode, flatten
+from shared.transport.records import Record, encode, flatten, non_finite
 from shared.transport.tensors import Dim
 from shared.user_code import UserCodeError, is_allowed
 
@@ -50,6 +50,9 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_pay
                          "classes")
     algorithm = registry.create(config)
     global_ = algorithm.init_global(model)
+    broken = non_finite(global_)
+    if broken:  # every contribution computed from it would be refused as non-finite: the run could never move
+        raise InvalidRun(f"the model {config.model.name!r} starts with non-finite values in {broken}")
     blob = encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))
     for what, size in (("global state", len(blob)), ("server memory", algorithm.server_memory_bytes(global_))):
         if size > max_state_bytes:

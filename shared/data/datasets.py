@@ -281,6 +281,9 @@ def _validated_source(arrays: dict[str, np.ndarray], num_classes: int | None = N
             raise ValueError(f"x_{split} must have shape (N, ...) with N >= 1, got {x.shape}")
         if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
             raise ValueError(f"x_{split} must be numeric, got dtype {x.dtype}")
+        if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
+            # Training on it gives non-finite updates, which the cloud refuses: the run could never move.
+            raise ValueError(f"x_{split} holds NaN or infinite values")
         _check_labels(y, f"y_{split}")
         if len(y) != len(x):
             raise ValueError(f"y_{split} has {len(y)} labels for {len(x)} samples in x_{split}")

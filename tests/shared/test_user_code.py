@@ -35,6 +35,7 @@ def test_creation_builds_an_imported_model_that_fits():
                                              r"logits of shape \(1, 10\)"),
     ({"name": f"{FACTORIES}:broken"}, "the model factory .* raised RuntimeError: the researcher's bug"),
     ({"name": f"{FACTORIES}:not_a_module"}, "returned a str"),
+    ({"name": f"{FACTORIES}:nan_weights"}, r"starts with non-finite values in \['model/1.bias'\]"),
     ({"name": f"{FACTORIES}:exits"}, r"the model factory .* raised SystemExit: usage: train.py"),
     ({"name": "shared.models:MLP"}, "outside the packages this cloud may import .*tests.shared"),
 ])

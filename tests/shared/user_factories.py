@@ -71,6 +71,19 @@ def missing_key():
     return out
 
 
+def with_nan():
+    out = as_dict()
+    out["x_train"][3, 1, 2] = np.nan
+    return out
+
+
+def nan_weights(input_shape, num_classes):
+    model = two_layer(input_shape, num_classes)
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")
+    return model
+
+
 def wrong_type():
     return [1, 2, 3]
 
