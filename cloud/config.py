@@ -29,6 +29,9 @@ class CloudSettings(ServiceSettings):
     # Comma-separated packages whose "package.module:function" a run config may name as its model factory or
     # data loader (importing it runs that code here); empty: any importable package.
     allowed_imports: str = ""
+    # How long creating a run may take to load its data and build its model (user code included) before it
+    # is refused (422): a loader that never returns must not hold the request, nor threads others need.
+    create_timeout_s: float = Field(120.0, gt=0)
 
     @property
     def allowed_import_prefixes(self) -> tuple[str, ...]:

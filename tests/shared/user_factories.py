@@ -1,6 +1,7 @@
 """A researcher's code as the tests import it by path ("tests.shared.user_factories:..."): model factories
 and data loaders in the forms the contract allows, and some that break it."""
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -28,6 +29,16 @@ def exits(input_shape, num_classes):
 
 def exiting_loader():
     sys.exit(2)
+
+
+# Set by the test that uses `hangs`, so that the threads it leaves behind end with it.
+RELEASE = threading.Event()
+
+
+def hangs():
+    """A loader waiting on something that does not come (a download from a host that never answers)."""
+    RELEASE.wait(60)
+    return as_dict()
 
 
 def _arrays():
