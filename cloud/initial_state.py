@@ -3,7 +3,10 @@
 included), its model builds (an imported factory included) and maps one sample to one logit per class."""
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import threading
 
 import torch
 
@@ -14,13 +17,55 @@ from shared.data.datasets import load_federated
 from shared.federation import initial_model
 from shared.schemas import GlobalStateHeader
 from shared.selection import num_selected
-from shared.transport.records import Record, encode, flatten
+from shared.transport.records import Record, encode, flatten, non_finite
 from shared.transport.tensors import Dim
 from shared.user_code import UserCodeError, is_allowed
+
+log = logging.getLogger(__name__)
 
 
 class InvalidRun(ValueError):
     """A config whose data cannot be loaded or whose model does not fit that data (HTTP 422)."""
+
+
+async def checked_initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_payload_bytes: int,
+                                 allowed_imports: tuple[str, ...], timeout_s: float) -> bytes:
+    """`initial_global` on a daemon thread of its own, refused (InvalidRun) past `timeout_s`.
+
+    It runs the config's own code (a loader, a factory), which may never return (a download from a host
+    that does not answer, a deadlock). On asyncio's shared pool a few such configs held every worker, and
+    every request that decodes on it (each contribution) then waited forever. A thread that never ends
+    is abandoned (a daemon, so the cloud still exits) and logged; nothing of its run has been stored."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bytes] = loop.create_future()
+
+    def settle(outcome: BaseException | bytes) -> None:
+        if not done.done():  # cancelled at the time limit
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+
+    def check() -> None:
+        try:
+            outcome: BaseException | bytes = initial_global(run_id, config, max_state_bytes, max_payload_bytes,
+                                                            allowed_imports)
+        except BaseException as exc:  # handed to the request, as asyncio.to_thread would
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop closed meanwhile: no one is waiting
+            pass
+
+    threading.Thread(target=check, name=f"run-check-{run_id}", daemon=True).start()
+    try:
+        return await asyncio.wait_for(done, timeout_s)
+    except TimeoutError as exc:
+        log.warning("run %s: its checks (data loading, model building) are still running after %g s; "
+                    "the run is refused and the thread abandoned", run_id, timeout_s)
+        raise InvalidRun(f"the run's checks (loading its data, building its model) did not finish in {timeout_s:g} s "
+                         "(FL_CLOUD_CREATE_TIMEOUT_S); a loader or factory that waits on something never "
+                         "returns here either") from exc
 
 
 def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_payload_bytes: int,
@@ -50,6 +95,9 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_pay
                          "classes")
     algorithm = registry.create(config)
     global_ = algorithm.init_global(model)
+    broken = non_finite(global_)
+    if broken:  # every contribution computed from it would be refused as non-finite: the run could never move
+        raise InvalidRun(f"the model {config.model.name!r} starts with non-finite values in {broken}")
     blob = encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))
     for what, size in (("global state", len(blob)), ("server memory", algorithm.server_memory_bytes(global_))):
         if size > max_state_bytes:

@@ -16,7 +16,7 @@ from cloud.keys import Keys
 from cloud.metrics import CloudMetrics
 from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs, ui
-from cloud.store import Conflict, NotFound, RedisStore
+from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisStore
 from shared.log import configure_logging
 from shared.web import serve, service_app
 
@@ -44,7 +44,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             await redis.aclose()
 
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
-                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422},
+                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422, **dict.fromkeys(UNAVAILABLE, 503)},
                       metrics=metrics, metrics_token=settings.metrics_token)
     ui.mount(app)
     return app

@@ -35,7 +35,8 @@ class CloudMetrics(ServiceMetrics):
 
     def _contribution(self, status: int, outcome: str | None, path_params: dict) -> None:
         if status == 202:
-            self.contributions.labels(str(path_params.get("edge_id")), outcome or "accepted").inc()
+            # The id as the route read it (a 202 means it parsed), not as spelled: "007" is edge 7's series.
+            self.contributions.labels(str(int(path_params["edge_id"])), outcome or "accepted").inc()
         else:
             self.refused.labels(refusal_reason(status, outcome)).inc()
 

@@ -19,6 +19,8 @@ from string import Template
 from typing import Protocol
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
 from cloud.keys import Entry, Keys, Meta
@@ -40,6 +42,11 @@ class Conflict(Exception):
 
 class StateTooLarge(ValueError):
     """A cloud update whose result cannot be stored: the run cannot go on."""
+
+
+# The storage cannot be reached (Redis down, restarting, or too slow): HTTP 503, which edges retry as they
+# retry any 5xx, rather than a 500 with a traceback logged for every request (health checks included).
+UNAVAILABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
 
 
 class NotFound(Exception):

@@ -16,7 +16,7 @@ from shared.algorithms.base import Algorithm, Contribution
 from shared.federation import evaluate_global
 from shared.schemas import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
 from shared.training import Evaluation
-from shared.transport.records import Record, flatten
+from shared.transport.records import Record, non_finite
 
 
 class Diverged(ArithmeticError):
@@ -43,8 +43,7 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
     """The update of global state `version` with `contributions`; raises Diverged rather than return a
     non-finite global state."""
     new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
-    broken = sorted(n for n, t in flatten(new_global).items()
-                    if t.is_floating_point() and not bool(t.isfinite().all()))
+    broken = non_finite(new_global)
     if broken:
         raise Diverged(version + 1, broken)
     evaluation = evaluate_global(algorithm.config, algorithm, new_global, new_state)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, Literal, TextIO
 
 LogFormat = Literal["text", "json"]
@@ -74,6 +76,18 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: Text
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.captureWarnings(True)  # Python's warnings as log lines too, so a JSON log stays JSON
+    # And an exception nothing caught (on the main thread or another), which Python would print as a bare
+    # traceback: a crash is the line a log reader most needs to parse.
+    sys.excepthook = _log_uncaught
+    threading.excepthook = lambda args: _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+
+
+def _log_uncaught(exc_type: type[BaseException], value: BaseException | None, tb: TracebackType | None) -> None:
+    exc = value if value is not None else exc_type()
+    if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):  # an interrupt or an exit, not a crash
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    logging.getLogger("uncaught").critical("uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
 
 
 class _Handler(logging.StreamHandler):

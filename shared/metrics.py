@@ -23,6 +23,10 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 REFUSAL_BY_STATUS = {400: "unreadable", 401: "unauthorized", 404: "not_found", 409: "conflict",
                      413: "too_large", 422: "invalid"}
 UNMATCHED = "unmatched"
+# The method label's values: a client chooses the method of its request, and any token is a valid HTTP
+# method, so a label taken from the request as it came would add a series per made-up method.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
+OTHER_METHOD = "other"
 _OUTCOME = "fl_metrics_outcome"
 
 Observer = Callable[[int, str | None, dict], None]
@@ -75,7 +79,8 @@ class ServiceMetrics:
         self._before_scrape = refresh
 
     def observe(self, scope: dict, status: int, seconds: float) -> None:
-        method, route = scope["method"], self._route_template(scope)
+        method = scope["method"] if scope["method"] in _METHODS else OTHER_METHOD
+        route = self._route_template(scope)
         self.requests.labels(method, route, str(status)).observe(seconds)
         observer = self._observers.get((method, route))
         if observer is not None:

@@ -17,12 +17,18 @@ class UserCodeError(ValueError):
     """Imported user code is missing, is not callable, or raised."""
 
 
+# What user code may raise that is its failure, not the service's: any Exception, and SystemExit, which
+# argparse or a bare sys.exit() raise; left alone it ended a client process or answered the cloud's 500.
+# KeyboardInterrupt is not here: on the main thread it is the operator's Ctrl-C.
+_FAILURES = (Exception, SystemExit)
+
+
 def resolve(path: str, what: str) -> Callable[..., Any]:
     """The function an import path "package.module:function" names."""
     module_name, _, attribute = path.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the module raises at import
+    except _FAILURES as exc:  # ImportError, or whatever the module raises at import
         raise UserCodeError(f"cannot import the {what} {path!r}: {type(exc).__name__}: {exc}") from exc
     function = getattr(module, attribute, None)
     if not callable(function):
@@ -35,7 +41,7 @@ def call(path: str, what: str, *args: Any, **kwargs: Any) -> Any:
     function = resolve(path, what)
     try:
         return function(*args, **kwargs)
-    except Exception as exc:
+    except _FAILURES as exc:
         raise UserCodeError(f"the {what} {path!r} raised {type(exc).__name__}: {exc}") from exc
 
 

@@ -1,14 +1,13 @@
 """Control API: create, inspect, start/pause/resume/stop runs; history; model download."""
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 from fastapi import Request, status
 from fastapi.responses import StreamingResponse
 
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
-from cloud.initial_state import initial_global
+from cloud.initial_state import checked_initial_global
 from cloud.ui.view import LiveRun, read_edges
 from shared.algorithms import registry
 from shared.config import RunConfig
@@ -25,8 +24,8 @@ router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 async def create_run(request: Request, store: StoreDep, settings: SettingsDep) -> RunInfo:
     config = await read_json(request, RunConfig, registry.parse_config)  # after the token check
     run_id = store.new_run_id()
-    blob = await asyncio.to_thread(initial_global, run_id, config, settings.max_state_bytes,
-                                   settings.max_payload_bytes, settings.allowed_import_prefixes)
+    blob = await checked_initial_global(run_id, config, settings.max_state_bytes, settings.max_payload_bytes,
+                                        settings.allowed_import_prefixes, settings.create_timeout_s)
     await store.create_run(run_id, config, blob)
     return await store.info(run_id)
 

@@ -273,6 +273,9 @@ def _load_npz(path: str) -> _Source:
     return _validated_source(arrays)
 
 
+MAX_CLASSES = 100_000
+
+
 def _validated_source(arrays: dict[str, np.ndarray], num_classes: int | None = None) -> _Source:
     """The checks every user-supplied data set passes (an npz file, an imported loader's arrays)."""
     for split in ("train", "test"):
@@ -281,6 +284,9 @@ def _validated_source(arrays: dict[str, np.ndarray], num_classes: int | None = N
             raise ValueError(f"x_{split} must have shape (N, ...) with N >= 1, got {x.shape}")
         if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
             raise ValueError(f"x_{split} must be numeric, got dtype {x.dtype}")
+        if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
+            # Training on it gives non-finite updates, which the cloud refuses: the run could never move.
+            raise ValueError(f"x_{split} holds NaN or infinite values")
         _check_labels(y, f"y_{split}")
         if len(y) != len(x):
             raise ValueError(f"y_{split} has {len(y)} labels for {len(x)} samples in x_{split}")
@@ -301,10 +307,16 @@ def _validated_source(arrays: dict[str, np.ndarray], num_classes: int | None = N
                 f"client_train has {len(client_train)} entries "
                 f"for {len(arrays['x_train'])} training samples"
             )
+    largest = max(int(arrays["y_train"].max()), int(arrays["y_test"].max()))
     if num_classes is not None:
-        largest = max(int(arrays["y_train"].max()), int(arrays["y_test"].max()))
         if not isinstance(num_classes, (int, np.integer)) or num_classes <= largest:
             raise ValueError(f"num_classes {num_classes!r} must be an integer above the largest label {largest}")
+    classes = largest + 1 if num_classes is None else int(num_classes)
+    if classes > MAX_CLASSES:
+        # Checked before any model is built: labels that are raw ids (20231124) gave a model of that many
+        # outputs, whose gigabytes the cloud allocated before it could refuse the run's size.
+        raise ValueError(f"{classes} classes (labels 0 to {classes - 1}), over the {MAX_CLASSES} allowed: "
+                         "labels must be 0 … C−1")
     return _Source(arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], client_train,
                    None if num_classes is None else int(num_classes))
 

@@ -72,6 +72,11 @@ def check(record: Record, expected: RecordSpec) -> None:
     leaf.check_tensors(flatten(record), flatten(expected))
 
 
+def non_finite(record: Record) -> list[str]:
+    """The flattened names of the record's floating tensors that hold a NaN or an infinity, sorted."""
+    return sorted(n for n, t in flatten(record).items() if t.is_floating_point() and not bool(t.isfinite().all()))
+
+
 def check_magnitude(record: Record, bound: float = leaf.MAX_ABS,
                     members: Mapping[str, tuple[str, ...]] | None = None) -> None:
     """Every floating value of the record (or of only the named members of its groups) within ±bound."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import uuid
 from collections.abc import Awaitable
 from functools import partial
@@ -38,6 +39,7 @@ from tests.cloud.harness import (
     two_edge_config,
     zeros_like,
 )
+from tests.shared import user_factories
 from tests.web import OVERSIZED, assert_refuses_oversized, bearer, detail_of, not_safetensors, raw_message
 
 pytestmark = pytest.mark.anyio
@@ -748,3 +750,21 @@ async def test_cloud_shutdown_survives_a_cancel_during_a_redis_command(redis_url
                 task.cancel()  # a second cancel gets through; do not leave the loop behind
                 await asyncio.wait({task}, timeout=5)
             assert done, f"run_forever ignored cancel() issued {yields} loop turns after notify()"
+
+
+async def test_a_loader_that_never_returns_is_refused_in_time_and_holds_nothing(redis_url: str) -> None:
+    # More hung creations than asyncio's shared thread pool has workers (min(32, cpus + 4)): each is refused
+    # at the time limit, and the threads that decode every contribution stay free for the runs that train.
+    hung = small_config(data={"dataset": "tests.shared.user_factories:hangs", "num_clients": 4})
+    try:
+        async with running_cloud(redis_url, create_timeout_s=0.5) as cloud:
+            answers = await asyncio.wait_for(asyncio.gather(*[
+                cloud.admin("POST", "/api/v1/runs", json=hung) for _ in range(min(32, (os.cpu_count() or 1) + 4) + 1)
+            ]), 20)
+            assert {r.status_code for r in answers} == {422}
+            assert "did not finish in 0.5 s" in answers[0].json()["detail"]
+            assert (await cloud.admin("GET", "/api/v1/runs")).json() == []
+            run_id, global_ = await asyncio.wait_for(running_run(cloud), 20)
+            assert (await asyncio.wait_for(cloud.submit(0, contribution(global_, run_id)), 20)).status_code == 202
+    finally:
+        user_factories.RELEASE.set()

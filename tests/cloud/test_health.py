@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from fedctl.redis_server import free_port
 from shared.schemas import CloudHealth
-from tests.cloud.harness import Cloud
+from tests.cloud.harness import Cloud, running_cloud
 
 pytestmark = pytest.mark.anyio
 
@@ -12,3 +13,14 @@ async def test_health_needs_no_token_and_says_redis_answered(cloud: Cloud) -> No
     r = await cloud.http.get("/health")
     assert r.status_code == 200
     assert CloudHealth.model_validate_json(r.content) == CloudHealth()
+
+
+async def test_without_redis_the_cloud_answers_503_not_500() -> None:
+    # Nothing listens on the port: every read of the store fails to connect.
+    async with running_cloud(f"redis://127.0.0.1:{free_port()}/0") as cloud:
+        for path in ("/health", "/api/v1/runs", "/api/v1/runs/0123456789ab/edges"):
+            r = await cloud.admin("GET", path)
+            assert r.status_code == 503, (path, r.status_code, r.text)
+            assert "connect" in r.json()["detail"].lower()
+        r = await cloud.http.get("/metrics")  # the counters still, without the gauges Redis would give
+        assert r.status_code == 200 and "fl_http_request_duration_seconds" in r.text

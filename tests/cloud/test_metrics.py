@@ -112,3 +112,27 @@ async def test_a_scrape_without_redis_still_reports_the_counters() -> None:
         m = await scrape(cloud)
     assert value(m, "fl_http_request_duration_seconds_count", route="unmatched") == 1
     assert not [name for name, _ in m if name == "fl_cloud_global_version"]
+
+
+async def test_made_up_methods_and_paths_add_no_series(cloud: Cloud) -> None:
+    # Any token is a valid HTTP method and any path can be asked for: neither may become a label value,
+    # or a scanner hitting the cloud would grow the scrape (and Prometheus's memory) without bound.
+    for i in range(50):
+        assert (await cloud.http.request(f"M{i}", "/health")).status_code == 405
+        assert (await cloud.http.get(f"/no/such/path/{i}")).status_code == 404
+    m = await scrape(cloud)
+    methods = {dict(labels)["method"] for (name, labels) in m if name == "fl_http_request_duration_seconds_count"}
+    assert methods <= {"GET", "POST", "other"}, methods
+    assert value(m, "fl_http_request_duration_seconds_count", method="other", route="/health", status="405") == 50
+    assert value(m, "fl_http_request_duration_seconds_count", route="unmatched", status="404") == 50
+
+
+async def test_an_edge_id_spelled_with_leading_zeros_counts_for_that_edge(cloud: Cloud) -> None:
+    # The route reads "007" as edge 7 and accepts it: the counter must not open a series per spelling.
+    run_id, global_ = await running_run(cloud, two_edge_config())
+    r = await cloud.edge("POST", "/api/v1/edges/000/contributions", content=contribution(global_, run_id),
+                         headers={"Content-Type": SAFETENSORS})
+    assert r.status_code == 202, r.text
+    m = await scrape(cloud)
+    assert value(m, "fl_cloud_contributions_total", edge_id="0", outcome="accepted") == 1
+    assert {dict(labels)["edge_id"] for (name, labels) in m if name == "fl_cloud_contributions_total"} == {"0"}

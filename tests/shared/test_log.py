@@ -5,6 +5,9 @@ import asyncio
 import io
 import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +82,15 @@ def test_every_service_reads_its_log_format(monkeypatch, settings_class: str) ->
     monkeypatch.setenv(f"{prefix}LOG_FORMAT", "xml")
     with pytest.raises(ValueError):
         cls()
+
+
+def test_an_uncaught_exception_is_a_json_line_too() -> None:
+    program = ("import threading\nfrom shared.log import configure_logging\nconfigure_logging('info', 'json')\n"
+               "t = threading.Thread(target=lambda: 1 / 0)\nt.start()\nt.join()\nraise RuntimeError('boom')\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 1
+    records = [json.loads(line) for line in done.stderr.splitlines()]  # every line parses
+    assert [(r["level"], r["message"]) for r in records] == [
+        ("CRITICAL", "uncaught ZeroDivisionError: division by zero"), ("CRITICAL", "uncaught RuntimeError: boom")]
+    assert records[1]["exc_info"].endswith("line 7, in <module>\nRuntimeError: boom")

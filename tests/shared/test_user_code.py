@@ -35,8 +35,16 @@ def test_creation_builds_an_imported_model_that_fits():
                                              r"logits of shape \(1, 10\)"),
     ({"name": f"{FACTORIES}:broken"}, "the model factory .* raised RuntimeError: the researcher's bug"),
     ({"name": f"{FACTORIES}:not_a_module"}, "returned a str"),
+    ({"name": f"{FACTORIES}:nan_weights"}, r"starts with non-finite values in \['model/1.bias'\]"),
+    ({"name": f"{FACTORIES}:exits"}, r"the model factory .* raised SystemExit: usage: train.py"),
     ({"name": "shared.models:MLP"}, "outside the packages this cloud may import .*tests.shared"),
 ])
 def test_creation_refuses_an_imported_model_that_does_not(model, message):
     with pytest.raises(InvalidRun, match=message):
         create(**model)
+
+
+def test_creation_refuses_a_loader_that_exits():
+    config = RunConfig(model={"name": "logreg"}, data={"dataset": f"{FACTORIES}:exiting_loader", "num_clients": 2})
+    with pytest.raises(InvalidRun, match=r"the data loader .* raised SystemExit: 2"):
+        initial_global("r", config, 2**29, 2**26)

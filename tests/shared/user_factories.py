@@ -1,5 +1,8 @@
 """A researcher's code as the tests import it by path ("tests.shared.user_factories:..."): model factories
 and data loaders in the forms the contract allows, and some that break it."""
+import sys
+import threading
+
 import numpy as np
 import torch
 from torch import nn
@@ -18,6 +21,24 @@ def not_a_module(input_shape, num_classes):
 
 def broken(input_shape, num_classes):
     raise RuntimeError("the researcher's bug")
+
+
+def exits(input_shape, num_classes):
+    sys.exit("usage: train.py [--width W]")  # as argparse does on options it does not know
+
+
+def exiting_loader():
+    sys.exit(2)
+
+
+# Set by the test that uses `hangs`, so that the threads it leaves behind end with it.
+RELEASE = threading.Event()
+
+
+def hangs():
+    """A loader waiting on something that does not come (a download from a host that never answers)."""
+    RELEASE.wait(60)
+    return as_dict()
 
 
 def _arrays():
@@ -59,6 +80,19 @@ def missing_key():
     out = as_dict()
     del out["y_test"]
     return out
+
+
+def with_nan():
+    out = as_dict()
+    out["x_train"][3, 1, 2] = np.nan
+    return out
+
+
+def nan_weights(input_shape, num_classes):
+    model = two_layer(input_shape, num_classes)
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")
+    return model
 
 
 def wrong_type():

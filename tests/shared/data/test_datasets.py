@@ -131,6 +131,9 @@ def test_npz_sampled_partition_ignores_client_train(tmp_path: Path) -> None:
         ({"x_test": None}, "lacks arrays \\['x_test'\\]"),
         ({"client_train": None}, "needs a client_train array"),
         ({"client_train": np.full(40, 4)}, "client indices must lie in"),
+        ({"x_train": np.where(np.arange(240).reshape(40, 2, 3) == 7, np.nan, 0.0)}, "x_train holds NaN or infinite"),
+        ({"x_test": np.full((9, 2, 3), -np.inf, dtype=np.float32)}, "x_test holds NaN or infinite"),
+        ({"y_test": np.full(9, 10**9)}, "1000000001 classes .*, over the 100000 allowed"),
     ],
 )
 def test_npz_validation_errors(

@@ -56,6 +56,8 @@ def test_client_holdout_sets_each_clients_held_out_share(holdout, sizes):
     (f"{LOADERS}:missing_key", {}, r"lacks \['y_test'\]"),
     (f"{LOADERS}:wrong_type", {}, "returned a list"),
     (f"{LOADERS}:as_dict", {"num_classes": 2}, "num_classes 2 must be an integer above the largest label 2"),
+    (f"{LOADERS}:with_nan", {}, "x_train holds NaN or infinite values"),
+    (f"{LOADERS}:as_dict", {"num_classes": 10**6}, "1000000 classes .*, over the 100000 allowed"),
 ])
 def test_a_broken_loader_says_whose_and_what(dataset, options, message):
     with pytest.raises(UserCodeError, match=message):
