@@ -37,3 +37,5 @@ class CloudSettings(ServiceSettings):
     log_format: LogFormat = "text"
     # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
     metrics_token: str | None = None
+    # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
+    metrics: bool = True

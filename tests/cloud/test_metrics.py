@@ -6,6 +6,7 @@ import pytest
 
 from cloud.metrics import REFUSALS
 from fedctl.redis_server import free_port
+from shared.metrics import RequestMetrics, ServiceMetrics
 from shared.web import SAFETENSORS
 from tests.cloud.harness import (
     Cloud,
@@ -112,3 +113,15 @@ async def test_a_scrape_without_redis_still_reports_the_counters() -> None:
         m = await scrape(cloud)
     assert value(m, "fl_http_request_duration_seconds_count", route="unmatched") == 1
     assert not [name for name, _ in m if name == "fl_cloud_global_version"]
+
+
+async def test_metrics_switched_off(redis_url: str) -> None:
+    """FL_CLOUD_METRICS=false: no request middleware, no /metrics, and a run's updates still compute (the
+    orchestrator counts through the null object)."""
+    async with running_cloud(redis_url, metrics=False) as cloud:
+        assert (await cloud.http.get("/metrics")).status_code == 404
+        assert RequestMetrics not in [m.cls for m in cloud.app.user_middleware]
+        assert not isinstance(cloud.app.state.orchestrator.metrics, ServiceMetrics)
+        run_id, global_ = await running_run(cloud)
+        assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
+        assert (await cloud.wait_version(run_id, 1))["version"] == 1
