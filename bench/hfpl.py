@@ -29,9 +29,9 @@ from torch import nn
 from client.state import ClientStateStore
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
-from fedctl.report import client_reports
 from shared.algorithms import registry
 from shared.algorithms.hfpl import HFPL
+from shared.client_reports import client_reports
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.schemas import RoundRecord

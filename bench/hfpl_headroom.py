@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from hfpl import config_for, train_with_head
 
-from fedctl.report import client_reports
 from shared.algorithms import registry
 from shared.algorithms.hfpl import HFPL
+from shared.client_reports import client_reports
 from shared.config import RunConfig
 from shared.data.datasets import ArrayDataset, load_federated
 from shared.reference import run_reference

@@ -5,7 +5,6 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.log import LogFormat
 from shared.settings import ServiceSettings
 
 
@@ -21,15 +20,11 @@ class ClientSettings(ServiceSettings):
     state_dir: Path = Path(".fl-state")
     # Overrides the run's npz path with this machine's copy of the federated dataset file.
     data_path: str | None = None
-    torch_threads: int = Field(1, ge=1)
     long_poll_s: float = Field(20.0, gt=0)
     # A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits
     # retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait.
     retry_initial_s: float = Field(1.0, gt=0)
     retry_max_s: float = Field(30.0, gt=0)
-    log_level: str = "info"
-    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
-    log_format: LogFormat = "text"
 
 
 def parse_ids(spec: str) -> list[int]:

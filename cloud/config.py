@@ -3,7 +3,6 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.log import LogFormat
 from shared.settings import ServiceSettings
 
 
@@ -24,18 +23,14 @@ class CloudSettings(ServiceSettings):
     # (proto-max-bulk-len): a run whose memory would not fit is refused at creation.
     max_state_bytes: int = Field(500 * 2**20, gt=0)
     long_poll_max_s: float = Field(25.0, gt=0)
-    torch_threads: int = Field(1, ge=1)
-    log_level: str = "info"
     # Comma-separated packages whose "package.module:function" a run config may name as its model factory or
     # data loader (importing it runs that code here); empty: any importable package.
     allowed_imports: str = ""
-
-    @property
-    def allowed_import_prefixes(self) -> tuple[str, ...]:
-        return tuple(p.strip() for p in self.allowed_imports.split(",") if p.strip())
-    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
-    log_format: LogFormat = "text"
     # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
     metrics_token: str | None = None
     # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
     metrics: bool = True
+
+    @property
+    def allowed_import_prefixes(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.allowed_imports.split(",") if p.strip())

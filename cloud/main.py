@@ -46,7 +46,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
 
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
                       errors={NotFound: 404, Conflict: 409, InvalidRun: 422},
-                      metrics=metrics, metrics_token=settings.metrics_token, **ui.app_options)
+                      metrics=metrics, metrics_token=settings.metrics_token)
     ui.mount(app)
     return app
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.log import LogFormat
 from shared.settings import ServiceSettings
 
 
@@ -27,11 +26,6 @@ class EdgeSettings(ServiceSettings):
     public_url: str | None = None
     max_payload_bytes: int = Field(64 * 2**20, gt=0)
     long_poll_max_s: float = Field(25.0, gt=0)
-    # Torch's intra-op threads for the edge's tensor work (client_task, edge_aggregate), as the cloud's.
-    torch_threads: int = Field(1, ge=1)
-    log_level: str = "info"
-    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
-    log_format: LogFormat = "text"
     # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
     metrics_token: str | None = None
     # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).

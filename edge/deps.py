@@ -11,24 +11,11 @@ from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import TaskBoard
 from shared.transport.wire import client_token
-from shared.web import bearer_token, same_token, unauthorized
+from shared.web import app_state, bearer_token, same_token, unauthorized
 
-
-def _settings(request: Request) -> EdgeSettings:
-    return request.app.state.settings
-
-
-def _board(request: Request) -> TaskBoard:
-    return request.app.state.board
-
-
-def _loop(request: Request) -> EdgeRoundLoop:
-    return request.app.state.round_loop
-
-
-SettingsDep = Annotated[EdgeSettings, Depends(_settings)]
-BoardDep = Annotated[TaskBoard, Depends(_board)]
-RoundLoopDep = Annotated[EdgeRoundLoop, Depends(_loop)]
+SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
+BoardDep = Annotated[TaskBoard, Depends(app_state("board"))]
+RoundLoopDep = Annotated[EdgeRoundLoop, Depends(app_state("round_loop"))]
 
 
 @dataclass(frozen=True)
@@ -67,4 +54,3 @@ def _client_id(raw: str) -> int | None:
     return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else None
 
 
-ClientAuthDep = Annotated[ClientAuth, Depends(client_auth)]

@@ -17,8 +17,9 @@ from rich.table import Table
 
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology
-from fedctl.report import client_reports, group_summary, save_results
+from fedctl.report import save_results
 from shared.algorithms import registry
+from shared.client_reports import client_reports, group_summary
 from shared.config import DataConfig, ModelConfig, RunConfig
 from shared.schemas import RunInfo
 from shared.transport.wire import client_token

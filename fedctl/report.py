@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from shared.algorithms import registry
-from shared.client_reports import client_reports, group_summary  # noqa: F401 (re-exported for the CLI, bench/, tests)
+from shared.client_reports import client_reports
 from shared.schemas import RoundRecord, RunInfo
 from shared.transport.tensors import Tensors, encode
 

@@ -1,8 +1,9 @@
 """What the services and the reference runner must agree on to produce the same model.
 
-Client selection, each client's RNG, the initial model and the global evaluation are defined here
-once; the edge, the client, the cloud and `shared.reference` all call these functions (the cloud round
-itself, with its history record, is shared/cloud_round.py).
+The initial model, the round index and RNG of each client's local update, the hooks' view of an edge's
+contribution and of its clients' participation, and the global evaluation are defined here once; the
+edge, the client, the cloud and `shared.reference` all call these functions (client selection is
+shared/selection.py; the rounds themselves are shared/edge_round.py and shared/cloud_round.py).
 """
 from __future__ import annotations
 

@@ -96,12 +96,11 @@ class ClientRegistration(Message):
                                                                                              max_length=64)
 
 
-class ClientResultHeader(Message):
+class ClientResultHeader(ClientParticipation):
+    """What a client reports with its result: what the history will record of it (its participation), for
+    the task it answers."""
+
     task_id: str = Field(min_length=1, max_length=64)
-    client_id: int = Id
-    num_samples: int = Field(ge=1, le=MAX_SAMPLES)
-    loss: Scalar
-    metrics: Metrics = Field(default_factory=dict)
     # Wall time of local_update, exported by the edge (fl_client_train_seconds); None from older clients.
     train_seconds: float | None = Field(None, ge=0, le=10**7, allow_inf_nan=False)
 

@@ -7,10 +7,22 @@ from __future__ import annotations
 
 import os
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+
+from shared.log import LogFormat
 
 
 class ServiceSettings(BaseSettings):
+    """What every service's settings hold: its torch threads and its logging."""
+
+    # Torch's intra-op threads for the service's tensor work (training, client_task, edge_aggregate,
+    # cloud_update); 1 by default, so that equal configs give equal models (README, Determinism).
+    torch_threads: int = Field(1, ge=1)
+    log_level: str = "info"
+    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/log.py).
+    log_format: LogFormat = "text"
+
     @classmethod
     def settings_customise_sources(
         cls,

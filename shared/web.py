@@ -1,6 +1,6 @@
-"""HTTP pieces both servers (cloud and edge) use: bearer auth, bounded body reads, binary replies, and
-serving with long-polls that end as soon as the process is told to stop. Server side only: what the client
-and fedctl share with the servers is in shared/transport/wire.py."""
+"""HTTP pieces both servers (cloud and edge) use: bearer auth, bounded body reads, binary replies, API docs
+served offline, and serving with long-polls that end as soon as the process is told to stop. Server side
+only: what the client and fedctl share with the servers is in shared/transport/wire.py."""
 from __future__ import annotations
 
 import asyncio
@@ -8,14 +8,17 @@ import json
 import math
 import secrets
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Callable
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -41,6 +44,15 @@ async def bearer_token(request: Request) -> str:
 
 def same_token(given: str, expected: str) -> bool:
     return secrets.compare_digest(given.encode(), expected.encode())
+
+
+def app_state(name: str) -> Callable[[Request], Any]:
+    """A dependency that returns `app.state.<name>`, what the service's lifespan put there."""
+
+    def get(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    return get
 
 
 def bearer_guard(expected: Callable[[Request], str]):
@@ -141,6 +153,44 @@ async def read_json(request: Request, model: type[M], parse: Callable[[Any], M] 
                                       for e in exc.errors(include_url=False)]) from exc
 
 
+class ErrorDetail(BaseModel):
+    """Every error answer: a message, or (a 422 for invalid input) FastAPI's list of what is wrong where."""
+    detail: str | list[dict[str, Any]]
+
+
+_ERRORS = {
+    400: "unreadable body (bad JSON or safetensors framing, bad Content-Length)",
+    401: "missing or invalid bearer token",
+    404: "unknown run, edge or client",
+    409: "conflicts with the current state (e.g. a run's status, a stale or duplicate result)",
+    413: "body over the service's max_payload_bytes",
+    422: "invalid input: the body, header or parameters fail validation",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of the error statuses a route (or a router's every route) can answer."""
+    return {code: {"model": ErrorDetail, "description": _ERRORS[code]} for code in codes}
+
+
+# Only declares the bearer scheme in the OpenAPI document (auto_error=False: it refuses nothing); the token
+# is checked by each router's guard, which knows which token it wants.
+_bearer_doc = Depends(HTTPBearer(auto_error=False, scheme_name="bearer",
+                                 description="the service's token for this API (see the README's REST table)"))
+
+
+def guarded_router(guard: Any, **router_options: Any) -> APIRouter:
+    """A router whose every route needs the bearer token that `guard` (a dependency) checks, documented so."""
+    return APIRouter(dependencies=[_bearer_doc, guard], responses=error_responses(401), **router_options)
+
+
+def binary_body_doc() -> dict[str, Any]:
+    """OpenAPI for a route that reads a safetensors message with `read_message` (any content type is read
+    as safetensors; clients send application/vnd.safetensors)."""
+    octets = {"schema": {"type": "string", "format": "binary"}}
+    return {"requestBody": {"required": True, "content": {SAFETENSORS: octets, "application/octet-stream": octets}}}
+
+
 def json_body_doc(model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a route that reads its JSON body with `read_json`. The nested models are written in
     place: pydantic's `#/$defs/...` references would point at the root of the OpenAPI document, where
@@ -195,20 +245,49 @@ class Stopping:
         await self._event.wait()
 
 
+# Swagger UI, ReDoc (vendored with their licences, see its README.md) and the favicon, served at /static.
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC = "/static"
+
+
+def offline_docs(app: FastAPI) -> None:
+    """/docs and /redoc with every asset served by the app itself. FastAPI's own pages load Swagger UI and
+    ReDoc from a CDN, Google Fonts and a remote favicon, and Swagger UI's validator badge calls
+    validator.swagger.io: none of which a machine without internet access can reach."""
+    title, favicon = app.title, f"{STATIC}/favicon.svg"
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{title} - Swagger UI",
+                                   swagger_js_url=f"{STATIC}/swagger-ui/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{STATIC}/swagger-ui/swagger-ui.css", swagger_favicon_url=favicon,
+                                   swagger_ui_parameters={"validatorUrl": None})
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{title} - ReDoc",
+                              redoc_js_url=f"{STATIC}/redoc/redoc.standalone.js", redoc_favicon_url=favicon,
+                              with_google_fonts=False)
+
+    app.mount(STATIC, StaticFiles(directory=STATIC_DIR), name="static")
+
+
 def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
                 errors: dict[type[Exception], int], metrics: ServiceMetrics | None = None,
-                metrics_token: str | None = None, **fastapi_options: Any) -> FastAPI:
+                metrics_token: str | None = None) -> FastAPI:
     """A service's FastAPI app: bounded bodies, its routers, its domain errors answered with their status
-    and the message as `detail`, and `app.state.stopping` for its long-polls (see `serve`). With `metrics`:
-    every request measured and `GET /metrics`, open unless `metrics_token` is set (then a bearer token).
-    `fastapi_options` go to FastAPI (e.g. docs_url=None for a service that serves its own docs)."""
+    and the message as `detail`, API docs that work offline, and `app.state.stopping` for its long-polls
+    (see `serve`). With `metrics`: every request measured and `GET /metrics`, open unless `metrics_token`
+    is set (then a bearer token)."""
     @asynccontextmanager
     async def bound(app: FastAPI):
         app.state.stopping.bind()  # on the loop that serves
         async with lifespan(app):
             yield
 
-    app = FastAPI(title=title, version="0.1.0", lifespan=bound, **fastapi_options)
+    # FastAPI's CDN-backed /docs and /redoc off: `offline_docs` serves them.
+    app = FastAPI(title=title, version="0.1.0", lifespan=bound, docs_url=None, redoc_url=None)
+    offline_docs(app)
     app.state.stopping = Stopping()
     app.add_middleware(BodyLimit, limit=max_payload_bytes)
     for router in routers:

@@ -3,21 +3,23 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import HTTPException, Query, Request, Response, status
 
 from cloud.contributions import check_contribution
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
 from cloud.store import NotFound
+from shared import web
 from shared.metrics import note_outcome
 from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
 from shared.transport.records import decode
 from shared.transport.tensors import InvalidContent
-from shared.web import binary, json_body_doc, read_json, read_message, reject
+from shared.web import binary, read_json, read_message, reject
 
-router = APIRouter(prefix="/api/v1", tags=["edges"], dependencies=[require_edge])
+router = web.guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
 
 
-@router.post("/edges", openapi_extra=json_body_doc(EdgeRegistration))
+@router.post("/edges", responses=web.error_responses(400, 413, 422),
+             openapi_extra=web.json_body_doc(EdgeRegistration))
 async def register(request: Request, store: StoreDep) -> EdgeRegistration:
     reg = await read_json(request, EdgeRegistration)  # after the token check
     await store.register_edge(reg)
@@ -42,7 +44,8 @@ async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes |
     return await store.global_blob(active)
 
 
-@router.get("/edges/{edge_id}/global", responses={204: {"description": "nothing newer before the timeout"}})
+@router.get("/edges/{edge_id}/global", responses={204: {"description": "nothing newer before the timeout"},
+                                                  **web.error_responses(404, 422)})
 async def global_state(
     edge_id: int,
     store: StoreDep,
@@ -66,7 +69,8 @@ async def global_state(
     return binary(blob) if isinstance(blob, bytes) else Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED)
+@router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED,
+             responses=web.error_responses(400, 404, 409, 413, 422), openapi_extra=web.binary_body_doc())
 async def submit(
     edge_id: int, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
 ) -> SubmitReceipt:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from fastapi import APIRouter, Request, status
+from fastapi import Request, status
 from fastapi.responses import StreamingResponse
 
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
@@ -15,12 +15,13 @@ from shared.config import RunConfig
 from shared.schemas import GlobalStateHeader, RoundRecord, RunEdges, RunInfo
 from shared.transport.records import decode
 from shared.transport.tensors import encode
-from shared.web import binary, json_body_doc, read_json
+from shared.web import binary, error_responses, guarded_router, json_body_doc, read_json
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[require_admin])
+router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, openapi_extra=json_body_doc(RunConfig))
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413, 422),
+             openapi_extra=json_body_doc(RunConfig))
 async def create_run(request: Request, store: StoreDep, settings: SettingsDep) -> RunInfo:
     config = await read_json(request, RunConfig, registry.parse_config)  # after the token check
     run_id = store.new_run_id()
@@ -35,12 +36,12 @@ async def list_runs(store: StoreDep) -> list[RunInfo]:
     return [await store.info(run_id) for run_id in await store.run_ids()]
 
 
-@router.get("/{run_id}")
+@router.get("/{run_id}", responses=error_responses(404))
 async def get_run(run_id: str, store: StoreDep) -> RunInfo:
     return await store.info(run_id)
 
 
-@router.post("/{run_id}/{action}")
+@router.post("/{run_id}/{action}", responses=error_responses(404, 409, 422))
 async def control(
     run_id: str, action: Literal["start", "pause", "resume", "stop"], store: StoreDep, orchestrator: OrchestratorDep
 ) -> RunInfo:
@@ -50,12 +51,12 @@ async def control(
     return await store.info(run_id)
 
 
-@router.get("/{run_id}/history")
+@router.get("/{run_id}/history", responses=error_responses(404))
 async def history(run_id: str, store: StoreDep) -> list[RoundRecord]:
     return await store.history(run_id)
 
 
-@router.get("/{run_id}/model")
+@router.get("/{run_id}/model", responses=error_responses(404))
 async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
     """The global model at the current version as safetensors (X-FL-Version says which)."""
     config = await store.config(run_id)
@@ -64,7 +65,7 @@ async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
     return binary(encode(params, header), headers={"X-FL-Version": str(header.version)})
 
 
-@router.get("/{run_id}/edges")
+@router.get("/{run_id}/edges", responses=error_responses(404))
 async def edges(run_id: str, store: StoreDep) -> RunEdges:
     """The buffer against B, and per edge its last contribution: the version it was computed on, its
     staleness, and whether it still waits in the buffer."""
@@ -72,7 +73,8 @@ async def edges(run_id: str, store: StoreDep) -> RunEdges:
 
 
 @router.get("/{run_id}/events", response_class=StreamingResponse, responses={200: {
-    "content": {"text/event-stream": {}}, "description": "`event: update`, data: a RunUpdate (JSON)"}})
+    "content": {"text/event-stream": {}}, "description": "`event: update`, data: a RunUpdate (JSON)"},
+    **error_responses(404)})
 async def events(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, stopping: StoppingDep):
     """Server-sent events of a run for the dashboard: an update whenever it changes (the first one with
     the whole history, later ones with the new rounds), a comment every 15 s otherwise; the stream ends

@@ -3,20 +3,21 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi import Depends, HTTPException, Query, Request, Response, status
 
 from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
+from shared import web
 from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt
 from shared.transport.tensors import InvalidContent
-from shared.web import binary, json_body_doc, read_json, read_message, reject
+from shared.web import binary, read_json, read_message, reject
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
-router = APIRouter(prefix="/api/v1/clients", tags=["clients"], dependencies=[Depends(client_auth)])
+router = web.guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["clients"])
 
 
-@router.post("", responses={409: {"description": "not a client of this edge in the current run"}},
-             openapi_extra=json_body_doc(ClientRegistration))
+@router.post("", responses=web.error_responses(400, 409, 413, 422),
+             openapi_extra=web.json_body_doc(ClientRegistration))
 async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
     reg = await read_json(request, ClientRegistration)  # after the token check
     loop.check_own_client(reg.client_id)
@@ -24,7 +25,8 @@ async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> Cli
     return reg
 
 
-@router.get("/{client_id}/task", responses={204: {"description": "no task before the timeout"}})
+@router.get("/{client_id}/task", responses={204: {"description": "no task before the timeout"},
+                                            **web.error_responses(404, 422)})
 async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: float = Query(20.0, ge=0)):
     found = await board.fetch(client_id, min(timeout, settings.long_poll_max_s))
     if found is None:
@@ -32,7 +34,8 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
     return binary(await asyncio.to_thread(found.blob))  # encoded on first fetch
 
 
-@router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED)
+@router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED,
+             responses=web.error_responses(400, 404, 409, 413, 422), openapi_extra=web.binary_body_doc())
 async def result(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
     tensors, header, _ = await read_message(request, ClientResultHeader)
     if header.client_id != client_id:
@@ -47,8 +50,7 @@ async def result(client_id: int, request: Request, board: BoardDep) -> ResultRec
 
 
 @router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
-             responses={409: {"description": "the task is not open (stale) or already answered"}},
-             openapi_extra=json_body_doc(ClientFailureReport))
+             responses=web.error_responses(400, 409, 413, 422), openapi_extra=web.json_body_doc(ClientFailureReport))
 async def failure(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
     """A task the client could not train: the round stops waiting for it and its record says why."""
     report = await read_json(request, ClientFailureReport)  # after the token check

@@ -7,11 +7,11 @@ services (edge/round_loop.py, cloud/orchestrator.py) and by the in-process refer
 
     cloud:  init_global ............................................. version 0
     edge:   select(client_ids, round, edge) -> the clients that train this round
-    edge:   client_task(global, k) -> task tensors, per selected client   (sub-models go here)
-    client: local_update(job, task, client_state) -> ClientUpdate         (persistent state per client)
-    edge:   edge_aggregate(results, edge_state) -> EdgeAggregate           (an associative partial)
+    edge:   client_task(global, k, round) -> the task record, per selected client   (sub-models go here)
+    client: local_update(job, task, client_state) -> ClientUpdate   (result record + state kept per client)
+    edge:   edge_aggregate(results, edge_state, round) -> (EdgeAggregate, edge_state)   (an associative partial)
     edge:   [κ > 1 edge rounds: edge_round_update, then edge_contribution]
-    cloud:  cloud_update(global, contributions, cloud_state) -> new global (server memory goes here)
+    cloud:  cloud_update(global, contributions, cloud_state, round) -> (new global, cloud_state)   (server memory)
     cloud:  evaluate, server_metrics(global, cloud_state) -> the round's figures for the history
 
 Everything that crosses a process boundary is a `Record`: named groups of tensors such as
@@ -25,7 +25,7 @@ An algorithm is generic over its Params model (`class FedProx(FedAvg[FedProxPara
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, get_args
+from typing import Any, Callable, ClassVar, Collection, Generic, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -65,7 +65,7 @@ class LocalJob:
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """A client's answer: tensors sent to the edge, plus the state it keeps for the next round."""
+    """A client's answer: the record sent to the edge, plus the record it keeps for the next round."""
 
     tensors: Record
     num_samples: int
@@ -240,7 +240,10 @@ class Algorithm(Generic[P]):
         raise NotImplementedError
 
 
-def combined_mean(contributions: list[Contribution]) -> Record:
-    """Mean over all clients behind `contributions` (p_k-weighted), in float64."""
+def combined_mean(contributions: list[Contribution], groups: Collection[str] | None = None) -> Record:
+    """Mean over all clients behind `contributions` (p_k-weighted), in float64: of every group, or of `groups`
+    (those that are partial sums, when a contribution also carries per-client tensors)."""
     ordered = sorted(contributions, key=lambda c: c.edge_id)
-    return aggregate.mean(aggregate.combine(aggregate.Partial(c.tensors, c.weight) for c in ordered))
+    return aggregate.mean(aggregate.combine(
+        aggregate.Partial({g: t for g, t in c.tensors.items() if groups is None or g in groups}, c.weight)
+        for c in ordered))

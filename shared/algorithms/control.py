@@ -29,6 +29,12 @@ def with_control(global_: Record) -> Record:
     return {**global_, CONTROL: {n: torch.zeros_like(t) for n, t in global_[MODEL].items()}}
 
 
+def kept_control(state: Record, like: Tensors) -> Tensors:
+    """The client's c_k from its state's "control" group; c_k⁰ = 0, shaped like `like`, where it holds none."""
+    kept = state.get(CONTROL, {})
+    return {n: kept[n] if n in kept else torch.zeros_like(t) for n, t in like.items()}
+
+
 def step_length(cfg: LocalTrainingConfig, steps: int) -> float:
     """How far `steps` optimiser steps move the weights per unit of a constant gradient.
 

@@ -33,8 +33,8 @@ Choices the issue leaves open:
 - The client→cluster map is ClusterFedVARP's run setting (`clusters`, or by default k-means with
   `num_clusters` on the clients' label histograms, shared.algorithms.clustering); capacities are
   FedRolex's (`capacities`, default [1, ½, ¼][k mod 3]); μ is one run-wide value (the notes' μ_k per
-  client is not used). With Nesterov the SCAFFOLD denominator is scaffold.step_length's effective
-  step length (see scaffold.py), E·|𝓑|·η_k for plain SGD.
+  client is not used). With Nesterov the SCAFFOLD denominator is control.step_length's effective
+  step length (scaffold.py says why), E·|𝓑|·η_k for plain SGD.
 - The memory spans all clients: one edge only (multi_edge = False), no edge rounds.
 """
 from __future__ import annotations
@@ -44,9 +44,18 @@ from typing import ClassVar
 import torch
 
 from shared.algorithms import aggregate
-from shared.algorithms.base import MODEL, Algorithm, ClientResult, ClientUpdate, Contribution, EdgeAggregate, LocalJob
+from shared.algorithms.base import (
+    MODEL,
+    Algorithm,
+    ClientResult,
+    ClientUpdate,
+    Contribution,
+    EdgeAggregate,
+    LocalJob,
+    combined_mean,
+)
 from shared.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
-from shared.algorithms.control import CONTROL, control_step, corrected_sgd, with_control
+from shared.algorithms.control import CONTROL, control_step, corrected_sgd, kept_control, with_control
 from shared.algorithms.fedprox import FedProxParams, proximal_term
 from shared.algorithms.fedrolex import FedRolex, FedRolexParams
 from shared.algorithms.fedvarp import (
@@ -57,13 +66,10 @@ from shared.algorithms.fedvarp import (
     deltas_spec,
     memory_bytes,
     stacked,
-    stored_memory,
-    updated_memory,
-    varp_direction,
+    varp_update,
 )
 from shared.algorithms.submodel import Shapes, coverage, embed, extract
 from shared.transport.records import Record, RecordSpec
-from shared.transport.tensors import Tensors
 
 
 class FedSCAVARParams(ClusterParams, FedRolexParams, FedProxParams):
@@ -101,18 +107,10 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         shapes: Shapes = {n: tuple(t.shape) for n, t in w.items()}
         # The windows are a function of (client, round): the cloud recomputes them instead of shipping masks.
         masks = {k: coverage(self.architecture, self.windows(k, round, shapes), shapes) for k in clients}
-        step: Tensors = {}
-        memory: Tensors = {}
-        for name, param in w.items():
-            y = stored_memory(cloud_state, name, param, b.num_groups, torch.float64)
-            deltas = b.deltas(name)
-            covered = torch.stack([masks[k][name] for k in clients])
-            step[name] = varp_direction(deltas, covered, y, b.rows, b.sizes, len(groups))
-            memory[name] = updated_memory(y, deltas, covered, b.rows).contiguous()
-        ordered = sorted(contributions, key=lambda c: c.edge_id)
-        control = aggregate.combine(aggregate.Partial({CONTROL: c.tensors[CONTROL]}, c.weight) for c in ordered)
+        step, memory = varp_update(w, cloud_state, b, len(groups), lambda _: torch.float64,
+                                   lambda name: torch.stack([masks[k][name] for k in clients]))
         new_w = aggregate.add_scaled(w, step, self.config.server_lr)
-        new_c = control_step(global_[CONTROL], aggregate.mean(control)[CONTROL], len(clients),
+        new_c = control_step(global_[CONTROL], combined_mean(contributions, [CONTROL])[CONTROL], len(clients),
                              self.config.data.num_clients)
         return {MODEL: new_w, CONTROL: new_c}, {MEMORY: memory}
 
@@ -139,10 +137,10 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
     def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         w, c = task[MODEL], task[CONTROL]
         # The run's full-width model gives the shapes c_k is kept at.
-        full_shapes: Shapes = {n: tuple(p.shape) for n, p in job.model_factory().named_parameters()}
+        full = {n: p.detach() for n, p in job.model_factory().named_parameters()}
+        full_shapes: Shapes = {n: tuple(p.shape) for n, p in full.items()}
         windows = self.windows(job.client_id, job.round, full_shapes)
-        kept = state.get(CONTROL, {})
-        c_k_full = {n: kept[n] if n in kept else torch.zeros(s) for n, s in full_shapes.items()}
+        c_k_full = kept_control(state, full)
         c_k = extract(c_k_full, self.architecture, windows)
         if any(tuple(c_k[n].shape) != tuple(t.shape) for n, t in w.items()):
             raise ValueError(f"task for client {job.client_id} in round {job.round} does not match its window")

@@ -24,9 +24,9 @@ Choices the issue leaves open:
   instead of kept as a running sum, so no rounding drift accumulates and the state holds nothing but the y's.
 
 The maths is written once, for a memory with one slot per *group* of clients and clients that each
-cover part of the coordinates (`varp_direction`, `updated_memory`, with coverage masks for FedSCAVAR's
-sub-models); FedVARP is the case where every client is its own group and covers everything (full
-masks), ClusterFedVARP shares a slot per cluster.
+cover part of the coordinates (`varp_update`: `varp_direction` and `updated_memory` with coverage
+masks, for FedSCAVAR's sub-models); FedVARP is the case where every client is its own group and covers
+everything (full masks), ClusterFedVARP shares a slot per cluster.
 """
 from __future__ import annotations
 
@@ -119,6 +119,21 @@ def stored_memory(cloud_state: Record, name: str, param: torch.Tensor, num_group
     return y
 
 
+def varp_update(model: Tensors, cloud_state: Record, b: BufferedClients, num_clients: int,
+                dtype: Callable[[torch.Tensor], torch.dtype],
+                coverage: Callable[[str], torch.Tensor]) -> tuple[Tensors, Tensors]:
+    """(v, the new memory), parameter by parameter: `varp_direction` and `updated_memory` over the stored y
+    (in `dtype(param)`), with `coverage(name)` the (m, *shape) masks of the buffered clients in id order."""
+    step: Tensors = {}
+    memory: Tensors = {}
+    for name, param in model.items():
+        y = stored_memory(cloud_state, name, param, b.num_groups, dtype(param))
+        deltas, masks = b.deltas(name), coverage(name)
+        step[name] = varp_direction(deltas, masks, y, b.rows, b.sizes, num_clients)
+        memory[name] = updated_memory(y, deltas, masks, b.rows).contiguous()
+    return step, memory
+
+
 def memory_bytes(groups: list[int], params: Tensors, dtype: Callable[[torch.Tensor], torch.dtype]) -> int:
     """Size of y: one copy of every parameter per memory slot."""
     slots = max(groups) + 1
@@ -178,12 +193,10 @@ class FedVARP(FedAvg[P]):
     ) -> tuple[Record, Record]:
         groups = self.memory_groups()
         b = buffered_clients(self.name, contributions, groups)
-        step: Tensors = {}
-        memory: Tensors = {}
-        for name, param in global_[MODEL].items():
-            y = stored_memory(cloud_state, name, param, b.num_groups, self.memory_dtype(param))
-            deltas = b.deltas(name)
-            everywhere = torch.ones(deltas.shape, dtype=torch.bool)  # every client trained the whole model
-            step[name] = varp_direction(deltas, everywhere, y, b.rows, b.sizes, len(groups))
-            memory[name] = updated_memory(y, deltas, everywhere, b.rows).contiguous()
-        return {MODEL: aggregate.add_scaled(global_[MODEL], step, self.config.server_lr)}, {MEMORY: memory}
+        w = global_[MODEL]
+
+        def everywhere(name: str) -> torch.Tensor:  # every client trained the whole model
+            return torch.ones((len(b.ids), *w[name].shape), dtype=torch.bool)
+
+        step, memory = varp_update(w, cloud_state, b, len(groups), self.memory_dtype, everywhere)
+        return {MODEL: aggregate.add_scaled(w, step, self.config.server_lr)}, {MEMORY: memory}

@@ -36,7 +36,7 @@ import torch
 
 from shared.algorithms import aggregate
 from shared.algorithms.base import MODEL, Algorithm, ClientUpdate, Contribution, LocalJob, NoParams, combined_mean
-from shared.algorithms.control import CONTROL, control_step, corrected_sgd, with_control
+from shared.algorithms.control import CONTROL, control_step, corrected_sgd, kept_control, with_control
 from shared.config import RunConfig
 from shared.selection import num_selected
 from shared.training import load_parameters
@@ -70,8 +70,7 @@ class Scaffold(Algorithm[NoParams]):
     # ---- client --------------------------------------------------------------------------------
     def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         w, c = task[MODEL], task[CONTROL]
-        kept = state.get(CONTROL, {})
-        c_k = {n: kept[n] if n in kept else torch.zeros_like(t) for n, t in w.items()}
+        c_k = kept_control(state, w)
         u = corrected_sgd(job, self.config.local, load_parameters(job.model_factory(), w), w, c, c_k)
         return ClientUpdate({MODEL: u.delta_w, CONTROL: u.delta_c}, len(job.data.train), u.stats.mean_loss,
                             {CONTROL: u.control})

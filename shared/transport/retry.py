@@ -18,7 +18,7 @@ import httpx
 
 from shared.backoff import Backoff
 
-log = logging.getLogger("transport")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEDUPLICATED = {"deduplicated": True}

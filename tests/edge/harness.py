@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -171,8 +171,9 @@ class CloudDouble:
         return httpx.Response(404, json={"detail": f"no route {request.method} {path}"})
 
 
-async def answer_tasks(edge: Edge, client_ids: Iterable[int]) -> None:
-    """Clients that register, then answer every task they fetch with zeros of its shapes (until cancelled)."""
+async def serve_tasks(edge: Edge, client_ids: Iterable[int],
+                      answer: Callable[[int, Tensors, ClientTaskHeader], Awaitable[None]]) -> None:
+    """Clients that register, then hand every task they fetch to `answer(k, tensors, header)` (until cancelled)."""
     async def serve(k: int) -> None:
         await edge.register(k)
         while True:
@@ -181,11 +182,19 @@ async def answer_tasks(edge: Edge, client_ids: Iterable[int]) -> None:
                 continue
             assert r.status_code == 200, r.text
             tensors, header = decode(r.content, ClientTaskHeader)
-            answer = ClientResultHeader(task_id=header.task_id, client_id=k, num_samples=10, loss=0.5)
-            r = await edge.send_result(k, encode(zeros_like(tensors), answer))
-            assert r.status_code in (202, 409), r.text
+            await answer(k, tensors, header)
 
     await asyncio.gather(*(serve(k) for k in client_ids))
+
+
+async def answer_tasks(edge: Edge, client_ids: Iterable[int]) -> None:
+    """Clients that register, then answer every task they fetch with zeros of its shapes (until cancelled)."""
+    async def answer(k: int, tensors: Tensors, header: ClientTaskHeader) -> None:
+        result = ClientResultHeader(task_id=header.task_id, client_id=k, num_samples=10, loss=0.5)
+        r = await edge.send_result(k, encode(zeros_like(tensors), result))
+        assert r.status_code in (202, 409), r.text
+
+    await serve_tasks(edge, client_ids, answer)
 
 
 async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:

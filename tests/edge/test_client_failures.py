@@ -8,7 +8,7 @@ import time
 import pytest
 
 from shared.schemas import ClientResultHeader, ClientTaskHeader
-from shared.transport.tensors import decode, encode
+from shared.transport.tensors import encode
 from tests.edge.harness import (
     CONFIG,
     CloudDouble,
@@ -16,6 +16,7 @@ from tests.edge.harness import (
     auth,
     result_header,
     running_edge,
+    serve_tasks,
     task_id,
     task_tensors,
     until,
@@ -30,19 +31,13 @@ ERROR = "UserCodeError: cannot import the model factory 'pkg.models:net': No mod
 
 async def fail_tasks(edge, client_ids) -> None:
     """Clients that register, then report every task they fetch as failed (until cancelled)."""
-    async def serve(k: int) -> None:
-        await edge.register(k)
-        while True:
-            r = await edge.http.get(f"/api/v1/clients/{k}/task", params={"timeout": 1}, headers=auth())
-            if r.status_code == 204:
-                continue
-            _, header = decode(r.content, ClientTaskHeader)
-            r = await edge.http.post(f"/api/v1/clients/{k}/failures", headers=auth(),
-                                     json={"task_id": header.task_id, "client_id": k, "error": ERROR})
-            assert r.status_code in (202, 409), r.text
-            await asyncio.sleep(0.5)  # the task stays open until the round ends: do not spin
+    async def report(k: int, _, header: ClientTaskHeader) -> None:
+        r = await edge.http.post(f"/api/v1/clients/{k}/failures", headers=auth(),
+                                 json={"task_id": header.task_id, "client_id": k, "error": ERROR})
+        assert r.status_code in (202, 409), r.text
+        await asyncio.sleep(0.5)  # the task stays open until the round ends: do not spin
 
-    await asyncio.gather(*(serve(k) for k in client_ids))
+    await serve_tasks(edge, client_ids, report)
 
 
 async def test_reported_failures_end_the_wait_and_reach_the_contribution() -> None:

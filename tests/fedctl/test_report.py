@@ -4,8 +4,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fedctl.report import client_reports, group_summary, save_results
+from fedctl.report import save_results
 from shared.algorithms.base import Contribution
+from shared.client_reports import client_reports, group_summary
 from shared.cloud_round import CloudRoundOutcome, round_record
 from shared.config import RunConfig
 from shared.schemas import ClientParticipation, RunInfo, RunStatus

@@ -1,6 +1,6 @@
 """The dashboard in a real browser (headless Chromium driven by Playwright) against a real federation:
 create, start, watch, pause, resume and stop a run from the pages, with no console error and no request
-to any host but the cloud; the API docs render offline too.
+to any host but the cloud; both services' API docs render offline too.
 
 `./fl test` installs Chromium where it is missing (as root, with apt). FL_SCREENSHOTS=docs/ saves the
 README's screenshots of the two pages.
@@ -71,18 +71,18 @@ def host(url: str) -> str | None:
 
 class Watched:
     """A page whose console errors, uncaught exceptions, failed requests and requests to any host other
-    than the cloud are recorded."""
+    than the service that serves it (the cloud, unless told) are recorded."""
 
-    def __init__(self, browser: Browser, cloud_url: str):
+    def __init__(self, browser: Browser, service_url: str):
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
         self.page: Page = self.context.new_page()
         self.errors: list[str] = []
         self.foreign: list[str] = []
-        cloud = urlsplit(cloud_url).netloc
+        service = urlsplit(service_url).netloc
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         self.page.on("requestfailed", lambda r: self._failed(r))
-        self.page.on("request", lambda r: host(r.url) not in (cloud, None) and self.foreign.append(r.url))
+        self.page.on("request", lambda r: host(r.url) not in (service, None) and self.foreign.append(r.url))
 
     def _failed(self, request) -> None:
         # Leaving or reloading a page aborts its open requests (its event stream, a refresh of the list):
@@ -226,11 +226,17 @@ def test_a_wrong_token_is_refused_and_the_right_one_kept_for_the_tab(running, wa
     assert watched.foreign == []
 
 
+@pytest.mark.parametrize("service", ["cloud", "edge"])
 @pytest.mark.parametrize("path, rendered", [("/docs", ".swagger-ui .info .title"), ("/redoc", "h1")])
-def test_the_api_docs_render_offline(running, watched, path, rendered):
+def test_the_api_docs_render_offline(running, browser, service, path, rendered):
+    """Both services' docs, each page requesting nothing but from the service that serves it."""
     topology, _ = running
-    page = watched.page
-    page.goto(topology.cloud_url + path)
-    expect(page.locator(rendered).first).to_contain_text("FL cloud", timeout=30_000)
-    page.wait_for_load_state("networkidle")
-    watched.assert_clean()
+    url = topology.cloud_url if service == "cloud" else topology.edges[0].url
+    watched = Watched(browser, url)
+    try:
+        watched.page.goto(url + path)
+        expect(watched.page.locator(rendered).first).to_contain_text(f"FL {service}", timeout=30_000)
+        watched.page.wait_for_load_state("networkidle")
+        watched.assert_clean()
+    finally:
+        watched.close()

@@ -33,7 +33,7 @@ def client(inner: httpx.MockTransport, attempts: int | None = None) -> httpx.Asy
 
 
 def waits(caplog) -> list[float]:
-    return [r.args[-1] for r in caplog.records if r.name == "transport" and "retrying in" in r.msg]
+    return [r.args[-1] for r in caplog.records if r.name == "shared.transport.retry" and "retrying in" in r.msg]
 
 
 async def test_a_read_goes_through_a_503_and_a_dropped_connection(caplog):
