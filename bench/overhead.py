@@ -6,14 +6,20 @@ from the start request until the run reports finished, on warm services (a first
 each process and is reported separately as "cold"). The reference is `shared.reference.run_reference`
 in this process, with 1 torch thread (what each client process uses) and with all cores.
 
-    ./fl bench [--repeats 5]
+With `--metrics-overhead`, a second topology with metrics switched off (FL_CLOUD_METRICS and
+FL_EDGE_METRICS false) runs beside the first (metrics on); each repeat times both, in alternating order,
+and the figures include the ratio metrics on / off, each mode's spread and its ratio vs the reference.
+
+    ./fl bench [--repeats 5] [--metrics-overhead]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
+import httpx
 import torch
 
 from fedctl.api import CloudAPI
@@ -41,26 +47,47 @@ def timed_reference(config: RunConfig, threads: int) -> float:
         torch.set_num_threads(previous)
 
 
+METRICS = {"on": "true", "off": "false"}
+
+
+def metrics_env(mode: str) -> dict[str, str]:
+    return {"FL_CLOUD_METRICS": METRICS[mode], "FL_EDGE_METRICS": METRICS[mode]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--metrics-overhead", action="store_true",
+                        help="also time a topology with metrics off, interleaved, and print the on/off ratio")
     args = parser.parse_args()
     config = RunConfig(name="overhead", rounds=args.rounds, local={"epochs": 1, "batch_size": 32})
     cores = torch.get_num_threads()
+    modes = ["on", "off"] if args.metrics_overhead else ["on"]
     timed_reference(config, 1)  # warm the data cache of this process
 
-    with LocalTopology(num_clients=10, num_edges=1, procs_per_edge=2) as topo, \
-            CloudAPI(topo.cloud_url, topo.admin_token) as api:
-        cold = timed_distributed(api, config)
-        rows = []
+    with contextlib.ExitStack() as stack:
+        apis = {}
+        for mode in modes:  # each started once and kept warm; the idle one only long-polls meanwhile
+            topo = stack.enter_context(LocalTopology(num_clients=10, num_edges=1, procs_per_edge=2,
+                                                     extra_env=metrics_env(mode)))
+            apis[mode] = stack.enter_context(CloudAPI(topo.cloud_url, topo.admin_token))
+            for url in [topo.cloud_url, *(edge.address() for edge in topo.edges)]:  # measure what is claimed
+                scrape = httpx.get(f"{url}/metrics", timeout=5.0).status_code
+                assert scrape == (200 if mode == "on" else 404), f"{url}/metrics answered {scrape}, metrics {mode}"
+        cold = {mode: timed_distributed(api, config) for mode, api in apis.items()}
+        rows, runs = [], {mode: [] for mode in modes}
         for i in range(args.repeats):
-            # Interleaved, so drift in the machine's load hits both sides alike.
-            dist = timed_distributed(api, config)
+            # Interleaved, so drift in the machine's load hits every side alike; the modes alternate
+            # which goes first.
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                runs[mode].append(timed_distributed(apis[mode], config))
+            dist = runs["on"][-1]
             ref1 = timed_reference(config, 1)
             refn = timed_reference(config, cores)
             rows.append((dist, ref1, refn))
-            print(f"repeat {i + 1}: distributed {dist:6.2f}s  reference(1 thread) {ref1:6.2f}s  "
+            off = f"  metrics off {runs['off'][-1]:6.2f}s" if args.metrics_overhead else ""
+            print(f"repeat {i + 1}: distributed {dist:6.2f}s{off}  reference(1 thread) {ref1:6.2f}s  "
                   f"reference({cores} threads) {refn:6.2f}s  ratios {dist / ref1:.3f} / {dist / refn:.3f}", flush=True)
 
     med = [statistics.median(col) for col in zip(*rows, strict=True)]
@@ -68,11 +95,24 @@ def main() -> None:
     ration = statistics.median(d / r for d, _, r in rows)
     print()
     print(f"work: FedAvg CNN MNIST-5k IID, 10 clients, {args.rounds} rounds, E=1 B=32; {args.repeats} repeats")
-    print(f"cold distributed run (first run: processes load data): {cold:.2f}s")
+    print(f"cold distributed run (first run: processes load data): {cold['on']:.2f}s")
     print(f"median distributed {med[0]:.2f}s | reference 1 thread {med[1]:.2f}s | "
           f"reference {cores} threads {med[2]:.2f}s")
     print(f"overhead ratio (distributed / reference, median): {ratio1:.3f} vs 1-thread reference, "
           f"{ration:.3f} vs {cores}-thread reference")
+    if args.metrics_overhead:
+        print()
+        print(f"metrics overhead (cold with metrics off: {cold['off']:.2f}s)")
+        for mode in modes:
+            times = runs[mode]
+            vs1 = statistics.median(t / row[1] for t, row in zip(times, rows, strict=True))
+            vsn = statistics.median(t / row[2] for t, row in zip(times, rows, strict=True))
+            print(f"metrics {mode:3}: median {statistics.median(times):.2f}s (min {min(times):.2f}s, "
+                  f"max {max(times):.2f}s); ratio vs 1-thread reference {vs1:.3f}, vs {cores}-thread {vsn:.3f}")
+        paired = [on / off for on, off in zip(runs["on"], runs["off"], strict=True)]
+        print(f"metrics on / off (same repeat, median): {statistics.median(paired):.3f} "
+              f"(min {min(paired):.3f}, max {max(paired):.3f}); of the medians: "
+              f"{statistics.median(runs['on']) / statistics.median(runs['off']):.3f}")
 
 
 if __name__ == "__main__":

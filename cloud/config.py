@@ -28,6 +28,8 @@ class CloudSettings(ServiceSettings):
     allowed_imports: str = ""
     # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
     metrics_token: str | None = None
+    # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
+    metrics: bool = True
     # How long creating a run may take to load its data and build its model (user code included) before it
     # is refused (422): a loader that never returns must not hold the request, nor threads others need.
     create_timeout_s: float = Field(120.0, gt=0)

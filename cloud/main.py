@@ -18,12 +18,13 @@ from cloud.orchestrator import Orchestrator
 from cloud.routes import edges, health, runs, ui
 from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisStore
 from shared.log import configure_logging
+from shared.metrics import switchable
 from shared.web import serve, service_app
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
     settings = settings or CloudSettings()
-    metrics = CloudMetrics(settings.long_poll_max_s)
+    metrics = switchable(settings.metrics, lambda: CloudMetrics(settings.long_poll_max_s))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -28,6 +28,8 @@ class EdgeSettings(ServiceSettings):
     long_poll_max_s: float = Field(25.0, gt=0)
     # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
     metrics_token: str | None = None
+    # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
+    metrics: bool = True
     # Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run,
     # so a restarted edge continues where it stopped. On by default: an edge that forgets reports only
     # the clients of its next round, and the others silently drop out of the global prototypes.

@@ -15,6 +15,7 @@ from edge.round_loop import EdgeRoundLoop
 from edge.routes import clients, health
 from edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from shared.log import configure_logging
+from shared.metrics import switchable
 from shared.transport.http import make_client
 from shared.web import Stopping, serve, service_app
 
@@ -23,7 +24,7 @@ def create_app(settings: EdgeSettings | None = None,
                cloud_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """`cloud_transport` replaces the network under the edge's client of the cloud (tests: an in-process cloud)."""
     settings = settings or EdgeSettings()
-    metrics = EdgeMetrics(settings.long_poll_max_s)
+    metrics = switchable(settings.metrics, lambda: EdgeMetrics(settings.long_poll_max_s))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar, cast
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -129,6 +130,27 @@ class RequestMetrics:
             await self.app(scope, receive, recording_send)
         finally:
             self.metrics.observe(scope, status, time.perf_counter() - started)
+
+
+class _Off:
+    """Metrics switched off: a null object standing for a service's metrics. Every attribute and every call
+    gives this object again, so `metrics.submissions.labels("202").inc()` or `metrics.trained(header)` does
+    nothing, and the code that counts (orchestrator, round loop, routes) needs no check of its own."""
+
+    def __getattr__(self, _name: str) -> _Off:
+        return self
+
+    def __call__(self, *_args: object, **_kwargs: object) -> _Off:
+        return self
+
+
+MetricsT = TypeVar("MetricsT", bound=ServiceMetrics)
+
+
+def switchable(enabled: bool, make: Callable[[], MetricsT]) -> MetricsT:
+    """`make()`, or with metrics off (`FL_*_METRICS=false`) the null object in its place: nothing is
+    counted, and `service_app` adds neither the middleware nor `GET /metrics` (404) for it."""
+    return make() if enabled else cast(MetricsT, _Off())
 
 
 def metrics_router(metrics: ServiceMetrics, dependencies: list) -> APIRouter:

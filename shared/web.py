@@ -293,7 +293,8 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
     for router in routers:
         app.include_router(router)
     if metrics is not None:
-        app.state.metrics = metrics
+        app.state.metrics = metrics  # what the routes count through: the null object when switched off
+    if isinstance(metrics, ServiceMetrics):  # not switched off (shared.metrics.switchable): measure and serve
         app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: it sees BodyLimit's 413s too
         guard = [Depends(bearer_guard(lambda _: metrics_token))] if metrics_token is not None else []
         scrape = metrics_router(metrics, guard)

@@ -6,6 +6,7 @@ import pytest
 
 from cloud.metrics import REFUSALS
 from fedctl.redis_server import free_port
+from shared.metrics import RequestMetrics, ServiceMetrics
 from shared.web import SAFETENSORS
 from tests.cloud.harness import (
     Cloud,
@@ -136,3 +137,15 @@ async def test_an_edge_id_spelled_with_leading_zeros_counts_for_that_edge(cloud:
     m = await scrape(cloud)
     assert value(m, "fl_cloud_contributions_total", edge_id="0", outcome="accepted") == 1
     assert {dict(labels)["edge_id"] for (name, labels) in m if name == "fl_cloud_contributions_total"} == {"0"}
+
+
+async def test_metrics_switched_off(redis_url: str) -> None:
+    """FL_CLOUD_METRICS=false: no request middleware, no /metrics, and a run's updates still compute (the
+    orchestrator counts through the null object)."""
+    async with running_cloud(redis_url, metrics=False) as cloud:
+        assert (await cloud.http.get("/metrics")).status_code == 404
+        assert RequestMetrics not in [m.cls for m in cloud.app.user_middleware]
+        assert not isinstance(cloud.app.state.orchestrator.metrics, ServiceMetrics)
+        run_id, global_ = await running_run(cloud)
+        assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
+        assert (await cloud.wait_version(run_id, 1))["version"] == 1

@@ -2,10 +2,13 @@
 and samples, clients connected and tasks outstanding."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from edge.metrics import REFUSALS
-from tests.edge.harness import Edge, result, running_edge
+from shared.metrics import RequestMetrics, ServiceMetrics
+from tests.edge.harness import CONFIG, CloudDouble, Edge, answer_tasks, result, running_edge, until
 from tests.prometheus import samples, value
 
 pytestmark = pytest.mark.anyio
@@ -49,3 +52,19 @@ async def test_result_too_large_is_counted() -> None:
         m = await scrape(edge)
     assert value(m, "fl_edge_results_refused_total", reason="too_large") == 1
     assert value(m, "fl_http_request_duration_seconds_count", route=RESULTS, status="413") == 1
+
+
+async def test_metrics_switched_off() -> None:
+    """FL_EDGE_METRICS=false: no request middleware, no /metrics, and a whole round still runs (the round loop
+    and the results route count through the null object)."""
+    cloud = CloudDouble()
+    async with running_edge(cloud_transport=cloud.transport(), metrics=False) as edge:
+        assert (await edge.http.get("/metrics")).status_code == 404
+        assert RequestMetrics not in [m.cls for m in edge.app.user_middleware]
+        assert not isinstance(edge.app.state.round_loop.metrics, ServiceMetrics)
+        clients = asyncio.create_task(answer_tasks(edge, range(CONFIG.data.num_clients)))
+        try:
+            await until(lambda: cloud.contributions, what="the round is submitted")
+        finally:
+            clients.cancel()
+    assert sorted(p.client_id for p in cloud.contributions[0].clients) == list(range(CONFIG.data.num_clients))
