@@ -101,5 +101,13 @@ class LiveRun:
                 said = time.monotonic()
             if stopping.is_set():
                 return
-            # Wakes on a new version or status change; looks again every LOOK_S for buffer changes.
-            update = await orchestrator.wait_until(self.update, LOOK_S)
+
+            async def changed() -> RunUpdate | bool | None:
+                # True once the cloud is stopping: the stream ends at once.
+                return stopping.is_set() or await self.update()
+
+            # Wakes on a new version or status change and looks again every LOOK_S for buffer changes (one
+            # look each, not two), until the keepalive is due.
+            found = await orchestrator.wait_until(changed, max(KEEPALIVE_S - (time.monotonic() - said), 0.0),
+                                                  recheck_s=LOOK_S)
+            update = found if isinstance(found, RunUpdate) else None
