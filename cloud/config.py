@@ -3,10 +3,10 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServiceSettings
+from shared.settings import ServerSettings
 
 
-class CloudSettings(ServiceSettings):
+class CloudSettings(ServerSettings):
     """Cloud settings: env FL_CLOUD_<NAME>, or a TOML file named by FL_CLOUD_CONFIG_FILE."""
 
     model_config = SettingsConfigDict(env_prefix="FL_CLOUD_", extra="forbid")
@@ -26,10 +26,6 @@ class CloudSettings(ServiceSettings):
     # Comma-separated packages whose "package.module:function" a run config may name as its model factory or
     # data loader (importing it runs that code here); empty: any importable package.
     allowed_imports: str = ""
-    # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
-    metrics_token: str | None = None
-    # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
-    metrics: bool = True
     # How long creating a run may take to load its data and build its model (user code included) before it
     # is refused (422): a loader that never returns must not hold the request, nor threads others need.
     create_timeout_s: float = Field(120.0, gt=0)

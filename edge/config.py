@@ -6,10 +6,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServiceSettings
+from shared.settings import ServerSettings
 
 
-class EdgeSettings(ServiceSettings):
+class EdgeSettings(ServerSettings):
     """Edge settings: env FL_EDGE_<NAME>, or a TOML file named by FL_EDGE_CONFIG_FILE."""
 
     model_config = SettingsConfigDict(env_prefix="FL_EDGE_", extra="forbid")
@@ -26,10 +26,6 @@ class EdgeSettings(ServiceSettings):
     public_url: str | None = None
     max_payload_bytes: int = Field(64 * 2**20, gt=0)
     long_poll_max_s: float = Field(25.0, gt=0)
-    # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
-    metrics_token: str | None = None
-    # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
-    metrics: bool = True
     # Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run,
     # so a restarted edge continues where it stopped. On by default: an edge that forgets reports only
     # the clients of its next round, and the others silently drop out of the global prototypes.

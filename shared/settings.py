@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
 
 from shared.log import LogFormat
@@ -38,3 +38,19 @@ class ServiceSettings(BaseSettings):
         if config_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
         return tuple(sources)
+
+
+class ServerSettings(ServiceSettings):
+    """What the two servers (cloud and edge) hold besides: their Prometheus metrics."""
+
+    # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
+    metrics: bool = True
+    # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
+    metrics_token: str | None = None
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _unset_if_empty(cls, token: str | None) -> str | None:
+        # `FL_CLOUD_METRICS_TOKEN=` (an env file's empty line) means unset: as a token it would refuse
+        # every scrape, since no request can carry an empty bearer token.
+        return token or None

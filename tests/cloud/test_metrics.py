@@ -107,6 +107,14 @@ async def test_metrics_token_when_set(redis_url: str, token: str | None) -> None
         assert value(await scrape(cloud, **bearer("scrape-secret")), "fl_cloud_contributions_refused_total") == 0
 
 
+async def test_an_empty_metrics_token_setting_means_open(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An env file's `FL_CLOUD_METRICS_TOKEN=` line: as a token it would refuse every scrape (no request can
+    # carry an empty bearer token), so it means unset.
+    monkeypatch.setenv("FL_CLOUD_METRICS_TOKEN", "")
+    async with running_cloud(redis_url) as cloud:
+        assert (await cloud.http.get("/metrics")).status_code == 200
+
+
 async def test_a_scrape_without_redis_still_reports_the_counters() -> None:
     async with running_cloud(f"redis://127.0.0.1:{free_port()}/0") as cloud:
         await cloud.http.get("/no/such/path")
