@@ -7,6 +7,7 @@ import httpx
 
 from shared.config import RunConfig
 from shared.schemas import RoundRecord, RunInfo, RunStatus
+from shared.transport.http import env_proxy
 from shared.transport.retry import SyncRetryTransport
 from shared.transport.tensors import Tensors, decode_tensors
 
@@ -17,7 +18,8 @@ class CloudAPI:
         # Reads are retried through a passing fault (a 5xx, a dropped connection: right after a Redis restart
         # one request in about ninety met a stale pooled connection); writes are not, since a create is not
         # idempotent. `transport` replaces the network under the retries (tests).
-        retrying = SyncRetryTransport(transport or httpx.HTTPTransport(), attempts=read_attempts)
+        network = transport or httpx.HTTPTransport(proxy=env_proxy(base_url))
+        retrying = SyncRetryTransport(network, attempts=read_attempts)
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"},
                                  timeout=timeout, transport=retrying)
 

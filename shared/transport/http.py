@@ -6,6 +6,7 @@ and 5xx answers (a restarting server) until they get through; 4xx answers are fi
 """
 from __future__ import annotations
 
+import urllib.request
 from typing import Any
 
 import httpx
@@ -23,8 +24,20 @@ def make_client(base_url: str, token: str, long_poll_s: float = 30.0,
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
     return httpx.AsyncClient(
         base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
-        transport=RetryTransport(transport or httpx.AsyncHTTPTransport(limits=limits)), **kwargs
+        transport=RetryTransport(transport or httpx.AsyncHTTPTransport(limits=limits, proxy=env_proxy(base_url))),
+        **kwargs
     )
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY), if any. httpx honours
+    these only for the transports it builds itself, and ours wrap a transport in retries: a device behind
+    a proxy would otherwise dial out directly and fail."""
+    parsed = httpx.URL(url)
+    if urllib.request.proxy_bypass(parsed.host):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    return proxies.get(parsed.scheme) or proxies.get("all")
 
 
 def binary_body(blob: bytes) -> dict[str, Any]:
