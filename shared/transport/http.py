@@ -7,12 +7,17 @@ and 5xx answers (a restarting server) until they get through; 4xx answers are fi
 from __future__ import annotations
 
 import urllib.request
+from functools import partial
 from typing import Any
 
 import httpx
 
-from shared.transport.retry import RetryTransport
+from shared.transport.retry import RetryTransport, default_backoff
 from shared.transport.wire import SAFETENSORS
+
+# The default retry policy with each delay drawn from its upper half: the clients of one edge (and the
+# edges of one cloud) that lost it together must not all come back in the same instant.
+DEVICE_BACKOFF = partial(default_backoff, jitter=0.5)
 
 
 def make_client(base_url: str, token: str, long_poll_s: float = 30.0,
@@ -24,7 +29,8 @@ def make_client(base_url: str, token: str, long_poll_s: float = 30.0,
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
     return httpx.AsyncClient(
         base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
-        transport=RetryTransport(transport or httpx.AsyncHTTPTransport(limits=limits, proxy=env_proxy(base_url))),
+        transport=RetryTransport(transport or httpx.AsyncHTTPTransport(limits=limits, proxy=env_proxy(base_url)),
+                                 backoff=DEVICE_BACKOFF),
         **kwargs
     )
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from shared.backoff import Backoff
+from shared.transport.http import make_client
 from shared.transport.retry import DEDUPLICATED, RetryTransport, SyncRetryTransport
 
 pytestmark = pytest.mark.anyio
@@ -110,3 +111,15 @@ def test_the_synchronous_variant_follows_the_same_rules(monkeypatch):
         assert http.post("/x", extensions=DEDUPLICATED).status_code == 500  # three attempts, then the fault
     assert seen == ["GET"] * 3 + ["POST"] * 4
     assert slept == [0.2, 0.4, 0.2, 0.4]  # the default policy, afresh for each request
+
+
+async def test_edges_and_clients_retry_at_jittered_delays(caplog):
+    """Devices that lost their server together must not all come back at the same instant: each delay of
+    the default policy (0.2 s doubling) is drawn from its upper half."""
+    caplog.set_level(logging.WARNING)
+    inner, _ = server(503, 503, 503, 200)
+    async with make_client("http://server", "token", transport=inner) as http:
+        assert (await http.get("/x")).status_code == 200
+    drawn = waits(caplog)
+    assert len(drawn) == 3 and drawn != [0.2, 0.4, 0.8]
+    assert all(d / 2 <= w <= d for w, d in zip(drawn, [0.2, 0.4, 0.8], strict=True)), drawn
