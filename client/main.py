@@ -18,14 +18,21 @@ log = logging.getLogger(__name__)
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
+def _help(what: str, field: str) -> str:
+    # The variable and default come from ClientSettings itself, so the help cannot drift from them.
+    default = ClientSettings.model_fields[field].default
+    return f"{what} (env FL_CLIENT_{field.upper()}; default {'unset' if default is None else default})"
+
+
 @app.command()
 def run(
-    edge: Optional[str] = typer.Option(None, help="edge URL (env FL_CLIENT_EDGE_URL)"),
-    clients: Optional[str] = typer.Option(None, help='logical client ids, e.g. "0-4" (env FL_CLIENT_CLIENTS)'),
-    token: Optional[str] = typer.Option(None, help="client bearer token (env FL_CLIENT_CLIENT_TOKEN)"),
-    state_dir: Optional[Path] = typer.Option(None, help="where per-client state is kept"),
-    data_path: Optional[str] = typer.Option(None, help="this machine's copy of an npz federated dataset"),
-    threads: Optional[int] = typer.Option(None, help="torch threads for local training"),
+    edge: Optional[str] = typer.Option(None, help=_help("edge URL", "edge_url")),
+    clients: Optional[str] = typer.Option(None, help=_help('logical client ids, e.g. "0-4" or "1,3,5"', "clients")),
+    token: Optional[str] = typer.Option(None, help=_help("client bearer token", "client_token")),
+    state_dir: Optional[Path] = typer.Option(None, help=_help("where per-client state is kept", "state_dir")),
+    data_path: Optional[str] = typer.Option(None, help=_help("this machine's copy of an npz federated dataset",
+                                                             "data_path")),
+    threads: Optional[int] = typer.Option(None, help=_help("torch threads for local training", "torch_threads")),
 ) -> None:
     overrides: dict[str, Any] = {k: v for k, v in {
         "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,

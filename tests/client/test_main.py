@@ -20,3 +20,19 @@ def test_process_exits_non_zero_when_the_edge_refuses_every_client(tmp_path, mon
     assert isinstance(result.exception, SystemExit), result.exception  # a clean exit, not a traceback
     assert "every logical client of this process stopped for good" in caplog.text
     assert "client 0" in caplog.text and "client 1" in caplog.text
+
+
+def test_help_names_each_options_variable_and_default(monkeypatch):
+    # A device's operator has only `fl-client --help` and the README, which names FL_CLIENT_* variables.
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(client.main.app, ["--help"])
+    assert result.exit_code == 0
+    lines = {line.split()[1]: line for line in result.output.splitlines() if line.startswith("│ --")}
+    expected = {"--edge": "FL_CLIENT_EDGE_URL; default http://127.0.0.1:8100",
+                "--clients": "FL_CLIENT_CLIENTS; default 0",
+                "--token": "FL_CLIENT_CLIENT_TOKEN; default dev-client-token",
+                "--state-dir": "FL_CLIENT_STATE_DIR; default .fl-state",
+                "--data-path": "FL_CLIENT_DATA_PATH; default unset",
+                "--threads": "FL_CLIENT_TORCH_THREADS; default 1"}
+    for option, text in expected.items():
+        assert text in lines[option], lines[option]
