@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
+import httpx
 import typer
 from rich.console import Console
 from rich.live import Live
@@ -168,7 +169,15 @@ def client_token_command(client_id: int = typer.Argument(..., min=0, help="the c
 
 def main() -> None:
     """The `fedctl` console script."""
-    app()
+    try:
+        app()
+    # An operator's mistake or an unreachable cloud is one line to read, not a page of traceback: a config
+    # the cloud refuses (the API's RuntimeError with its detail), a file that is not a valid RunConfig
+    # (ValueError, pydantic's included), a cloud that does not answer (httpx), a missing file (OSError).
+    except (RuntimeError, ValueError, OSError, httpx.HTTPError) as exc:
+        console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}", markup=True, highlight=False,
+                      soft_wrap=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+"""fedctl as an operator meets it: a mistake is one error line and exit status 1, not a traceback."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fedctl(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "fedctl", *args], capture_output=True, text=True, env=env,
+                          timeout=60, cwd=ROOT)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_invalid_config_is_one_error_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rounds": 0}')
+    done = _fedctl("create", str(bad), "--cloud", f"http://127.0.0.1:{_closed_port()}")
+    assert done.returncode == 1
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out
+    assert "error: ValidationError" in out and "rounds" in out
+
+
+def test_an_unreachable_cloud_is_one_error_line():
+    done = _fedctl("runs", "--cloud", f"http://127.0.0.1:{_closed_port()}")
+    assert done.returncode == 1
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out
+    assert "error: ConnectError" in out
