@@ -32,7 +32,11 @@ class Keys:
         return f"{self.prefix}:runs"
 
     @property
-    def active(self) -> str:  # id of the run that is running or paused (one at a time)
+    def active(self) -> str:  # set of the ids of the runs that are running or paused (any number at once)
+        return f"{self.prefix}:active_runs"
+
+    @property
+    def legacy_active(self) -> str:  # before several runs: the one active run's id (a string), migrated at start
         return f"{self.prefix}:active"
 
     @property

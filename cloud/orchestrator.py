@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from cloud.metrics import CloudMetrics
-from cloud.store import BufferedContribution, StateTooLarge, Store, now
+from cloud.store import UNAVAILABLE, BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, Contribution
 from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
@@ -37,6 +37,7 @@ class Orchestrator:
         self._changed = asyncio.Condition()
         self._algorithms: dict[str, Algorithm] = {}
         self._stopping = False
+        self._active = 0  # how many runs were active at the last look
 
     # ---- signalling ----------------------------------------------------------------------------
     def notify(self) -> None:
@@ -60,6 +61,7 @@ class Orchestrator:
 
     # ---- the loop ------------------------------------------------------------------------------
     async def run_forever(self, idle_poll_s: float = 1.0) -> None:
+        migrated = False
         while not self._stopping:
             try:
                 async with asyncio.timeout(idle_poll_s):
@@ -68,6 +70,9 @@ class Orchestrator:
                 pass
             self._wake.clear()
             try:
+                if not migrated:  # here rather than at start-up: Redis may be away then
+                    await self.store.migrate()
+                    migrated = True
                 while not self._stopping and await self.step():
                     pass
             except asyncio.CancelledError:
@@ -77,19 +82,35 @@ class Orchestrator:
                 await asyncio.sleep(idle_poll_s)
 
     def algorithm(self, run_id: str, config: RunConfig) -> Algorithm:
-        """The run's algorithm object, cached for the few most recently used runs (one is active at a
-        time; downloads of old runs' models must not grow the cache for good)."""
+        """The run's algorithm object, cached for the most recently used runs (at least the active ones;
+        downloads of old runs' models must not grow the cache for good)."""
         algorithm = self._algorithms.pop(run_id, None) or registry.create(config)
         self._algorithms[run_id] = algorithm  # most recent last
-        while len(self._algorithms) > _CACHED_ALGORITHMS:
+        while len(self._algorithms) > max(_CACHED_ALGORITHMS, self._active):
             del self._algorithms[next(iter(self._algorithms))]
         return algorithm
 
     async def step(self) -> bool:
-        """One cloud update if the active run's buffer holds B entries; True if it published one."""
-        run_id = await self.store.active_run()
-        if run_id is None:
-            return False
+        """One cloud update of every active run whose buffer holds B entries; True if any was published.
+        One run's failure is logged and leaves the others' updates (and its own buffer) as they are."""
+        runs = await self.store.active_runs()
+        self._active = len(runs)
+        published = False
+        for run_id in runs:
+            if self._stopping:
+                break
+            try:
+                published |= await self.update(run_id)
+            except asyncio.CancelledError:
+                raise
+            except UNAVAILABLE:  # Redis away: every run's update waits for it alike
+                raise
+            except Exception:  # the buffer keeps its entries: the update is retried at the next turn
+                log.exception("cloud update of run %s failed; will retry", run_id)
+        return published
+
+    async def update(self, run_id: str) -> bool:
+        """One cloud update if the run's buffer holds B entries; True if it published one."""
         info = await self.store.info(run_id)
         if info.status not in (RunStatus.running, RunStatus.paused):
             return False

@@ -124,7 +124,10 @@ class Store(Protocol):
     async def status(self, run_id: str) -> tuple[RunStatus, int]: ...
     async def info(self, run_id: str) -> RunInfo: ...
     async def run_ids(self) -> list[str]: ...
-    async def active_run(self) -> str | None: ...
+    async def active_runs(self) -> list[str]:
+        """The runs that are running or paused, sorted by id (a stable order for every replica)."""
+    async def migrate(self) -> None:
+        """Brings keys written by an older version to today's layout (idempotent)."""
     async def transition(self, run_id: str, action: str) -> RunStatus: ...
     async def global_blob(self, run_id: str) -> bytes: ...
     async def cloud_state_blob(self, run_id: str) -> bytes | None: ...
@@ -201,9 +204,18 @@ class RedisStore(Store):
     async def run_ids(self) -> list[str]:
         return [_text(x) for x in await self.r.lrange(self.k.runs, 0, -1)]
 
-    async def active_run(self) -> str | None:
-        value = await self.r.get(self.k.active)
-        return _text(value) if value else None
+    async def active_runs(self) -> list[str]:
+        return sorted(_text(x) for x in await self.r.smembers(self.k.active))
+
+    async def migrate(self) -> None:
+        """A Redis written before several runs could be active names its one active run in a string key:
+        that run joins the set (idempotent; every replica may do it at start)."""
+        legacy = await self.r.get(self.k.legacy_active)
+        if legacy is not None:
+            async with self.r.pipeline(transaction=True) as p:
+                p.sadd(self.k.active, legacy)
+                p.delete(self.k.legacy_active)
+                await p.execute()
 
     async def transition(self, run_id: str, action: str) -> RunStatus:
         allowed, target = _TRANSITIONS[action]
@@ -211,25 +223,21 @@ class RedisStore(Store):
         async with self.r.pipeline(transaction=True) as p:
             while True:
                 try:
-                    await p.watch(meta_key, self.k.active)
+                    await p.watch(meta_key)
                     status = await p.hget(meta_key, Meta.status)
                     if status is None:
                         raise NotFound(f"unknown run {run_id!r}")
                     current = RunStatus(_text(status))
                     if current not in allowed:
                         raise Conflict(f"cannot {action} a run that is {current.value}")
-                    active = await p.get(self.k.active)
-                    if action == "start" and active is not None and _text(active) != run_id:
-                        raise Conflict(f"run {_text(active)} is already active; stop it first")
                     p.multi()
                     p.hset(meta_key, Meta.status, target.value)
                     if action == "start":
                         p.hset(meta_key, Meta.started_at, now().isoformat())
-                        p.set(self.k.active, run_id)
+                        p.sadd(self.k.active, run_id)
                     if action == "stop":
                         p.hset(meta_key, Meta.finished_at, now().isoformat())
-                        if active is not None and _text(active) == run_id:
-                            p.delete(self.k.active)
+                        p.srem(self.k.active, run_id)
                     await p.execute()
                     return target
                 except WatchError:
@@ -313,12 +321,11 @@ class RedisStore(Store):
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             try:
-                await p.watch(meta_key, self.k.active)
+                await p.watch(meta_key)
                 version, status = await p.hmget(meta_key, [Meta.version, Meta.status])
                 if (version is None or status is None or int(_text(version)) != expected_version
                         or _text(status) not in _UPDATABLE):
                     return False
-                active = await p.get(self.k.active)
                 p.multi()
                 p.set(self.k.global_state(run_id), new_global)
                 p.set(self.k.cloud_state(run_id), new_cloud_state)
@@ -329,8 +336,7 @@ class RedisStore(Store):
                 if finished:
                     p.hset(meta_key, mapping={Meta.status: RunStatus.finished.value,
                                               Meta.finished_at: now().isoformat()})
-                    if active is not None and _text(active) == run_id:  # never another run's
-                        p.delete(self.k.active)
+                    p.srem(self.k.active, run_id)
                 await p.execute()
                 return True
             except WatchError:

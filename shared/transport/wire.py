@@ -14,3 +14,7 @@ def client_token(secret: str, client_id: int) -> str:
     that client only, where the secret itself would let it answer any client's tasks. The edge derives it
     to check a request; fedctl derives it to hand to a device."""
     return hmac.new(secret.encode(), f"fl-client:{client_id}".encode(), hashlib.sha256).hexdigest()
+
+# The header of the cloud's long-poll answer (both 200 and 204) that lists the live runs (running or paused)
+# the polling edge takes part in, comma-separated: the edge forgets the others and stops working on them.
+LIVE_RUNS = "X-FL-Live-Runs"
