@@ -40,6 +40,10 @@ class Keys:
         return f"{self.prefix}:active"
 
     @property
+    def events(self) -> str:  # pub/sub channel: a run changed (new version, status); every replica listens
+        return f"{self.prefix}:events"
+
+    @property
     def edges(self) -> str:  # hash edge_id -> registration JSON
         return f"{self.prefix}:edges"
 
@@ -63,6 +67,9 @@ class Keys:
 
     def pending(self, run_id: str) -> str:  # hash edge_id -> stream entry id of its unconsumed contribution
         return f"{self.prefix}:run:{run_id}:pending"
+
+    def lease(self, run_id: str) -> str:  # the replica computing the run's next update: a token, with a TTL
+        return f"{self.prefix}:run:{run_id}:lease"
 
     def history(self, run_id: str) -> str:  # list of RoundRecord JSON, one per cloud update
         return f"{self.prefix}:run:{run_id}:history"

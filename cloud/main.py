@@ -31,17 +31,19 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
         torch.set_num_threads(settings.torch_threads)
         redis = aioredis.Redis.from_url(settings.redis_url)
         store = RedisStore(redis, Keys(settings.key_prefix))
-        orchestrator = Orchestrator(store, metrics)
+        orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s)
         metrics.watch_store(store)
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
         loop_task = asyncio.create_task(orchestrator.run_forever())
+        events_task = asyncio.create_task(orchestrator.relay_events())
         try:
             yield
         finally:
             orchestrator.stop()
-            loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop_task
+            for task in (events_task, loop_task):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await redis.aclose()
 
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from string import Template
 from typing import Protocol
 
 import redis.asyncio as aioredis
+from redis.asyncio.lock import Lock
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
@@ -138,7 +140,16 @@ class Store(Protocol):
     async def has_pending(self, run_id: str, edge_id: int) -> bool: ...
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]: ...
     async def commit_update(self, run_id: str, expected_version: int, consumed: list[BufferedContribution],
-                            new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool) -> bool: ...
+                            new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool,
+                            lease_token: str | None = None) -> bool: ...
+    def lease(self, run_id: str, ttl_s: float) -> Lock:
+        """The run's update lease (see RedisStore.lease)."""
+        ...
+    async def publish(self, message: str) -> None:
+        """Tells every replica sharing this Redis that something changed (see `listen`)."""
+    async def listen(self, subscribed: Callable[[], Awaitable[None]], heard: Callable[[str], Awaitable[None]]) -> None:
+        """Calls `subscribed()` once subscribed, then `heard(message)` for every message published, until
+        cancelled or the connection fails (raised)."""
     # What the dashboard reads.
     async def history_since(self, run_id: str, start: int) -> list[RoundRecord]: ...
     async def buffered_headers(self, run_id: str) -> list[tuple[datetime, EdgeContributionHeader]]: ...
@@ -309,9 +320,12 @@ class RedisStore(Store):
         new_cloud_state: bytes,
         record: RoundRecord,
         finished: bool,
+        lease_token: str | None = None,
     ) -> bool:
-        """Publishes version expected_version+1 atomically; False if someone else got there first, or
-        if the run was stopped while the update was computed (a stopped run's model stays as it was)."""
+        """Publishes version expected_version+1 atomically; False if someone else got there first, if the
+        run was stopped while the update was computed (a stopped run's model stays as it was), or if
+        `lease_token` is given and no longer holds the run's lease (it expired and another replica may be
+        computing this very update: only one of them may publish it)."""
         for what, blob in (("global state", new_global), ("cloud state", new_cloud_state)):
             if len(blob) > _REDIS_MAX_VALUE:
                 # Redis would drop the connection, which redis-py reports as a WatchError inside a
@@ -321,10 +335,12 @@ class RedisStore(Store):
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             try:
-                await p.watch(meta_key)
+                await p.watch(meta_key, self.k.lease(run_id))
                 version, status = await p.hmget(meta_key, [Meta.version, Meta.status])
                 if (version is None or status is None or int(_text(version)) != expected_version
                         or _text(status) not in _UPDATABLE):
+                    return False
+                if lease_token is not None and await p.get(self.k.lease(run_id)) != lease_token.encode():
                     return False
                 p.multi()
                 p.set(self.k.global_state(run_id), new_global)
@@ -341,6 +357,24 @@ class RedisStore(Store):
                 return True
             except WatchError:
                 return False
+
+    # ---- several replicas ----------------------------------------------------------------------
+    def lease(self, run_id: str, ttl_s: float) -> Lock:
+        """The lease on the run's next cloud update, redis-py's Lock: SET NX PX with a token to take it,
+        Lua compare-and-set of its TTL to renew it, Lua compare-and-delete to release it (arq's pattern)."""
+        return self.r.lock(self.k.lease(run_id), timeout=ttl_s, blocking=False, thread_local=False)
+
+    async def publish(self, message: str) -> None:
+        await self.r.publish(self.k.events, message)
+
+    async def listen(self, subscribed: Callable[[], Awaitable[None]], heard: Callable[[str], Awaitable[None]]) -> None:
+        # One connection for the whole process, whatever the number of waiters it wakes.
+        async with self.r.pubsub(ignore_subscribe_messages=True) as pubsub:
+            await pubsub.subscribe(self.k.events)
+            await subscribed()
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    await heard(_text(message["data"]))
 
     # ---- dashboard reads -----------------------------------------------------------------------
     async def history_since(self, run_id: str, start: int) -> list[RoundRecord]:

@@ -108,7 +108,8 @@ async def global_state(
         # A stopping cloud ends the poll at once too, with nothing.
         return found if found.blob is not None or found.ended or stopping.is_set() else None
 
-    found = await orchestrator.wait_until(offer, min(timeout, settings.long_poll_max_s), recheck_s=0.5)
+    # Woken by every announce, this replica's or (through the event channel) another's: no re-checks.
+    found = await orchestrator.wait_until(offer, min(timeout, settings.long_poll_max_s))
     if found is None:  # the deadline: the live runs as they are now
         found = await _offer(store, edge_id, known, working, others)
     headers = {LIVE_RUNS: ",".join(found.live)}
