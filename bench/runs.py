@@ -80,15 +80,27 @@ def main() -> None:
         seq, conc = statistics.median(times[n]["sequential"]), statistics.median(times[n]["concurrent"])
         rows.append({"runs": n, "sequential_s": seq, "concurrent_s": conc, "ratio": conc / seq,
                      "sequential_all": times[n]["sequential"], "concurrent_all": times[n]["concurrent"]})
-    table = ["| runs N | N one after another (s) | N at once (s) | at once / one after another |",
-             "|---|---|---|---|"]
-    table += [f"| {r['runs']} | {r['sequential_s']:.2f} | {r['concurrent_s']:.2f} | {r['ratio']:.2f} |" for r in rows]
-    print("\n".join(table))
+    figures = {"rounds": args.rounds, "repeats": args.repeats, "rows": rows}
+    print(table(rows))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "runs.json").write_text(json.dumps({"rounds": args.rounds, "repeats": args.repeats,
-                                                         "rows": rows}, indent=2))
-        print(f"wrote {args.out / 'runs.json'}")
+        (args.out / "runs.json").write_text(json.dumps(figures, indent=2))
+        (args.out / "runs.md").write_text(document(figures))
+        print(f"wrote {args.out / 'runs.json'} and {args.out / 'runs.md'}")
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| runs N | N one after another (s) | N at once (s) | at once / one after another |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['runs']} | {r['sequential_s']:.2f} | {r['concurrent_s']:.2f} | {r['ratio']:.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def document(figures: dict) -> str:
+    method = __doc__.split("\n\n")[1].replace("`--rounds`", str(figures["rounds"]))
+    return (f"# Several runs on one cloud: N at once against N one after another\n\n"
+            f"Made by `bench/runs.py` ({figures['repeats']} repeats, medians; every time in `runs.json`).\n\n"
+            f"{method}\n\n{table(figures['rows'])}\n")
 
 
 if __name__ == "__main__":
