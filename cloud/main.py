@@ -19,7 +19,7 @@ from cloud.routes import edges, health, runs, ui
 from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisStore
 from shared.log import configure_logging
 from shared.metrics import switchable
-from shared.web import serve, service_app
+from shared.web import Stopping, serve, service_app
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
@@ -36,11 +36,12 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
         loop_task = asyncio.create_task(orchestrator.run_forever())
         events_task = asyncio.create_task(orchestrator.relay_events())
+        stop_task = asyncio.create_task(_wake_on_stop(app.state.stopping, orchestrator))
         try:
             yield
         finally:
             orchestrator.stop()
-            for task in (events_task, loop_task):
+            for task in (stop_task, events_task, loop_task):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -51,6 +52,12 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
                       metrics=metrics, metrics_token=settings.metrics_token)
     ui.mount(app)
     return app
+
+
+async def _wake_on_stop(stopping: Stopping, orchestrator: Orchestrator) -> None:
+    """Long-polls and event streams answer at once when the process is told to stop."""
+    await stopping.wait()
+    await orchestrator.wake_waiters()
 
 
 def main() -> None:

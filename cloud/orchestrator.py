@@ -62,13 +62,14 @@ class Orchestrator:
     async def announce(self) -> None:
         """Wakes long-polling edges after a new version or a status change: this replica's at once, the
         others' through the event channel."""
-        await self._notify_waiters()
+        await self.wake_waiters()
         try:
             await self.store.publish(self.replica)
         except UNAVAILABLE:  # Redis away: the other replicas' waiters look again at their deadline
             log.warning("could not announce a change to the other cloud replicas: Redis is unavailable")
 
-    async def _notify_waiters(self) -> None:
+    async def wake_waiters(self) -> None:
+        """Every wait_until of this process looks again (e.g. the process is stopping)."""
         async with self._changed:
             self._changed.notify_all()
 
@@ -94,7 +95,7 @@ class Orchestrator:
     async def _heard(self, sender: str) -> None:
         if sender != self.replica:  # this replica's own announcements woke its waiters already
             self._wake.set()
-            await self._notify_waiters()
+            await self.wake_waiters()
 
     async def wait_until(self, check: Callable[[], Awaitable[T]], timeout: float, recheck_s: float = math.inf) -> T:
         """`check()`'s first truthy value, looked for again after every announce (see shared/longpoll.py)."""

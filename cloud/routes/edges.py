@@ -85,6 +85,7 @@ async def _offer(store: Store, edge_id: int, seen: dict[str, int], busy: set[str
     **web.error_responses(404, 422)})
 async def global_state(
     edge_id: int,
+    request: Request,
     store: StoreDep,
     settings: SettingsDep,
     orchestrator: OrchestratorDep,
@@ -104,6 +105,10 @@ async def global_state(
     working = set(busy)
 
     async def offer() -> Offer | None:
+        # An edge that gave up on this poll (it asks again whenever one of its rounds ends) is not looked
+        # for again: its wait ends at the next announce instead of reading Redis until the timeout.
+        if await request.is_disconnected():
+            return Offer(None, [], ended=True)
         found = await _offer(store, edge_id, known, working, others)
         # A stopping cloud ends the poll at once too, with nothing.
         return found if found.blob is not None or found.ended or stopping.is_set() else None
