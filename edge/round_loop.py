@@ -6,7 +6,6 @@ includes this edge has its own rounds (a `Lane`), fed by one long-poll.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -100,8 +99,9 @@ class EdgeRoundLoop:
                 if not poll.done():
                     # A round ended: poll again saying so (a state this poll brings meanwhile is offered again).
                     poll.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-                        await poll
+                    await asyncio.wait({poll})  # a cancel of this loop itself still propagates
+                    if not poll.cancelled():
+                        poll.exception()  # retrieved: a failure of an abandoned poll is of no interest
                     poll = None
                     continue
                 done, poll = poll, None
