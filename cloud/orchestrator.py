@@ -169,7 +169,7 @@ class Orchestrator:
             return False  # another replica computes it; if it dies, the lease expires and this one will
         renewing = asyncio.create_task(self._renew(run_id, lease))
         try:
-            return await self._publish_update(run_id, token)
+            return await self._publish_update(run_id, token, renewing)
         finally:
             renewing.cancel()
             with contextlib.suppress(LockError, *UNAVAILABLE):  # lost or expired: nothing to give back
@@ -187,7 +187,7 @@ class Orchestrator:
             except UNAVAILABLE:
                 pass  # tried again at the next turn, while the lease lasts
 
-    async def _publish_update(self, run_id: str, token: str) -> bool:
+    async def _publish_update(self, run_id: str, token: str, renewing: asyncio.Task) -> bool:
         """The update under the lease. Everything is read again: another replica may have published it
         between the first look and the lease."""
         info = await self.store.info(run_id)
@@ -216,6 +216,10 @@ class Orchestrator:
                               now()).model_copy(update={"computed_by": self.replica})
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
         finished = info.version + 1 >= config.rounds
+        # No renewal during the commit: it WATCHes the lease, and a renewal (a write to it) would abort it,
+        # making this replica compute the same update again. The last renewal left ≥ 2/3 of the lease.
+        renewing.cancel()
+        await asyncio.wait({renewing})
         try:
             committed = await self.store.commit_update(
                 run_id, info.version, entries, encode(outcome.global_, header), encode(outcome.cloud_state), record,

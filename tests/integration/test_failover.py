@@ -37,7 +37,7 @@ def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(t
     balancer = Nginx(tmp_path / "nginx")
     try:
         with LocalTopology(num_clients=4, num_edges=1, procs_per_edge=2, workdir=tmp_path, cloud_replicas=2,
-                           cloud_front=balancer.start, extra_env={"FL_CLOUD_LEASE_S": "2"}) as topo, \
+                           cloud_front=balancer.start, extra_env={"FL_CLOUD_LEASE_S": "3"}) as topo, \
                 CloudAPI(topo.cloud_url, topo.admin_token) as api:
             assert topo.cloud_url == balancer.url and len(topo.clouds) == 2
             keys, r = Keys(topo.key_prefix), redis.Redis.from_url(topo.redis_url)
@@ -83,7 +83,7 @@ def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(t
             assert r.xlen(keys.buffer(run_id)) == 0 and r.hlen(keys.pending(run_id)) == 0
             # No update computed twice: the survivor computed each of its versions exactly once (the killed
             # replica published nothing of the one it was computing: that version is the survivor's).
-            assert updates_computed(survivor.address()) == computed_by.count(survivor.name)
+            assert updates_computed(survivor.address()) == computed_by.count(survivor.name), survivor.log_tail()
             assert r.exists(keys.lease(run_id)) == 0
     finally:
         balancer.stop()
