@@ -80,6 +80,14 @@ class GlobalStateHeader(Message):
     config: RunConfig
 
 
+class RunEnd(Message):
+    """A run that no longer trains, as the cloud tells the edges still running a round of it (the end
+    long-poll): they drop that round at once instead of waiting for its deadline."""
+
+    run_id: str
+    status: Literal["stopped", "finished", "deleted"]
+
+
 class SubmitReceipt(Message):
     accepted: bool
     duplicate: bool = False
