@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServerSettings
@@ -29,6 +29,11 @@ class CloudSettings(ServerSettings):
     # How long creating a run may take to load its data and build its model (user code included) before it
     # is refused (422): a loader that never returns must not hold the request, nor threads others need.
     create_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _secret_tokens_beyond_loopback(self) -> "CloudSettings":
+        self.refuse_development_tokens(self.host, {"admin_token": self.admin_token, "edge_token": self.edge_token})
+        return self
 
     @property
     def allowed_import_prefixes(self) -> tuple[str, ...]:

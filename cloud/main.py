@@ -19,6 +19,7 @@ from cloud.routes import edges, health, runs, ui
 from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisStore
 from shared.log import configure_logging
 from shared.metrics import switchable
+from shared.settings import load_settings
 from shared.web import serve, service_app
 
 
@@ -52,7 +53,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
 
 
 def main() -> None:
-    settings = CloudSettings()
+    settings = load_settings(CloudSettings)
     configure_logging(settings.log_level, settings.log_format)
     serve(create_app(settings), settings.host, settings.port, settings.log_level)
 

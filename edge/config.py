@@ -31,6 +31,16 @@ class EdgeSettings(ServerSettings):
     # the clients of its next round, and the others silently drop out of the global prototypes.
     # Point it at durable storage in production (docker-compose mounts a volume); None: memory only.
     state_dir: Path | None = Path(tempfile.gettempdir()) / "fl-edge-state"
+    # Where the edge cannot derive a client's sample count (an imported data loader, an npz file it does not
+    # hold), a result's claim counts at most this many samples: a device cannot take a round's weight over
+    # by claiming 10^12 (README, Security). None: no cap. Where it can, a wrong claim is refused (422).
+    max_client_samples: int | None = Field(None, ge=1)
     # ≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow
     # site (asynchronous-buffer experiments); 1 means no delay.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)
+
+    @model_validator(mode="after")
+    def _secret_tokens_beyond_loopback(self) -> "EdgeSettings":
+        # Only the token the edge checks: the one it presents is the cloud's to refuse.
+        self.refuse_development_tokens(self.host, {"client_token": self.client_token})
+        return self

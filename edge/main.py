@@ -16,6 +16,7 @@ from edge.routes import clients, health
 from edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from shared.log import configure_logging
 from shared.metrics import switchable
+from shared.settings import load_settings
 from shared.transport.http import make_client
 from shared.web import Stopping, serve, service_app
 
@@ -57,7 +58,7 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
 
 
 def main() -> None:
-    settings = EdgeSettings()
+    settings = load_settings(EdgeSettings)
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
     serve(create_app(settings), settings.host, settings.port, settings.log_level)
 
