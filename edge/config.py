@@ -20,8 +20,11 @@ class EdgeSettings(ServerSettings):
     cloud_url: str = "http://127.0.0.1:8000"
     # Presented to the cloud.
     edge_token: str = "dev-edge-token"
-    # Expected from clients.
+    # Expected from clients: this secret (every client), or a device token derived from it (one client).
     client_token: str = "dev-client-token"
+    # How often the edge fetches the revoked device tokens from the cloud: a revoked token works at most this
+    # long after its revocation (and, while the cloud is unreachable, until the edge reaches it again).
+    revocation_refresh_s: float = Field(10.0, gt=0)
     # Where clients reach this edge (reported to the cloud for operators; clients dial out to it).
     public_url: str | None = None
     max_payload_bytes: int = Field(64 * 2**20, gt=0)

@@ -56,14 +56,16 @@ class SettingFiles(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         prefix = self.settings_cls.model_config.get("env_prefix", "")
         values: dict[str, Any] = {}
-        for name in self.settings_cls.model_fields:
+        for name, field in self.settings_cls.model_fields.items():
             variable = f"{prefix}{name.upper()}_FILE"
             path = os.environ.get(variable)
             if not path:
                 continue
             try:
-                values[name] = Path(path).read_text().removesuffix("\n").removesuffix("\r")
-            except (OSError, UnicodeDecodeError) as exc:
+                text = Path(path).read_text().removesuffix("\n").removesuffix("\r")
+                # A dict or list setting (e.g. the cloud's admin_tokens) is JSON, as in its variable.
+                values[name] = self.decode_complex_value(name, field, text) if self.field_is_complex(field) else text
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
                 raise SettingsError(f"{variable}={path}: cannot read it: {exc}") from exc
         return values
 

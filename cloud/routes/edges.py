@@ -33,6 +33,12 @@ async def register(request: Request, store: StoreDep) -> EdgeRegistration:
     return reg
 
 
+@router.get("/revoked-tokens")
+async def revoked_token_ids(store: StoreDep) -> list[str]:
+    """The ids of the revoked device tokens, which each edge refreshes and refuses."""
+    return [r.token_id for r in await store.revoked_tokens()]
+
+
 async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes | None:
     """The active run's global state if it is newer than what the edge has and the edge belongs to it."""
     active = await store.active_run()
