@@ -174,9 +174,9 @@ def audit(limit: int = typer.Option(50, min=1, max=10_000, help="how many of the
     """The audit log: the latest admin actions, newest first, with who made them."""
     with CloudAPI(cloud, token) as api:
         for record in api.audit(limit):
-            console.print(f"{record.at:%Y-%m-%d %H:%M:%S}  {record.actor:12s} {record.address or '-':15s} "
-                          f"{record.action:7s} {record.target}" + (f"  {record.detail}" if record.detail else ""),
-                          markup=False, highlight=False)
+            # One line per record, never wrapped: a log to read with grep and cut.
+            typer.echo(f"{record.at:%Y-%m-%d %H:%M:%S}  {record.actor:12s} {record.address or '-':15s} "
+                       f"{record.action:7s} {record.target}" + (f"  {record.detail}" if record.detail else ""))
 
 
 CLIENT_ID = typer.Argument(..., min=0, help="the client id the device plays")
