@@ -16,9 +16,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from string import Template
-from typing import Protocol
+from typing import Callable, Protocol, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
@@ -34,6 +35,8 @@ from shared.schemas import (
     RunInfo,
     RunStatus,
 )
+
+T = TypeVar("T")
 
 
 def now() -> datetime:
@@ -222,6 +225,29 @@ class RedisStore(Store):
 
     async def transition(self, run_id: str, action: str) -> RunStatus:
         allowed, target = _TRANSITIONS[action]
+
+        def change(p: Pipeline, current: RunStatus, active: str | None) -> RunStatus:
+            if current not in allowed:
+                raise Conflict(f"cannot {action} a run that is {current.value}")
+            if action == "start" and active is not None and active != run_id:
+                raise Conflict(f"run {active} is already active; stop it first")
+            meta_key = self.k.meta(run_id)
+            p.hset(meta_key, Meta.status, target.value)
+            if action == "start":
+                p.hset(meta_key, Meta.started_at, now().isoformat())
+                p.set(self.k.active, run_id)
+            if action == "stop":
+                p.hset(meta_key, Meta.finished_at, now().isoformat())
+                if active == run_id:
+                    p.delete(self.k.active)
+            return target
+
+        return await self._change_run(run_id, change)
+
+    async def _change_run(self, run_id: str, change: Callable[[Pipeline, RunStatus, str | None], T]) -> T:
+        """`change(pipeline, the run's status, the active run)` queues a change of the run in one MULTI/EXEC
+        (or raises to refuse it), under WATCH on the run's meta hash and the active run: redone if either
+        changed meanwhile. NotFound for an unknown run."""
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             while True:
@@ -230,23 +256,11 @@ class RedisStore(Store):
                     status = await p.hget(meta_key, Meta.status)
                     if status is None:
                         raise NotFound(f"unknown run {run_id!r}")
-                    current = RunStatus(_text(status))
-                    if current not in allowed:
-                        raise Conflict(f"cannot {action} a run that is {current.value}")
                     active = await p.get(self.k.active)
-                    if action == "start" and active is not None and _text(active) != run_id:
-                        raise Conflict(f"run {_text(active)} is already active; stop it first")
                     p.multi()
-                    p.hset(meta_key, Meta.status, target.value)
-                    if action == "start":
-                        p.hset(meta_key, Meta.started_at, now().isoformat())
-                        p.set(self.k.active, run_id)
-                    if action == "stop":
-                        p.hset(meta_key, Meta.finished_at, now().isoformat())
-                        if active is not None and _text(active) == run_id:
-                            p.delete(self.k.active)
+                    outcome = change(p, RunStatus(_text(status)), None if active is None else _text(active))
                     await p.execute()
-                    return target
+                    return outcome
                 except WatchError:
                     continue
 
@@ -371,24 +385,13 @@ class RedisStore(Store):
     # ---- operations ----------------------------------------------------------------------------
     async def delete_run(self, run_id: str) -> None:
         """Deletes every key of a run that is not active (created, stopped or finished): 409 otherwise."""
-        meta_key = self.k.meta(run_id)
-        async with self.r.pipeline(transaction=True) as p:
-            while True:
-                try:
-                    await p.watch(meta_key, self.k.active)
-                    status = await p.hget(meta_key, Meta.status)
-                    if status is None:
-                        raise NotFound(f"unknown run {run_id!r}")
-                    current = RunStatus(_text(status))
-                    if current in (RunStatus.running, RunStatus.paused):
-                        raise Conflict(f"cannot delete a run that is {current.value}; stop it first")
-                    p.multi()
-                    p.delete(*self.k.run_keys(run_id))
-                    p.lrem(self.k.runs, 0, run_id)
-                    await p.execute()
-                    return
-                except WatchError:
-                    continue
+        def change(p: Pipeline, current: RunStatus, active: str | None) -> None:
+            if current in (RunStatus.running, RunStatus.paused):
+                raise Conflict(f"cannot delete a run that is {current.value}; stop it first")
+            p.delete(*self.k.run_keys(run_id))
+            p.lrem(self.k.runs, 0, run_id)
+
+        await self._change_run(run_id, change)
 
     async def ended_runs(self) -> list[tuple[str, datetime]]:
         """The stopped and finished runs, each with when it ended, in creation order."""

@@ -359,14 +359,6 @@ def test_services_bind_all_interfaces(name):
         assert environment(SERVICES[name]).get(f"{prefix}HOST") == "0.0.0.0"
 
 
-@pytest.fixture
-def clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("FL_CLOUD_", "FL_EDGE_", "FL_CLIENT_")):
-            monkeypatch.delenv(key)
-    return monkeypatch
-
-
 # What each Docker secret holds in these tests: a file per secret, as Docker mounts it under /run/secrets.
 SECRET_VALUES = {name: f"{name}-{os.urandom(8).hex()}" for name in COMPOSE.get("secrets") or {}}
 RUN_SECRETS = "/run/secrets/"

@@ -16,16 +16,6 @@ from edge.config import EdgeSettings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def clean_env(monkeypatch):
-    import os
-
-    for key in list(os.environ):
-        if key.startswith(("FL_CLOUD_", "FL_EDGE_", "FL_CLIENT_")):
-            monkeypatch.delenv(key)
-    return monkeypatch
-
-
 def test_a_setting_may_come_from_a_file(clean_env, tmp_path):
     (tmp_path / "admin").write_text("s3cret-admin\n")  # as `echo` or a Docker secret writes it
     (tmp_path / "client").write_text("s3cret-client")
