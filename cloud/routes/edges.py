@@ -114,7 +114,10 @@ async def run_end(
     async def ended() -> RunEnd | bool:
         return await _ended(store, run_id) or stopping.is_set()
 
-    end = await orchestrator.wait_until(ended, min(timeout, settings.long_poll_max_s), recheck_s=0.5)
+    # A stop through this process announces itself at once; the recheck catches one made through another
+    # cloud process sharing the Redis, and is slower than the global long-poll's: every edge holds this
+    # poll through every round.
+    end = await orchestrator.wait_until(ended, min(timeout, settings.long_poll_max_s), recheck_s=2.0)
     return end if isinstance(end, RunEnd) else Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
