@@ -18,7 +18,7 @@ class Revocations:
         self.fresh = False  # fetched at least once
 
     async def refresh(self, cloud: httpx.AsyncClient) -> None:
-        response = await cloud.get("/api/v1/revoked-tokens")
+        response = await cloud.get("/api/v1/edges/revoked-tokens")
         response.raise_for_status()
         self.ids, self.fresh = frozenset(_IDS.validate_json(response.content)), True
 

@@ -33,7 +33,7 @@ async def register(request: Request, store: StoreDep) -> EdgeRegistration:
     return reg
 
 
-@router.get("/revoked-tokens")
+@router.get("/edges/revoked-tokens")
 async def revoked_token_ids(store: StoreDep) -> list[str]:
     """The ids of the revoked device tokens, which each edge refreshes and refuses."""
     return [r.token_id for r in await store.revoked_tokens()]

@@ -97,9 +97,9 @@ async def test_revoking_a_device_token_lists_it_for_the_edges(cloud: Cloud) -> N
     again = (await cloud.admin("POST", "/api/v1/tokens/revoked", json={"token_id": "0123abcd4567"})).json()
     assert first == again  # revoked once, when first revoked
     await cloud.admin("POST", "/api/v1/tokens/revoked", json={"token_id": "client-3"})
-    r = await cloud.edge("GET", "/api/v1/revoked-tokens")
+    r = await cloud.edge("GET", "/api/v1/edges/revoked-tokens")
     assert r.status_code == 200 and r.json() == ["0123abcd4567", "client-3"]
-    assert (await cloud.edge("GET", "/api/v1/revoked-tokens", token=ADMIN_TOKEN)).status_code == 401
+    assert (await cloud.edge("GET", "/api/v1/edges/revoked-tokens", token=ADMIN_TOKEN)).status_code == 401
     assert [t["token_id"] for t in (await cloud.admin("GET", "/api/v1/tokens/revoked")).json()] == \
         ["0123abcd4567", "client-3"]
 

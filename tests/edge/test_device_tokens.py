@@ -38,7 +38,7 @@ async def test_the_edge_refuses_a_revoked_device_token_only(edge: Edge) -> None:
     revocations: Revocations = edge.app.state.revocations
 
     async def listed(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/api/v1/revoked-tokens"
+        assert request.url.path == "/api/v1/edges/revoked-tokens"
         return httpx.Response(200, json=["aaaabbbbcccc", "client-2"])
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(listed), base_url="http://cloud") as cloud:
