@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 
 from cloud.orchestrator import Orchestrator
-from cloud.store import NotFound, Store
+from cloud.store import Store
 from shared.client_reports import client_reports, group_summary
 from shared.schemas import (
     ContributionRecord,
@@ -90,7 +90,6 @@ class LiveRun:
         """Server-sent events until the run has ended (after its final state) or the cloud stops."""
         update: RunUpdate | None = first
         said = time.monotonic()
-        gone: list[bool] = []  # the run was deleted
         while True:
             if update is not None:
                 yield f"event: update\ndata: {update.model_dump_json()}\n\n"
@@ -104,18 +103,11 @@ class LiveRun:
                 return
 
             async def changed() -> RunUpdate | bool | None:
-                # True once the cloud is stopping, or the run was deleted (just after its stop, before this
-                # stream sent its final state): the stream ends at once.
-                try:
-                    return stopping.is_set() or await self.update()
-                except NotFound:
-                    gone.append(True)
-                    return True
+                # True once the cloud is stopping: the stream ends at once.
+                return stopping.is_set() or await self.update()
 
             # Wakes on a new version or status change and looks again every LOOK_S for buffer changes (one
             # look each, not two), until the keepalive is due.
             found = await orchestrator.wait_until(changed, max(KEEPALIVE_S - (time.monotonic() - said), 0.0),
                                                   recheck_s=LOOK_S)
-            if gone:
-                return
             update = found if isinstance(found, RunUpdate) else None
