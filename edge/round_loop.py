@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -24,7 +25,7 @@ from shared.algorithms.base import Algorithm, ClientResult
 from shared.backoff import Backoff
 from shared.config import RoundPolicy, RunConfig
 from shared.edge_round import ClientTask, run_edge_round
-from shared.federation import participation
+from shared.federation import known_num_samples, participation
 from shared.files import atomic_write
 from shared.log import bind
 from shared.schemas import (
@@ -33,6 +34,7 @@ from shared.schemas import (
     EdgeContributionHeader,
     EdgeRegistration,
     GlobalStateHeader,
+    RunEnd,
 )
 from shared.transport.http import binary_body
 from shared.transport.records import Record, decode, decode_state, encode
@@ -61,6 +63,9 @@ class Lane:
     done: int = -1
     # The round in progress (or the wait after a failed one): the run is not offered again meanwhile.
     task: asyncio.Task | None = None
+    # The clients' sample counts as the edge derives them from the run (None: it cannot know them).
+    num_samples: list[int] | None = None
+    samples_known: bool = False
 
 
 class EdgeRoundLoop:
@@ -145,7 +150,7 @@ class EdgeRoundLoop:
     async def _serve(self, lane: Lane, header: GlobalStateHeader, global_: Record) -> None:
         """One run's round; a failed one is re-run after a backoff (from the same state, or a newer one)."""
         try:
-            await self.run_round(header, global_)
+            await self.until_run_ends(header, self.run_round(header, global_))
         except RoundAbandoned as exc:
             log.warning("edge %d: round abandoned: %s", self.edge_id, exc)
         except Exception:  # not a cancellation: a stop or an ended run ends the round for good
@@ -172,6 +177,49 @@ class EdgeRoundLoop:
                       "busy": [run_id for run_id, lane in self.lanes.items() if lane.task is not None]}
         params["timeout"] = timeout
         return await self.cloud.get(f"/api/v1/edges/{self.edge_id}/global", params=params)
+
+    async def until_run_ends(self, header: GlobalStateHeader, round_: Awaitable[None]) -> None:
+        """Runs the round while watching the cloud's end signal for its run: if the run is stopped (or
+        finishes, or is deleted) meanwhile, the round is dropped at once (its tasks withdrawn, so clients
+        stop training for it) and RoundAbandoned raised; without this the edge waited out the round's
+        deadline, up to a day, before the next run could use it."""
+        round_task = asyncio.ensure_future(round_)
+        end_task = asyncio.create_task(self._run_end(header.run_id))
+        try:
+            await asyncio.wait({round_task, end_task}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: the edge is stopping
+            for task in (round_task, end_task):
+                task.cancel()
+            await asyncio.gather(round_task, end_task, return_exceptions=True)
+            raise
+        if round_task.done():
+            end_task.cancel()
+            await asyncio.gather(end_task, return_exceptions=True)
+            return round_task.result()
+        round_task.cancel()
+        await asyncio.gather(round_task, return_exceptions=True)
+        end = end_task.result()
+        self.current = None
+        raise RoundAbandoned(f"run {end.run_id} was {end.status} during version {header.version}; "
+                             "its round is dropped")
+
+    async def _run_end(self, run_id: str) -> RunEnd:
+        """The cloud's answer once `run_id` no longer trains; waits (long-polls) until then. Failures to ask
+        (the cloud away, a cloud without this route) are retried after a backoff: never a reason to drop
+        a round."""
+        backoff = Backoff(self.retry_backoff_s, self.retry_backoff_max_s, jitter=0.5)
+        while True:
+            try:
+                response = await self.cloud.get(f"/api/v1/edges/{self.edge_id}/runs/{run_id}/end",
+                                                params={"timeout": self.settings.long_poll_max_s})
+                if response.status_code == 200:
+                    return RunEnd.model_validate_json(response.content)
+                if response.status_code == 204:
+                    backoff.reset()
+                    continue
+            except (httpx.HTTPError, ValueError):
+                pass
+            await asyncio.sleep(backoff.next())
 
     async def register(self) -> None:
         reg = EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url)
@@ -234,6 +282,8 @@ class EdgeRoundLoop:
         # Before any run was known, any client id could register; now the runs say which are this edge's.
         self.board.keep_only(self._own_clients())
         algorithm = lane.algorithm
+        if not lane.samples_known:
+            lane.num_samples, lane.samples_known = await asyncio.to_thread(self._known_num_samples, header), True
         failures: list[ClientFailure] = []  # of every edge round
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
@@ -264,7 +314,20 @@ class EdgeRoundLoop:
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
         )
-        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors))
+        lane = self.lanes.get(header.run_id)
+        known = lane.num_samples if lane is not None else None
+        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors),
+                    num_samples=known[task.client_id] if known else None,
+                    max_samples=self.settings.max_client_samples)
+
+    def _known_num_samples(self, header: GlobalStateHeader) -> list[int] | None:
+        try:
+            return known_num_samples(header.config)
+        except Exception:  # e.g. an unreadable npz file: the cap (max_client_samples) bounds claims instead
+            log.warning("edge %d: cannot derive the clients' sample counts of run %s; claims are capped by "
+                        "max_client_samples=%s", self.edge_id, header.run_id, self.settings.max_client_samples,
+                        exc_info=True)
+            return None
 
     async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy,
                       failures: list[ClientFailure]) -> list[ClientResult]:

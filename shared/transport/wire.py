@@ -18,3 +18,28 @@ def client_token(secret: str, client_id: int) -> str:
 # The header of the cloud's long-poll answer (both 200 and 204) that lists the live runs (running or paused)
 # the polling edge takes part in, comma-separated: the edge forgets the others and stops working on them.
 LIVE_RUNS = "X-FL-Live-Runs"
+
+# A device token issued with an id (`fedctl issue-token`): "fl1.<client id>.<token id>.<mac>". The id is what
+# an administrator revokes (POST /api/v1/tokens/revoked at the cloud), one device at a time: the edges refuse
+# the ids the cloud lists. A derived token (client_token above) has the fixed id client-<k>.
+DEVICE_TOKEN = "fl1"
+
+
+def derived_token_id(client_id: int) -> str:
+    return f"client-{client_id}"
+
+
+def device_token(secret: str, client_id: int, token_id: str) -> str:
+    mac = hmac.new(secret.encode(), f"fl-device:{client_id}:{token_id}".encode(), hashlib.sha256).hexdigest()
+    return f"{DEVICE_TOKEN}.{client_id}.{token_id}.{mac}"
+
+
+def device_token_id(secret: str, token: str, client_id: int) -> str | None:
+    """The id of `token` if it is client `client_id`'s own token (issued or derived), else None."""
+    if hmac.compare_digest(token.encode(), client_token(secret, client_id).encode()):
+        return derived_token_id(client_id)
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != DEVICE_TOKEN or parts[1] != str(client_id):
+        return None
+    expected = device_token(secret, client_id, parts[2])
+    return parts[2] if hmac.compare_digest(token.encode(), expected.encode()) else None
