@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from client.config import ClientSettings
+from client.dvfs import Pacer, backend_for, emulated_hold, record_bytes
 from client.state import ClientStateStore
 from shared.algorithms import registry
 from shared.backoff import Backoff
@@ -39,10 +40,14 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     algorithm = registry.create(config)
     data = load_client(config.data, config.seed, header.client_id)
     started = time.perf_counter()
-    update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
+    pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
+                  backend_for(settings.dvfs_backend, settings.cpufreq_root))
+    with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
+        update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
                                 num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
-                                train_seconds=time.perf_counter() - started)
+                                train_seconds=time.perf_counter() - started,
+                                device=pacer.finish(record_bytes(update.tensors)))
     blob = encode(update.tensors, result)
     store.save(header.task_id, update.state, blob)
     return blob
@@ -161,6 +166,7 @@ class Worker:
             await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
             return
         loop = asyncio.get_running_loop()
+        received = time.monotonic()
         try:
             blob = await loop.run_in_executor(self.executor, compute, self.settings, header, task)
         except Exception as exc:
@@ -168,6 +174,8 @@ class Worker:
             self.failed.add(header.task_id)
             await self.report_failure(client_id, header, exc)
             return
+        # An emulated device takes its modelled time (DVFS): waited here, not on the shared training thread.
+        await asyncio.sleep(emulated_hold(header.config, blob, time.monotonic() - received))
         await self.upload(client_id, header, blob)
         log.debug("client %d: task %s done", client_id, header.task_id)
 

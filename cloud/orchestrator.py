@@ -113,7 +113,10 @@ class Orchestrator:
             self.metrics.update_seconds.observe(time.perf_counter() - update_started)
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
         record = round_record(info.version, contributions, outcome, started, info.started_at or started, now())
-        header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
+        # How long each consumed contribution waited for the buffer to fill (DVFS slack: edge/pacing.py).
+        full = max(e.received_s for e in entries)
+        header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config,
+                                   buffer_waits={e.header.edge_id: full - e.received_s for e in entries})
         finished = info.version + 1 >= config.rounds
         try:
             committed = await self.store.commit_update(

@@ -16,6 +16,7 @@ import httpx
 
 from edge.config import EdgeSettings
 from edge.metrics import EdgeMetrics
+from edge.pacing import EdgePacing
 from edge.tasks import ForeignClient, Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
@@ -59,6 +60,7 @@ class EdgeRoundLoop:
         self.current: GlobalStateHeader | None = None
         self._algorithm: tuple[str, Algorithm] | None = None
         self._edge_state: Record = {}
+        self.pacing = EdgePacing(self.edge_id)  # DVFS budgets of the tasks
 
     async def run_forever(self) -> None:
         await self.register()
@@ -167,10 +169,15 @@ class EdgeRoundLoop:
         self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
         algorithm = self.algorithm(header)
         failures: list[ClientFailure] = []  # of every edge round
+        self.pacing.heard(header)
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
-            return await self.collect(header, [self._task(header, t, algorithm) for t in tasks], header.config.policy,
-                                      failures)
+            chosen = [t.client_id for t in tasks]
+            budget = self.pacing.budget(header.config, chosen)
+            results = await self.collect(header, [self._task(header, t, algorithm, budget) for t in tasks],
+                                         header.config.policy, failures)
+            self.pacing.observe(header.config, chosen, results)
+            return results
 
         started = time.monotonic()
         before = self._edge_state  # algorithms return new dicts: this one stays as it is
@@ -191,10 +198,12 @@ class EdgeRoundLoop:
             self._edge_state = before
             raise
 
-    def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm) -> Task:
+    def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm,
+              budget_s: float | None) -> Task:
         message = ClientTaskHeader(
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
+            budget_s=budget_s,
         )
         return Task(message, task.tensors, partial(algorithm.check_result, task.tensors))
 

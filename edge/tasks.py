@@ -134,7 +134,8 @@ class TaskBoard:
                 # duplicate), the round ended (409 stale), or it was posted again with the same task id.
                 current = self.task_for(client_id, header.task_id)
                 if current is task:
-                    task.result = ClientResult(client_id, header.num_samples, header.loss, tensors, header.metrics)
+                    task.result = ClientResult(client_id, header.num_samples, header.loss, tensors, header.metrics,
+                                               header.device)
                     self._changed.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open
