@@ -138,7 +138,9 @@ def pick_frequency(profile: DeviceProfile, cycles_per_epoch: float, epochs_left:
     if seconds_left is None:
         return profile.f_max
     samples_equiv = cycles_per_epoch / profile.cycles_per_sample  # |D| in the profile's own cycles
-    feasible = [f for f in profile.frequencies_ghz if epochs_left * cycles_per_epoch / (f * GHZ) <= seconds_left]
+    # A relative 1e-9 of slack: a budget met exactly must not fail on float rounding of the progress so far.
+    feasible = [f for f in profile.frequencies_ghz
+                if epochs_left * cycles_per_epoch / (f * GHZ) <= seconds_left * (1 + 1e-9)]
     if not feasible:
         return profile.f_max
     return min(feasible, key=lambda f: (epoch_energy(profile, max(samples_equiv, 1e-12), f), f))
