@@ -195,8 +195,8 @@ class DvfsConfig(Strict):
         "would wait in the cloud's buffer")
     profile: str = Field(DEFAULT_PROFILE, description=f"every client's device profile: {' | '.join(PROFILES)}")
     profiles: tuple[str, ...] = Field(
-        (), max_length=100_000, description="device profiles cycled over client ids (client k gets "
-        "profiles[k mod n]); replaces `profile`")
+        (), max_length=100_000, description="device profiles cycled over client ids (client k gets the "
+        "one at position k mod n); replaces `profile`")
     clients: dict[int, DeviceOverride] = Field(
         default_factory=dict, max_length=100_000, description="per-client overrides by client id: profile, "
         "frequencies_ghz, cycles_per_sample, capacitance, static_power_w, link_mbps")

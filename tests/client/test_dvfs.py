@@ -135,7 +135,8 @@ def test_max_never_touches_cpufreq(tmp_path):
     with pacer.installed():
         pacer.before_epoch(0)
     assert pacer.finish(0).frequencies_ghz == [1.5]
-    assert read(root, "scaling_governor") == ["schedutil"] * 2 and read(root, "scaling_setspeed") == ["<unsupported>"] * 2
+    assert read(root, "scaling_governor") == ["schedutil"] * 2
+    assert read(root, "scaling_setspeed") == ["<unsupported>"] * 2
 
 
 def task_of(config: RunConfig, budget_s: float | None = None):

@@ -1,6 +1,8 @@
 """DVFS through the services, emulated: 2 edges × 2 clients with heterogeneous device profiles (edge 0 holds
 the fast ones), FedAvg, synchronous. Each policy trains the same model as the reference runner; the history
 carries each client's frequencies, modelled time and energy; deadline and slack spend less than max."""
+import itertools
+
 import pytest
 
 from shared.config import RunConfig
@@ -45,12 +47,12 @@ def energy(history: list[RoundRecord]) -> float:
 
 def test_every_policy_trains_the_reference_model(runs):
     reference = run_reference(config("max"))
-    for policy, (_, _, model) in runs.items():
+    for _, _, model in runs.values():
         assert_same_model(model, reference.global_state)  # DVFS changes the timing, never the maths
 
 
 def test_the_history_carries_each_clients_device_and_the_rounds_energy(runs):
-    for policy, (cfg, history, _) in runs.items():
+    for policy, (_, history, _) in runs.items():
         for h in history:
             assert len(h.clients) == 4
             assert h.energy_j == pytest.approx(sum(c.device.energy_j for c in h.clients if c.device))
@@ -87,6 +89,6 @@ def test_slack_slows_the_edge_that_is_not_on_the_critical_path(runs):
     assert all(c.device.budget_s > 2 * own_deadline for c in fast_edge)  # edge 1 is about 3× slower
     assert energy(history) < energy(deadline_history) < energy(runs["max"][1])
     # Emulated: a round's wall time covers its slowest client's modelled time × the scale.
-    for previous, h in zip(history, history[1:]):
+    for previous, h in itertools.pairwise(history):
         slowest = max(c.device.compute_s + c.device.comm_s for c in h.clients)
         assert (h.finished_at - previous.finished_at).total_seconds() >= slowest * SCALE
