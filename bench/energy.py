@@ -24,12 +24,13 @@ divided by the scale too). Energy is the modelled client energy of the results t
 over updates until the run first reaches the target accuracy (hfpl's: the mean of the clients' latest
 held-out accuracies). Writes docs/energy.{md,json,png}.
 
-    ./fl bench/energy.py [--sync-rounds 10] [--async-rounds 15] [--target 0.9] [--scale 1.0]
+    ./fl bench/energy.py [--sync-rounds 18] [--async-rounds 27] [--target 0.55] [--scale 2] [--repeats 2]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import torch
@@ -70,6 +71,23 @@ def config_for(policy: str, buffer_size: int, rounds: int, scale: float, devices
     })
 
 
+def measure(api: CloudAPI, config: RunConfig, target: float, scale: float) -> dict:
+    """One run to its end: its figures to the target and its history."""
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    api.wait(run_id, timeout_s=3600)
+    history = api.history(run_id)
+    until = upto(history, target)
+    return {
+        "policy": config.dvfs.policy, "buffer_size": config.topology.buffer_size, "scale": scale,
+        "updates": len(history), "final_accuracy": history[-1].test_accuracy,
+        "reached": time_to(history, target) is not None, "updates_to_target": len(until),
+        "time_to_target_s": until[-1].elapsed_s / scale, "energy_to_target_j": sum(h.energy_j for h in until),
+        "total_energy_j": sum(h.energy_j for h in history), "total_time_s": history[-1].elapsed_s / scale,
+        "history": [h.model_dump(mode="json") for h in history],
+    }
+
+
 def upto(history: list[RoundRecord], target: float) -> list[RoundRecord]:
     """The updates until the first one at or above the target (all of them if none is)."""
     first = next((i for i, h in enumerate(history) if h.test_accuracy >= target), len(history) - 1)
@@ -81,7 +99,8 @@ def speed_spread(devices: list[str]) -> float:
     return max(speeds) / min(speeds)
 
 
-def plot(results: dict[str, dict], path: Path, target: float) -> None:
+def plot(results: dict[str, list[dict]], path: Path, target: float) -> None:
+    """The first repeat of each configuration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,7 +108,8 @@ def plot(results: dict[str, dict], path: Path, target: float) -> None:
 
     fig, (ax_acc, ax_energy) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120)
     styles = {"max": "-", "deadline": "--", "slack": ":"}
-    for label, r in results.items():
+    for label, repeats in results.items():
+        r = repeats[0]
         history = [RoundRecord.model_validate(h) for h in r["history"]]
         t = [h.elapsed_s / r["scale"] for h in history]
         color = "tab:blue" if r["buffer_size"] == 3 else "tab:orange"
@@ -115,56 +135,52 @@ def plot(results: dict[str, dict], path: Path, target: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sync-rounds", type=int, default=10)
-    parser.add_argument("--async-rounds", type=int, default=15)
-    parser.add_argument("--target", type=float, default=0.90)
-    parser.add_argument("--scale", type=float, default=1.0, help="emulated wall seconds per modelled second")
+    parser.add_argument("--sync-rounds", type=int, default=18)
+    parser.add_argument("--async-rounds", type=int, default=27)
+    parser.add_argument("--target", type=float, default=0.55)
+    parser.add_argument("--scale", type=float, default=2.0, help="emulated wall seconds per modelled second")
     parser.add_argument("--procs-per-edge", type=int, default=2)
     parser.add_argument("--mix", choices=sorted(MIXES), default="straggler")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration, in turn; medians")
     args = parser.parse_args()
     torch.set_num_threads(1)
     devices = devices_of(args.mix)
     runs = {f"{policy}, {'sync B = 3' if b == 3 else 'async B = 2'}": config_for(
         policy, b, args.sync_rounds if b == 3 else args.async_rounds, args.scale, devices)
         for b in (3, 2) for policy in POLICIES}
-    results: dict[str, dict] = {}
+    results: dict[str, list[dict]] = {label: [] for label in runs}
     with LocalTopology(num_clients=12, num_edges=3, procs_per_edge=args.procs_per_edge,
                        extra_env={"FL_CLIENT_DVFS_BACKEND": "emulate"}) as topo, \
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
-        for label, config in runs.items():
-            run_id = api.create_run(config).run_id
-            api.action(run_id, "start")
-            api.wait(run_id, timeout_s=3600)
-            history = api.history(run_id)
-            until = upto(history, args.target)
-            reached = time_to(history, args.target)
-            results[label] = {
-                "policy": config.dvfs.policy, "buffer_size": config.topology.buffer_size, "scale": args.scale,
-                "updates": len(history), "final_accuracy": history[-1].test_accuracy,
-                "reached": reached is not None, "updates_to_target": len(until),
-                "time_to_target_s": until[-1].elapsed_s / args.scale,
-                "energy_to_target_j": sum(h.energy_j for h in until),
-                "total_energy_j": sum(h.energy_j for h in history),
-                "total_time_s": history[-1].elapsed_s / args.scale,
-                "history": [h.model_dump(mode="json") for h in history],
-            }
-            r = results[label]
-            print(f"{label:22s} {r['updates']} updates, final {100 * r['final_accuracy']:.1f}%; to "
-                  f"{100 * args.target:.0f}%{'' if r['reached'] else ' (NOT reached: at the end)'}: "
-                  f"{r['updates_to_target']} updates, {r['time_to_target_s']:.0f} s, {r['energy_to_target_j']:.0f} J",
-                  flush=True)
+        # A first run pays for loading data and warming every process: not measured.
+        warm = next(iter(runs.values())).model_copy(update={"name": "warm-up", "rounds": 2})
+        warm_id = api.create_run(warm).run_id
+        api.action(warm_id, "start")
+        api.wait(warm_id, timeout_s=3600)
+        for repeat in range(args.repeats):
+            for label, config in runs.items():
+                r = measure(api, config, args.target, args.scale)
+                results[label].append(r)
+                print(f"{label:22s} #{repeat + 1}: {r['updates']} updates, final {100 * r['final_accuracy']:.1f}%; "
+                      f"to {100 * args.target:.0f}%{'' if r['reached'] else ' (NOT reached: at the end)'}: "
+                      f"{r['updates_to_target']} updates, {r['time_to_target_s']:.0f} s, "
+                      f"{r['energy_to_target_j']:.0f} J", flush=True)
 
+    medians = {label: {key: statistics.median(r[key] for r in repeats)
+                       for key in ("updates_to_target", "time_to_target_s", "energy_to_target_j", "final_accuracy")}
+               for label, repeats in results.items()}
     rows = ["| policy | buffer | updates to target | time to target (modelled s) | vs max "
             "| client energy to target (J) | vs max | final accuracy |", "|---|---|---|---|---|---|---|---|"]
-    for label, r in results.items():
-        base = results[label.replace(r["policy"], "max", 1)]
-        rows.append(f"| {r['policy']} | {'sync B = 3' if r['buffer_size'] == 3 else 'async B = 2'} | "
-                    f"{r['updates_to_target']}{'' if r['reached'] else ' (not reached)'} | "
-                    f"{r['time_to_target_s']:.0f} | "
-                    f"{100 * (r['time_to_target_s'] / base['time_to_target_s'] - 1):+.1f}% | "
-                    f"{r['energy_to_target_j']:.0f} | "
-                    f"{100 * (r['energy_to_target_j'] / base['energy_to_target_j'] - 1):+.1f}% | "
-                    f"{100 * r['final_accuracy']:.1f}% |")
+    for label, m in medians.items():
+        policy, buffer = label.split(", ")
+        base = medians[f"max, {buffer}"]
+        unreached = sum(not r["reached"] for r in results[label])
+        rows.append(f"| {policy} | {buffer} | {m['updates_to_target']:g}"
+                    f"{f' ({unreached} not reached)' if unreached else ''} | {m['time_to_target_s']:.1f} | "
+                    f"{100 * (m['time_to_target_s'] / base['time_to_target_s'] - 1):+.1f}% | "
+                    f"{m['energy_to_target_j']:.1f} | "
+                    f"{100 * (m['energy_to_target_j'] / base['energy_to_target_j'] - 1):+.1f}% | "
+                    f"{100 * m['final_accuracy']:.1f}% |")
     table = "\n".join(rows)
     print(table)
 
@@ -175,7 +191,7 @@ def main() -> None:
         "target": args.target, "scale": args.scale, "mix": args.mix, "devices": devices,
         "speed_spread": speed_spread(devices),
         "configs": {label: config.model_dump(mode="json") for label, config in runs.items()},
-        "results": results}, separators=(",", ":")))
+        "medians": medians, "results": results}, separators=(",", ":")))
     sources = "\n".join(f"- `{name}`: {PROFILES[name].source}" for name in dict.fromkeys(devices))
     edges = "\n".join(f"- edge {e}: {', '.join(d)}" for e, d in enumerate(MIXES[args.mix]))
     (DOCS / f"{stem}.md").write_text(
@@ -194,7 +210,8 @@ def main() -> None:
         f"overheads (the cloud's classifier training, the real computation where it outlasts the model) "
         f"divided by it. Energy is the model's, (α/2)·c·|D|·f² + static power × time per epoch, summed over "
         f"the results the cloud consumed until the run first reached the target accuracy (the mean of the "
-        f"clients' latest held-out accuracies).\n\n{table}\n\n![accuracy and energy](energy.png)\n")
+        f"clients' latest held-out accuracies). Each figure is the median of {args.repeats} runs (run in turn, "
+        f"after a warm-up run); every run is in docs/{stem}.json.\n\n{table}\n\n![accuracy and energy](energy.png)\n")
 
 
 if __name__ == "__main__":
