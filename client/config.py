@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServiceSettings
@@ -30,6 +30,26 @@ class ClientSettings(ServiceSettings):
     # by this process, and emulates the device's time otherwise; cpufreq insists, emulate never touches it.
     dvfs_backend: Literal["auto", "cpufreq", "emulate"] = "auto"
     cpufreq_root: Path = Path("/sys/devices/system/cpu/cpufreq")
+    # Several identical processes can split `clients` between them (the pods of a Kubernetes StatefulSet,
+    # which learn their index from the pod label apps.kubernetes.io/pod-index): this process hosts every
+    # shard_count-th of the listed ids, starting at position shard_index. Stable across restarts, so each
+    # id keeps its state directory; the default hosts them all.
+    shard_index: int = Field(0, ge=0)
+    shard_count: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> ClientSettings:
+        if self.shard_index >= self.shard_count:
+            raise ValueError(f"shard_index {self.shard_index} must be below shard_count {self.shard_count}")
+        return self
+
+    def hosted_ids(self) -> list[int]:
+        """The logical client ids this process hosts: its shard of `clients`."""
+        ids = parse_ids(self.clients)[self.shard_index::self.shard_count]
+        if not ids:
+            raise ValueError(f"shard {self.shard_index} of {self.shard_count} holds none of the clients "
+                             f"{self.clients!r}")
+        return ids
 
 
 def parse_ids(spec: str) -> list[int]:
