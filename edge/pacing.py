@@ -4,10 +4,12 @@
   is the deadline (W, from each client's last `full_speed_s` report; `dvfs.deadline_s` fixes it instead).
   Faster clients slow down to meet it; a round with a client not heard from yet runs at full speed.
 - slack (the asynchronous policy): W plus the time this edge's contribution will probably wait in the
-  cloud's buffer. The cloud says how long the last one waited (GlobalStateHeader.buffer_waits); the
-  clients had already absorbed part of that slack by running longer than W, so the prediction is that
-  wait plus what the last round took beyond its W: an edge on the critical path (wait ≈ 0, round ≈ W)
-  keeps full speed, the others settle on the critical path's pace instead of racing to wait.
+  cloud's buffer. The cloud says how long the last one waited for the others (GlobalStateHeader.
+  buffer_waits; negative for the last to arrive, by how far it lagged); the clients had already absorbed
+  part of that slack by running longer than W, so the prediction is that wait plus what the last round
+  took beyond its W, never below 0: an edge on the critical path (wait ≤ 0, round ≈ W) keeps full speed,
+  one that slowed down too far and came last gives back what it lagged by, and the others settle on the
+  critical path's pace instead of racing to wait.
 """
 from __future__ import annotations
 

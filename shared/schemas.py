@@ -96,9 +96,10 @@ class GlobalStateHeader(Message):
     run_id: str
     version: int
     config: RunConfig
-    # Per edge, seconds its contribution waited in the buffer before the update that made this version
-    # (the DVFS slack policy: an edge whose contribution waits is not on the critical path).
-    buffer_waits: dict[int, Seconds] = Field(default_factory=dict)
+    # Per edge, seconds its contribution waited for the others of the update that made this version, negative
+    # for the last to arrive (the DVFS slack policy: an edge whose contribution waits is off the critical path).
+    buffer_waits: dict[int, Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]] = Field(
+        default_factory=dict)
 
 
 class SubmitReceipt(Message):

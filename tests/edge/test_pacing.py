@@ -51,3 +51,19 @@ def test_slack_adds_the_buffer_wait_and_keeps_it_once_the_clients_absorb_it():
     assert pacing.budget(cfg, [0, 2]) == 38.0
     pacing.heard(header(cfg, {}, run_id="next"))  # a new run starts afresh
     assert pacing.budget(cfg, [0, 2]) is None and pacing.slack_s == 0.0
+
+
+def test_slack_given_back_when_the_edge_arrives_last():
+    """An edge that slowed down until its contribution came last (a negative wait: it lagged the others by
+    that much) gives back what it lagged by; before, its slack could only grow, and slack runs drifted slower."""
+    cfg, pacing = config("slack"), EdgePacing(0)
+    pacing.heard(header(cfg, {}))
+    pacing.observe(cfg, [0], [result(0, 10.0, 10.0)])
+    pacing.heard(header(cfg, {0: 5.0}))
+    assert pacing.budget(cfg, [0]) == 15.0
+    pacing.observe(cfg, [0], [result(0, 10.0, 15.0)])
+    pacing.heard(header(cfg, {0: -2.0}))  # it used its 5 s and came 2 s after the others
+    assert pacing.budget(cfg, [0]) == 13.0
+    pacing.observe(cfg, [0], [result(0, 10.0, 13.0)])
+    pacing.heard(header(cfg, {0: -4.0}))  # the others sped up: it is the critical path now
+    assert pacing.budget(cfg, [0]) == 10.0
