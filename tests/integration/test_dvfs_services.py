@@ -2,9 +2,13 @@
 the fast ones), FedAvg, synchronous. Each policy trains the same model as the reference runner; the history
 carries each client's frequencies, modelled time and energy; deadline and slack spend less than max."""
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 
+from fedctl.launch import ROOT
 from shared.config import RunConfig
 from shared.reference import run_reference
 from shared.schemas import RoundRecord, RunStatus
@@ -29,7 +33,7 @@ def config(policy: str) -> RunConfig:
 def runs(tmp_path_factory):
     # Emulation is asked for explicitly: a host with writable cpufreq would otherwise be driven for real.
     with federation(tmp_path_factory, num_clients=4, num_edges=2, procs_per_edge=1,
-                    extra_env={"FL_CLIENT_DVFS_BACKEND": "emulate"}) as (_, api):
+                    extra_env={"FL_CLIENT_DVFS_BACKEND": "emulate"}) as (topology, api):
         done = {}
         for policy in ("max", "deadline", "slack"):
             cfg = config(policy)
@@ -37,8 +41,12 @@ def runs(tmp_path_factory):
             api.action(run_id, "start")
             final = api.wait(run_id, timeout_s=300)
             assert final.status == RunStatus.finished
-            done[policy] = (cfg, api.history(run_id), api.model(run_id))
+            done[policy] = (run_id, api.history(run_id), api.model(run_id))
+        done["topology"] = topology
         yield done
+
+
+POLICIES = ("max", "deadline", "slack")
 
 
 def energy(history: list[RoundRecord]) -> float:
@@ -47,12 +55,12 @@ def energy(history: list[RoundRecord]) -> float:
 
 def test_every_policy_trains_the_reference_model(runs):
     reference = run_reference(config("max"))
-    for _, _, model in runs.values():
+    for _, _, model in (runs[p] for p in POLICIES):
         assert_same_model(model, reference.global_state)  # DVFS changes the timing, never the maths
 
 
 def test_the_history_carries_each_clients_device_and_the_rounds_energy(runs):
-    for policy, (_, history, _) in runs.items():
+    for policy, (_, history, _) in ((p, runs[p]) for p in POLICIES):
         for h in history:
             assert len(h.clients) == 4
             assert h.energy_j == pytest.approx(sum(c.device.energy_j for c in h.clients if c.device))
@@ -92,3 +100,20 @@ def test_slack_slows_the_edge_that_is_not_on_the_critical_path(runs):
     for previous, h in itertools.pairwise(history):
         slowest = max(c.device.compute_s + c.device.comm_s for c in h.clients)
         assert (h.finished_at - previous.finished_at).total_seconds() >= slowest * SCALE
+
+
+def test_fedctl_results_prints_each_updates_energy_and_the_running_total(runs):
+    topology = runs["topology"]
+    run_id, history, _ = runs["deadline"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "fedctl", "results", run_id, "--cloud", topology.cloud_url,
+                          "--token", topology.admin_token], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert "dvfs deadline" in out
+    rows = [line.split("│") for line in out.splitlines() if line.count("│") >= 9]
+    printed = [(int(r[1]), r[8].strip(), r[9].strip()) for r in rows if r[1].strip().isdigit()]
+    total, expected = 0.0, []
+    for h in history:
+        total += h.energy_j
+        expected.append((h.version, f"{h.energy_j:.1f} J", f"{total:.1f} J"))
+    assert printed == expected
