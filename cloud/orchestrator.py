@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from cloud.metrics import CloudMetrics
 from cloud.store import BufferedContribution, StateTooLarge, Store, now
-from shared.algorithms import registry
+from shared.algorithms import privacy, registry
 from shared.algorithms.base import Algorithm, Contribution
 from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
 from shared.config import RunConfig
@@ -114,7 +114,8 @@ class Orchestrator:
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
         record = round_record(info.version, contributions, outcome, started, info.started_at or started, now())
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
-        finished = info.version + 1 >= config.rounds
+        # The last round, or the last the privacy budget allows (privacy.rounds_to_run).
+        finished = info.version + 1 >= privacy.rounds_to_run(config)
         try:
             committed = await self.store.commit_update(
                 run_id, info.version, entries, encode(outcome.global_, header), encode(outcome.cloud_state), record,
@@ -126,6 +127,9 @@ class Orchestrator:
             return await self._stop(run_id)
         if committed:
             log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
+            if finished and info.version + 1 < config.rounds:
+                log.info("run %s finished at version %d of %d: its privacy budget ε = %g is spent (ε = %.4g)",
+                         run_id, info.version + 1, config.rounds, config.privacy.epsilon_budget, record.epsilon)
             await self.announce()
         return committed
 

@@ -164,6 +164,8 @@ class RoundRecord(Message):
     client_metrics: dict[str, float] = Field(default_factory=dict)
     # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).
     server_metrics: dict[str, float] = Field(default_factory=dict)
+    # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.
+    epsilon: float | None = None
     started_at: datetime
     finished_at: datetime
     elapsed_s: float
