@@ -131,4 +131,4 @@ def check(config: RunConfig) -> None:
                          "aggregation.edge 'mean'")
     if rounds_to_run(config) == 0:
         raise ValueError(f"privacy.epsilon_budget {p.epsilon_budget} is spent before the first round "
-                         f"(ε after one round: {epsilon(config, 1):.4g} at δ = {p.delta})")
+                         f"(epsilon after one round: {epsilon(config, 1):.4g} at delta = {p.delta})")

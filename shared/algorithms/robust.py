@@ -111,10 +111,11 @@ def check(config: RunConfig) -> None:
         if name == "median" and n < 3:
             raise ValueError(f"{what}: the median of fewer than 3 values is their mean")
         if name == "trimmed_mean" and math.floor(agg.trim_fraction * n) == 0:
-            raise ValueError(f"{what}: ⌊β·n⌋ = 0 trims nothing; raise aggregation.trim_fraction to at least 1/{n}")
+            raise ValueError(f"{what}: floor(trim_fraction * n) = 0 trims nothing; raise "
+                             f"aggregation.trim_fraction to at least 1/{n}")
         if name == "krum" and n < 2 * agg.krum_byzantine + 3:
             raise ValueError(f"{what}: krum needs at least 2f + 3 = {2 * agg.krum_byzantine + 3} updates "
                              f"(f = aggregation.krum_byzantine)")
         if name == "krum" and agg.krum_selected > n - agg.krum_byzantine:
-            raise ValueError(f"{what}: multi-Krum averages at most n − f = {n - agg.krum_byzantine} updates "
+            raise ValueError(f"{what}: multi-Krum averages at most n - f = {n - agg.krum_byzantine} updates "
                              f"(aggregation.krum_selected)")
