@@ -15,7 +15,8 @@ runner clients that train honestly and then replace their step Δ_k by an attack
 
 The attackers are the lowest client ids, as many at each edge (10%: clients 0 and 1, one per edge; 20%:
 clients 0–3, two per edge). Aggregators: median; trimmed_mean with β = 0.2 (drops 2 of 10 at each end);
-multi-Krum with f = 2, m = 6. Writes docs/robust.{md,json,png}.
+multi-Krum with f = 2, m = 6. A run whose model goes non-finite (FedAvg's mean under a strong attack; the
+cloud would stop it as diverged) counts as chance accuracy (0.1) from then on. Writes docs/robust.{md,json,png}.
 
     ./fl python bench/robust.py [--rounds 15] [--workers 2]        the attack table
     ./fl python bench/robust.py --costs                             time and memory of each aggregator
@@ -35,10 +36,12 @@ import torch
 
 from shared.algorithms import aggregate, robust
 from shared.algorithms.base import MODEL, ClientResult
+from shared.cloud_round import Diverged
 from shared.config import AggregationConfig, RunConfig
 from shared.edge_round import ClientTask
 from shared.federation import initial_model
 from shared.reference import InProcessClients, run_reference
+from shared.schemas import MAX_SCALAR
 from shared.seeding import torch_generator
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -52,6 +55,7 @@ AGGREGATORS = {
 SCENARIOS = [("clean", None, 0.0), ("sign_flip 10%", "sign_flip", 0.1), ("sign_flip 20%", "sign_flip", 0.2),
              ("gaussian 20%", "gaussian", 0.2), ("constant 20%", "constant", 0.2)]
 BENCH_SEED = 1234
+CHANCE = 0.1  # ten classes
 
 
 def config(aggregator: str, rounds: int) -> RunConfig:
@@ -83,10 +87,12 @@ def malicious_clients(attack: str, ids: frozenset[int]) -> type[InProcessClients
     class Malicious(InProcessClients):
         async def train(self, tasks: list[ClientTask]) -> list[ClientResult]:
             rounds = {t.client_id: t.round for t in tasks}
-            return [ClientResult(r.client_id, r.num_samples, r.loss,
-                                 {MODEL: attacked(attack, r.tensors[MODEL], r.client_id, rounds[r.client_id])},
-                                 r.metrics)
-                    if r.client_id in ids else r for r in await super().train(tasks)]
+            # A model the attack has blown up gives losses beyond what a result may report (an edge would
+            # refuse them, 422): capped here, so that the run goes on being measured.
+            return [ClientResult(r.client_id, r.num_samples, min(r.loss, MAX_SCALAR),
+                                 {MODEL: attacked(attack, r.tensors[MODEL], r.client_id, rounds[r.client_id])}
+                                 if r.client_id in ids else r.tensors, r.metrics)
+                    for r in await super().train(tasks)]
 
     return Malicious
 
@@ -97,9 +103,14 @@ def one_run(scenario: str, aggregator: str, rounds: int) -> dict:
     cfg = config(aggregator, rounds)
     ids = frozenset(range(round(share * cfg.data.num_clients)))
     started = time.perf_counter()
-    result = run_reference(cfg, clients=malicious_clients(attack, ids) if attack else InProcessClients)
-    return {"scenario": scenario, "aggregator": aggregator, "malicious": sorted(ids),
-            "accuracy": [h.test_accuracy for h in result.history], "seconds": time.perf_counter() - started}
+    clients = malicious_clients(attack, ids) if attack else InProcessClients
+    try:
+        accuracy = [h.test_accuracy for h in run_reference(cfg, clients=clients).history]
+    except Diverged as exc:  # the model went non-finite: the rounds before, then chance (the cloud stops such a run)
+        before = [h.test_accuracy for h in run_reference(cfg, exc.version - 1, clients=clients).history]
+        accuracy = before + [CHANCE] * (rounds - len(before))
+    return {"scenario": scenario, "aggregator": aggregator, "malicious": sorted(ids), "accuracy": accuracy,
+            "seconds": time.perf_counter() - started}
 
 
 def attack_table(rounds: int, workers: int) -> None:

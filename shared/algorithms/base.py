@@ -231,11 +231,6 @@ class Algorithm(Generic[P]):
     def client_weight(self, num_samples: int) -> float:
         return float(num_samples) if self.config.weighting == "samples" else 1.0
 
-    def keeps_every_update(self) -> bool:
-        """Whether `edge_aggregate` needs all of a round's results at once (a robust aggregator) instead of
-        an associative running sum: an edge must then hold every result until the round ends."""
-        return False
-
     def edge_aggregate(
         self, results: list[ClientResult], edge_state: Record, round: int
     ) -> tuple[EdgeAggregate, Record]:

@@ -6,10 +6,11 @@ Server: w ← w + η_s Σ_{k∈S} p_k Δw_k, with p_k = |D_k| / Σ_{i∈S}|D_i| 
 clients and the cloud divides the combined sums, which equals the flat rule over all of S.
 
 Robust aggregation (RunConfig.aggregation, shared/algorithms/robust.py): an edge replaces the weighted mean
-of its clients' steps by their median, trimmed mean or Krum r_l and submits n_l·r_l with weight n_l (its n_l
-updates counted once each); the cloud may replace the mean of the edges' steps the same way. DP-FedAvg
-(RunConfig.privacy, shared/algorithms/privacy.py): an edge submits the sum of its clients' clipped steps plus
-Gaussian noise with weight n_l, or each client sends its own clipped, noised step.
+of its clients' steps by their median, trimmed mean or Krum r_l (every update counted once) and submits
+W_l·r_l with weight W_l; the cloud may replace the mean of the edges' steps the same way (every edge counted
+once). DP-FedAvg (RunConfig.privacy, shared/algorithms/privacy.py): an edge submits the sum of its n_l clients'
+clipped steps plus Gaussian noise with weight n_l (weighting is uniform), or each client sends its own clipped,
+noised step.
 
 Hierarchical FedAvg (topology.edge_rounds = κ > 1): each edge runs κ rounds of FedAvg (η = 1) on its
 own model w_l, then submits W_l·(w_l − w) with weight W_l (its selected clients' total weight), so the
@@ -81,23 +82,24 @@ class FedAvg(Algorithm[P]):
                  for c in sorted(contributions, key=lambda c: c.edge_id)]
         return robust.aggregate(name, self.config.aggregation, steps)[MODEL]
 
-    def keeps_every_update(self) -> bool:
-        return self.config.aggregation.edge != "mean"
-
     def edge_aggregate(
         self, results: list[ClientResult], edge_state: Record, round: int
     ) -> tuple[EdgeAggregate, Record]:
         name = self.config.aggregation.edge
-        if name == "mean" and self.config.privacy.noise != "edge":
+        if name == "mean" and self.config.privacy.noise != "edge":  # the associative weighted sum
             return super().edge_aggregate(results, edge_state, round)
+        # A robust aggregator (or clipping each step) needs every result at once, not a running sum.
         ordered = sorted(results, key=lambda r: r.client_id)
-        updates, n = [r.tensors for r in ordered], float(len(ordered))
+        updates = [r.tensors for r in ordered]
+        # The edge's weight stays its clients' total (what the cloud checks it against, and how the cloud's mean
+        # weighs edges); with privacy, weighting is uniform, so it is the number of clients.
+        weight = sum(self.client_weight(r.num_samples) for r in ordered)
         if self.config.privacy.noise == "edge":
             edge_id = self.config.edge_of_client(ordered[0].client_id)
-            return EdgeAggregate(privacy.noised_sum(self.config, updates, round, edge_id), n), edge_state
+            return EdgeAggregate(privacy.noised_sum(self.config, updates, round, edge_id), weight), edge_state
         step = robust.aggregate(name, self.config.aggregation, updates)
-        # As a sum with weight n: the edge's contribution keeps the form the cloud and κ > 1 edge rounds expect.
-        return EdgeAggregate({g: {k: t * n for k, t in ts.items()} for g, ts in step.items()}, n), edge_state
+        # As a sum: the contribution keeps the form the cloud and κ > 1 edge rounds expect (sums / weight = step).
+        return EdgeAggregate({g: {k: t * weight for k, t in ts.items()} for g, ts in step.items()}, weight), edge_state
 
     def edge_round_update(self, edge_global: Record, aggregate_: EdgeAggregate) -> Record:
         mean = aggregate.mean(aggregate.Partial(aggregate_.tensors, aggregate_.weight))
