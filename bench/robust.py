@@ -37,12 +37,13 @@ import torch
 from shared.algorithms import aggregate, robust
 from shared.algorithms.base import MODEL, ClientResult
 from shared.cloud_round import Diverged
-from shared.config import AggregationConfig, RunConfig
+from shared.config import AggregationConfig, ModelConfig, RunConfig
 from shared.edge_round import ClientTask
-from shared.federation import initial_model
+from shared.models import build_model
 from shared.reference import InProcessClients, run_reference
-from shared.schemas import MAX_SCALAR
+from shared.schemas import MAX_SCALAR, ClientResultHeader
 from shared.seeding import torch_generator
+from shared.transport.records import encode
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 AGGREGATORS = {
@@ -179,8 +180,8 @@ def render(runs: list[dict]) -> None:
 def cost_probe(name: str, n: int, model: str) -> None:
     """One measurement in a fresh process (so ru_maxrss is this one's): prints a JSON line."""
     torch.set_num_threads(1)
-    cfg = RunConfig(model={"name": model}, data={"num_clients": n})
-    params = {k: p.detach() for k, p in initial_model(cfg).named_parameters()}
+    # The model alone, not the data (loading it would set a higher peak than the aggregation's).
+    params = {k: p.detach() for k, p in build_model(ModelConfig(name=model), (1, 28, 28), 10).named_parameters()}
     g = torch.Generator().manual_seed(0)
     updates = [{MODEL: {k: torch.randn(t.shape, generator=g) * 0.01 for k, t in params.items()}} for _ in range(n)]
     held = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -197,7 +198,19 @@ def cost_probe(name: str, n: int, model: str) -> None:
                       "updates_mib": n * d * 4 / 2**20, "extra_peak_mib": (peak - held) / 1024}))
 
 
+def wire_bytes(model: str) -> dict:
+    """What one client's result and one edge's contribution weigh on the wire: the same for every aggregator
+    (a robust edge still sends one model-sized sum; its clients still send their whole step)."""
+    params = {k: p.detach() for k, p in build_model(ModelConfig(name=model), (1, 28, 28), 10).named_parameters()}
+    header = ClientResultHeader(task_id="t", client_id=0, num_samples=1, loss=0.0)
+    return {"model": model, "parameters": sum(t.numel() for t in params.values()),
+            "result_bytes": len(encode({MODEL: params}, header)),
+            "contribution_bytes": len(encode({MODEL: {k: t.double() for k, t in params.items()}}))}
+
+
 def costs() -> None:
+    wire = [wire_bytes(model) for model in ("cnn", "mlp")]
+    print(wire, flush=True)
     rows = []
     for model in ("cnn", "mlp"):
         for n in (10, 100):
@@ -206,7 +219,7 @@ def costs() -> None:
                                      capture_output=True, text=True).stdout
                 rows.append(json.loads(out.strip().splitlines()[-1]))
                 print(rows[-1], flush=True)
-    (DOCS / "robust-costs.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (DOCS / "robust-costs.json").write_text(json.dumps({"wire": wire, "aggregation": rows}, indent=1) + "\n")
 
 
 def main() -> None:

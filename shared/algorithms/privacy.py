@@ -47,10 +47,11 @@ def clip(update: Record, bound: float) -> Record:
 
 
 def gaussian(like: Record, std: float, generator: torch.Generator) -> Record:
-    """N(0, std²) noise shaped like `like` (float64), drawn in the record's order from `generator`."""
-    return {group: {name: torch.randn(t.shape, generator=generator, dtype=torch.float64) * std
-                    for name, t in tensors.items()}
-            for group, tensors in like.items()}
+    """N(0, std²) noise shaped like `like` (float64), drawn from `generator` in sorted (group, name) order: a
+    record decoded from the wire lists its tensors in another order than the model that made it."""
+    return {group: {name: torch.randn(like[group][name].shape, generator=generator, dtype=torch.float64) * std
+                    for name in sorted(like[group])}
+            for group in sorted(like)}
 
 
 def _plus(a: Record, b: Record) -> Record:

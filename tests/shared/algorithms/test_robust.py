@@ -86,6 +86,17 @@ def test_noise_is_a_function_of_the_seed_round_and_edge():
     assert flat(first) != flat(privacy.noised_sum(config, updates, round=5, edge_id=1))
 
 
+def test_noise_does_not_depend_on_the_order_a_record_lists_its_tensors():
+    """A result decoded from the wire lists its tensors sorted; the model that made it, in its own order: the
+    services and the reference runner must still draw the same noise for each tensor."""
+    config = RunConfig(weighting="uniform", privacy={"noise": "edge"})
+    update = records(ROWS[:1])[0]
+    reordered = {"model": dict(reversed(list(update["model"].items())))}
+    a = privacy.noised_sum(config, [update], round=0, edge_id=0)
+    b = privacy.noised_sum(config, [reordered], round=0, edge_id=0)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
 def private(**privacy_: object) -> RunConfig:
     return RunConfig(rounds=6, weighting="uniform", fraction=0.5, model={"name": "logreg"},
                      data={"dataset": "digits", "num_clients": 8}, topology={"num_edges": 2, "buffer_size": 2},
