@@ -71,11 +71,11 @@ def render(runs: list[dict]) -> None:
     (DOCS / "dp.md").write_text("\n".join(lines) + "\n")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for run in runs:
+    for i, run in enumerate(runs):  # one colour per noise multiplier in both panels
         xs = range(1, rounds + 1)
-        left.plot(xs, run["accuracy"], marker=".", label=label(run["noise_multiplier"]))
+        left.plot(xs, run["accuracy"], marker=".", color=f"C{i}", label=label(run["noise_multiplier"]))
         if run["noise_multiplier"] is not None:
-            right.plot(run["epsilon"], run["accuracy"], marker=".", label=label(run["noise_multiplier"]))
+            right.plot(run["epsilon"], run["accuracy"], marker=".", color=f"C{i}", label=label(run["noise_multiplier"]))
     baseline = runs[[r["noise_multiplier"] for r in runs].index(None)]["accuracy"][-1]
     right.axhline(baseline, color="grey", ls="--", label=f"no DP, round {rounds}")
     left.set(xlabel="round", ylabel="test accuracy", ylim=(0, 1))
