@@ -21,7 +21,7 @@ from redis.exceptions import LockError
 
 from cloud.metrics import CloudMetrics
 from cloud.store import UNAVAILABLE, BufferedContribution, StateTooLarge, Store, now
-from shared.algorithms import registry
+from shared.algorithms import privacy, registry
 from shared.algorithms.base import Algorithm, Contribution
 from shared.backoff import Backoff
 from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
@@ -216,7 +216,8 @@ class Orchestrator:
                               now()).model_copy(update={"computed_by": self.replica})
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config,
                                    buffer_waits=buffer_waits(entries))
-        finished = info.version + 1 >= config.rounds
+        # The last round, or the last the privacy budget allows (privacy.rounds_to_run).
+        finished = info.version + 1 >= privacy.rounds_to_run(config)
         # No renewal during the commit: it WATCHes the lease, and a renewal (a write to it) would abort it,
         # making this replica compute the same update again. The last renewal left ≥ 2/3 of the lease.
         renewing.cancel()
@@ -232,6 +233,9 @@ class Orchestrator:
             return await self._stop(run_id)
         if committed:
             log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
+            if finished and info.version + 1 < config.rounds:
+                log.info("run %s finished at version %d of %d: its privacy budget ε = %g is spent (ε = %.4g)",
+                         run_id, info.version + 1, config.rounds, config.privacy.epsilon_budget, record.epsilon)
             await self.announce()
         return committed
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from shared.algorithms import privacy
 from shared.algorithms.base import Algorithm, Contribution
 from shared.federation import evaluate_global
 from shared.schemas import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
@@ -36,6 +37,7 @@ class CloudRoundOutcome:
     cloud_state: Record
     evaluation: Evaluation
     server_metrics: dict[str, float]
+    epsilon: float | None = None  # ε spent once this update is published (None: no privacy noise)
 
 
 def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[Contribution],
@@ -48,7 +50,7 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
         raise Diverged(version + 1, broken)
     evaluation = evaluate_global(algorithm.config, algorithm, new_global, new_state)
     metrics = {name: float(value) for name, value in algorithm.server_metrics(new_global, new_state).items()}
-    return CloudRoundOutcome(new_global, new_state, evaluation, metrics)
+    return CloudRoundOutcome(new_global, new_state, evaluation, metrics, privacy.epsilon(algorithm.config, version + 1))
 
 
 def round_record(version: int, contributions: list[Contribution], outcome: CloudRoundOutcome,
@@ -87,6 +89,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         },
         server_metrics=outcome.server_metrics,
         energy_j=sum(c.device.energy_j for c in clients if c.device is not None),
+        epsilon=outcome.epsilon,
         started_at=started,
         finished_at=finished,
         elapsed_s=(finished - run_started).total_seconds(),

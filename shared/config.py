@@ -230,6 +230,44 @@ class DvfsConfig(Strict):
         return (f"{name}*" if figures else name), profile, override.link_mbps or self.link_mbps
 
 
+Aggregator = Literal["mean", "median", "trimmed_mean", "krum"]
+
+
+class AggregationConfig(Strict):
+    """How model steps are combined, at each level (shared/algorithms/robust.py). `mean` is the algorithm's own
+    weighted mean; the others are Byzantine-robust and count every update once, whatever samples it claims."""
+
+    edge: Aggregator = Field("mean", description="over an edge's client updates: mean | median (coordinate-wise) "
+                             "| trimmed_mean | krum")
+    cloud: Aggregator = Field("mean", description="over the edges' contributions (each edge's mean step): mean | "
+                              "median | trimmed_mean | krum")
+    trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="β of trimmed_mean: the share of values dropped "
+                                 "at each end of every coordinate")
+    krum_byzantine: int = Field(1, ge=0, le=10_000, description="f of krum: the attackers tolerated; "
+                                "krum needs at least 2f + 3 updates")
+    krum_selected: int = Field(1, ge=1, le=100_000, description="m of multi-Krum: the best-scored updates "
+                               "averaged (1: Krum)")
+
+
+class PrivacyConfig(Strict):
+    """Client-level differential privacy, DP-FedAvg (McMahan et al., ICLR 2018; shared/algorithms/privacy.py)."""
+
+    noise: Literal["off", "edge", "client"] = Field(
+        "off", description="off | edge: each edge clips its clients' updates to clip_norm and adds Gaussian "
+        "noise to their sum | client: each client clips and noises its own update (local DP)")
+    clip_norm: float = Field(1.0, gt=0, le=1e6, description="S: the L2 bound of one client's update")
+    noise_multiplier: float = Field(1.0, gt=0, le=1e4, description="σ: the noise's standard deviation is σ·S")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ at which ε is reported")
+    epsilon_budget: float | None = Field(None, gt=0, description="ε at which the run stops: it ends after the last "
+                                         "round whose ε is within the budget (None: runs every round)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PrivacyConfig":
+        if self.epsilon_budget is not None and self.noise == "off":
+            raise ValueError("privacy.epsilon_budget needs noise: set privacy.noise to 'edge' or 'client'")
+        return self
+
+
 class RunConfig(Strict):
     name: str = Field("run", min_length=1, max_length=200)
     seed: int = Field(0, ge=0, lt=2**31)
@@ -250,6 +288,8 @@ class RunConfig(Strict):
     topology: TopologyConfig = TopologyConfig()
     policy: RoundPolicy = RoundPolicy()
     dvfs: DvfsConfig = DvfsConfig()
+    aggregation: AggregationConfig = AggregationConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
@@ -266,6 +306,9 @@ class RunConfig(Strict):
     def clients_of_edge(self, edge_index: int) -> list[int]:
         """Client indices an edge serves: round-robin over edges, so edge l has k ≡ l (mod L)."""
         return list(range(edge_index, self.data.num_clients, self.topology.num_edges))
+
+    def edge_of_client(self, client_id: int) -> int:
+        return client_id % self.topology.num_edges
 
 
 def _check_finite(value: Any, where: str) -> None:

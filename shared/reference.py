@@ -19,7 +19,7 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from shared.algorithms import registry
+from shared.algorithms import privacy, registry
 from shared.algorithms.base import Algorithm, ClientResult, Contribution
 from shared.cloud_round import round_record, run_cloud_round
 from shared.config import RunConfig
@@ -43,8 +43,9 @@ class ReferenceResult:
     cloud_state: Record = field(default_factory=dict)
 
 
-class _InProcessClients:
-    """Trains tasks by calling local_update directly, keeping each client's state in a dict."""
+class InProcessClients:
+    """Trains tasks by calling local_update directly, keeping each client's state in a dict. A benchmark may
+    pass a subclass to `run_reference` (e.g. bench/robust.py's clients that poison their updates)."""
 
     def __init__(self, algorithm: Algorithm):
         self.algorithm = algorithm
@@ -69,11 +70,12 @@ class _Pending:
 
 
 def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Schedule | None = None,
-                  edge_slowdown: dict[int, float] | None = None) -> ReferenceResult:
-    rounds = config.rounds if rounds is None else rounds
+                  edge_slowdown: dict[int, float] | None = None,
+                  clients: type[InProcessClients] = InProcessClients) -> ReferenceResult:
+    rounds = privacy.rounds_to_run(config) if rounds is None else rounds
     if schedule is not None and len(schedule) < rounds:
         raise ValueError(f"the schedule covers {len(schedule)} updates, not {rounds}")
-    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}))
+    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, clients))
 
 
 def schedule_of(history: list[RoundRecord]) -> Schedule:
@@ -82,9 +84,9 @@ def schedule_of(history: list[RoundRecord]) -> Schedule:
 
 
 async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
-               slowdown: dict[int, float]) -> ReferenceResult:
+               slowdown: dict[int, float], clients_type: type[InProcessClients]) -> ReferenceResult:
     algorithm = registry.create(config)
-    clients = _InProcessClients(algorithm)
+    clients = clients_type(algorithm)
     globals_ = [algorithm.init_global(initial_model(config))]
     edge_states: dict[int, Record] = {e: {} for e in range(config.topology.num_edges)}
     pending: dict[int, _Pending] = {}

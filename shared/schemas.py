@@ -199,6 +199,8 @@ class RoundRecord(Message):
     server_metrics: dict[str, float] = Field(default_factory=dict)
     # Modelled client energy (DVFS) of the results this update consumed, joules.
     energy_j: float = 0.0
+    # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.
+    epsilon: float | None = None
     started_at: datetime
     finished_at: datetime
     elapsed_s: float

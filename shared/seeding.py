@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 # Tags keep streams of different owners apart even when the other coordinates coincide.
-SELECTION, LOCAL_TRAINING, MODEL_INIT, CLASSIFIER = 1, 2, 3, 4
+SELECTION, LOCAL_TRAINING, MODEL_INIT, CLASSIFIER, PRIVACY_NOISE = 1, 2, 3, 4, 5
 
 
 def derive_seed(*entropy: int) -> int:

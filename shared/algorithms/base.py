@@ -130,6 +130,9 @@ class Algorithm(Generic[P]):
     multi_edge: ClassVar[bool] = True
     # Whether an edge may run κ > 1 rounds with its own clients before it reports to the cloud.
     edge_rounds: ClassVar[bool] = False
+    # Whether RunConfig.aggregation (robust aggregators) and .privacy (DP-FedAvg) apply: they replace the mean
+    # of model steps, so only algorithms whose update is that mean take them (FedAvg, FedProx).
+    robust_aggregation: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -158,6 +161,14 @@ class Algorithm(Generic[P]):
             raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
         if not cls.edge_rounds and config.topology.edge_rounds > 1:
             raise ValueError(f"{cls.name} does not support topology.edge_rounds > 1")
+        if not cls.robust_aggregation:
+            agg = config.aggregation
+            if agg.edge != "mean" or agg.cloud != "mean":
+                raise ValueError(f"{cls.name} does not support robust aggregation (aggregation.edge and .cloud "
+                                 "must be 'mean'); fedavg and fedprox do")
+            if config.privacy.noise != "off":
+                raise ValueError(f"{cls.name} does not support differential privacy (privacy.noise must be "
+                                 "'off'); fedavg and fedprox do")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Record:

@@ -5,6 +5,13 @@ Server: w ← w + η_s Σ_{k∈S} p_k Δw_k, with p_k = |D_k| / Σ_{i∈S}|D_i| 
 1/m (weighting="uniform"). With several edges, each edge sends Σ p̃_k Δw_k and Σ p̃_k over its
 clients and the cloud divides the combined sums, which equals the flat rule over all of S.
 
+Robust aggregation (RunConfig.aggregation, shared/algorithms/robust.py): an edge replaces the weighted mean
+of its clients' steps by their median, trimmed mean or Krum r_l (every update counted once) and submits
+W_l·r_l with weight W_l; the cloud may replace the mean of the edges' steps the same way (every edge counted
+once). DP-FedAvg (RunConfig.privacy, shared/algorithms/privacy.py): an edge submits the sum of its n_l clients'
+clipped steps plus Gaussian noise with weight n_l (weighting is uniform), or each client sends its own clipped,
+noised step.
+
 Hierarchical FedAvg (topology.edge_rounds = κ > 1): each edge runs κ rounds of FedAvg (η = 1) on its
 own model w_l, then submits W_l·(w_l − w) with weight W_l (its selected clients' total weight), so the
 cloud's step is the data-weighted average of the edge models.
@@ -13,10 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from shared.algorithms import aggregate
+from shared.algorithms import aggregate, privacy, robust
 from shared.algorithms.base import (
     MODEL,
     Algorithm,
+    ClientResult,
     ClientUpdate,
     Contribution,
     EdgeAggregate,
@@ -24,6 +32,7 @@ from shared.algorithms.base import (
     P,
     combined_mean,
 )
+from shared.config import RunConfig
 from shared.training import Regulariser, load_parameters, local_sgd, parameters_of
 from shared.transport.records import Record
 from shared.transport.tensors import Tensors
@@ -32,6 +41,14 @@ from shared.transport.tensors import Tensors
 class FedAvg(Algorithm[P]):
     name = "fedavg"
     edge_rounds = True
+    robust_aggregation = True
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        super().check_config(config)
+        if cls.robust_aggregation:
+            robust.check(config)
+            privacy.check(config)
 
     def regulariser(self, global_: Tensors) -> Regulariser | None:
         """Extra term of the local objective; FedProx overrides this."""
@@ -44,14 +61,45 @@ class FedAvg(Algorithm[P]):
             model, job.data.train, self.config.local, job.generator, regulariser=self.regulariser(w)
         )
         trained = parameters_of(model)
-        delta = {name: trained[name] - w[name] for name in w}
-        return ClientUpdate({MODEL: delta}, len(job.data.train), stats.mean_loss, state)
+        update: Record = {MODEL: {name: trained[name] - w[name] for name in w}}
+        if self.config.privacy.noise == "client":
+            update = privacy.privatised(self.config.privacy, update, job.generator)
+        return ClientUpdate(update, len(job.data.train), stats.mean_loss, state)
 
     def cloud_update(
         self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
-        step = combined_mean(contributions)[MODEL]
-        return {MODEL: aggregate.add_scaled(global_[MODEL], step, self.config.server_lr)}, cloud_state
+        return {MODEL: aggregate.add_scaled(global_[MODEL], self.cloud_step(contributions),
+                                            self.config.server_lr)}, cloud_state
+
+    def cloud_step(self, contributions: list[Contribution]) -> Tensors:
+        """The combined model step: the mean over all clients, or the cloud's robust aggregator over the edges'
+        mean steps (each edge counted once)."""
+        name = self.config.aggregation.cloud
+        if name == "mean":
+            return combined_mean(contributions)[MODEL]
+        steps = [aggregate.mean(aggregate.Partial(c.tensors, c.weight))
+                 for c in sorted(contributions, key=lambda c: c.edge_id)]
+        return robust.aggregate(name, self.config.aggregation, steps)[MODEL]
+
+    def edge_aggregate(
+        self, results: list[ClientResult], edge_state: Record, round: int
+    ) -> tuple[EdgeAggregate, Record]:
+        name = self.config.aggregation.edge
+        if name == "mean" and self.config.privacy.noise != "edge":  # the associative weighted sum
+            return super().edge_aggregate(results, edge_state, round)
+        # A robust aggregator (or clipping each step) needs every result at once, not a running sum.
+        ordered = sorted(results, key=lambda r: r.client_id)
+        updates = [r.tensors for r in ordered]
+        # The edge's weight stays its clients' total (what the cloud checks it against, and how the cloud's mean
+        # weighs edges); with privacy, weighting is uniform, so it is the number of clients.
+        weight = sum(self.client_weight(r.num_samples) for r in ordered)
+        if self.config.privacy.noise == "edge":
+            edge_id = self.config.edge_of_client(ordered[0].client_id)
+            return EdgeAggregate(privacy.noised_sum(self.config, updates, round, edge_id), weight), edge_state
+        step = robust.aggregate(name, self.config.aggregation, updates)
+        # As a sum: the contribution keeps the form the cloud and κ > 1 edge rounds expect (sums / weight = step).
+        return EdgeAggregate({g: {k: t * weight for k, t in ts.items()} for g, ts in step.items()}, weight), edge_state
 
     def edge_round_update(self, edge_global: Record, aggregate_: EdgeAggregate) -> Record:
         mean = aggregate.mean(aggregate.Partial(aggregate_.tensors, aggregate_.weight))

@@ -194,6 +194,41 @@ async def test_create_run_inconsistent_config(cloud: Cloud, overrides: dict[str,
     assert await cloud.snapshot() == before
 
 
+# Robust aggregation and DP-FedAvg (issue 14): what their algorithm or the round's size cannot honour.
+# small_config: 4 clients, one edge, every client every round.
+ROBUST_OR_PRIVATE = {
+    "robust-scaffold": ({"algorithm": "scaffold", "aggregation": {"edge": "median"}},
+                        "scaffold does not support robust aggregation"),
+    "private-fedsgd": ({"algorithm": "fedsgd", "weighting": "uniform", "privacy": {"noise": "edge"}},
+                       "fedsgd does not support differential privacy"),
+    "unknown-aggregator": ({"aggregation": {"edge": "geomed"}}, "'mean', 'median', 'trimmed_mean' or 'krum'"),
+    "krum-too-few": ({"aggregation": {"edge": "krum", "krum_byzantine": 1}}, "krum needs at least 2f + 3 = 5"),
+    "multi-krum-too-many": ({"data": {"dataset": "digits", "num_clients": 6},
+                             "aggregation": {"edge": "krum", "krum_byzantine": 1, "krum_selected": 6}},
+                            "multi-Krum averages at most n - f = 5"),
+    "trim-nothing": ({"aggregation": {"edge": "trimmed_mean", "trim_fraction": 0.2}},
+                     "floor(trim_fraction * n) = 0 trims nothing"),
+    "trim-half": ({"aggregation": {"edge": "trimmed_mean", "trim_fraction": 0.5}}, "less than 0.5"),
+    "cloud-median-of-one": ({"aggregation": {"cloud": "median"}}, "the median of fewer than 3 values"),
+    "private-by-samples": ({"privacy": {"noise": "edge"}}, "set weighting to 'uniform'"),
+    "noise-and-median": ({"weighting": "uniform", "privacy": {"noise": "edge"}, "aggregation": {"edge": "median"}},
+                         "needs aggregation.edge 'mean'"),
+    "budget-without-noise": ({"privacy": {"epsilon_budget": 3}}, "epsilon_budget needs noise"),
+    "budget-below-one-round": ({"weighting": "uniform", "privacy": {"noise": "edge", "epsilon_budget": 0.5}},
+                               "is spent before the first round"),
+    "zero-noise": ({"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 0}}, "greater than 0"),
+}
+
+
+@pytest.mark.parametrize("case", ROBUST_OR_PRIVATE)
+async def test_create_run_robust_or_private_config_it_cannot_honour(cloud: Cloud, case: str) -> None:
+    overrides, fragment = ROBUST_OR_PRIVATE[case]
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", json=small_config(**overrides))
+    detail_of(r, 422, fragment)
+    assert await cloud.snapshot() == before
+
+
 async def test_create_run_missing_data_file(cloud: Cloud, tmp_path) -> None:
     before = await cloud.snapshot()
     config = small_config(data={"dataset": "npz", "path": str(tmp_path / "absent.npz"), "num_clients": 4})

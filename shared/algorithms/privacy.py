@@ -1,0 +1,135 @@
+"""Client-level differential privacy: DP-FedAvg (McMahan et al., ICLR 2018), as plain functions.
+
+Each client's model step Δ_k is clipped to L2 norm S, and Gaussian noise N(0, σ²S²) is added either to the
+sum of an edge's clipped steps (`noise = "edge"`: the cloud and everything downstream see only noised sums)
+or to each client's own clipped step before it leaves the device (`noise = "client"`, local DP: the edge
+too sees only noised steps). Every client weighs the same (weighting = "uniform"), so one client moves its
+edge's sum by at most S: σ is the noise multiplier of a Gaussian mechanism of sensitivity S.
+
+ε at the run's δ after T rounds comes from opacus's RDP accountant for the sampled Gaussian mechanism,
+composed over T·κ edge rounds (each noised sum is one release; the κ of a global round are composed, not
+hidden by the edge). The sampling rate q is the largest share of an edge's clients selected per round
+(edge noise), or 1 for client noise: the edge sees which clients answered, so sampling hides nothing from
+it. opacus's analysis assumes Poisson sampling; our edges draw a fixed number without replacement, the
+approximation DP-FedAvg's own analysis makes.
+
+Noise is drawn from generators owned by (seed, round, edge) or by the client's training stream, so the
+services and the reference runner add the same noise.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+from shared.algorithms import aggregate
+from shared.config import PrivacyConfig, RunConfig
+from shared.seeding import PRIVACY_NOISE, torch_generator
+from shared.selection import num_selected
+from shared.transport.records import Record
+
+# RDP orders searched for the best conversion to (ε, δ): opacus's default set.
+ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+
+
+def norm(update: Record) -> float:
+    """The L2 norm of the whole record, every tensor of every group as one vector."""
+    return math.sqrt(sum(float(t.to(torch.float64).pow(2).sum()) for tensors in update.values()
+                         for t in tensors.values()))
+
+
+def clip(update: Record, bound: float) -> Record:
+    """`update` scaled by min(1, S / ‖update‖), in float64."""
+    scale = min(1.0, bound / max(norm(update), 1e-300))
+    return {group: {name: t.to(torch.float64) * scale for name, t in tensors.items()}
+            for group, tensors in update.items()}
+
+
+def gaussian(like: Record, std: float, generator: torch.Generator) -> Record:
+    """N(0, std²) noise shaped like `like` (float64), drawn from `generator` in sorted (group, name) order: a
+    record decoded from the wire lists its tensors in another order than the model that made it."""
+    return {group: {name: torch.randn(like[group][name].shape, generator=generator, dtype=torch.float64) * std
+                    for name in sorted(like[group])}
+            for group in sorted(like)}
+
+
+def _plus(a: Record, b: Record) -> Record:
+    return {group: {name: t + b[group][name] for name, t in tensors.items()} for group, tensors in a.items()}
+
+
+def privatised(config: PrivacyConfig, update: Record, generator: torch.Generator) -> Record:
+    """A client's own step, clipped and noised (local DP), in the dtypes it came in."""
+    clipped = clip(update, config.clip_norm)
+    noised = _plus(clipped, gaussian(clipped, config.noise_multiplier * config.clip_norm, generator))
+    return {group: {name: t.to(update[group][name].dtype) for name, t in tensors.items()}
+            for group, tensors in noised.items()}
+
+
+def noised_sum(config: RunConfig, updates: list[Record], round: int, edge_id: int) -> Record:
+    """Σ_k clip(Δ_k) + N(0, σ²S²) over an edge's client steps (in client id order): the edge's release."""
+    privacy = config.privacy
+    total = aggregate.reduce((1.0, clip(u, privacy.clip_norm)) for u in updates).sums
+    noise = gaussian(total, privacy.noise_multiplier * privacy.clip_norm,
+                     torch_generator(config.seed, PRIVACY_NOISE, round, edge_id))
+    return _plus(total, noise)
+
+
+# ---- accounting ------------------------------------------------------------------------------------
+def sampling_rate(config: RunConfig) -> float:
+    """q: the largest chance that a client is in its edge's round (1 for client noise, see above)."""
+    if config.privacy.noise == "client":
+        return 1.0
+    sizes = {len(config.clients_of_edge(e)) for e in range(config.topology.num_edges)}
+    return max(num_selected(config.fraction, n) / n for n in sizes)
+
+
+def epsilon(config: RunConfig, rounds: int) -> float | None:
+    """ε at the run's δ after `rounds` global rounds; None when the run adds no noise."""
+    if config.privacy.noise == "off":
+        return None
+    p = config.privacy
+    return _epsilon(sampling_rate(config), p.noise_multiplier, rounds * config.topology.edge_rounds, p.delta)
+
+
+@lru_cache(maxsize=4096)
+def _epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    # Imported here: opacus takes seconds to import, and only runs with privacy need it.
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+    rdp = compute_rdp(q=q, noise_multiplier=noise_multiplier, steps=steps, orders=list(ORDERS))
+    eps, _ = get_privacy_spent(orders=list(ORDERS), rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def rounds_to_run(config: RunConfig) -> int:
+    """The rounds the run trains: config.rounds, or fewer when the ε budget is spent before (ε grows with
+    every round, so this is the last round whose ε is within the budget; 0 if not even the first is)."""
+    budget = config.privacy.epsilon_budget
+    if budget is None or config.privacy.noise == "off":
+        return config.rounds
+    low, high = 0, config.rounds  # ε(low) ≤ budget (ε(0) = 0); find the largest such
+    while low < high:
+        mid = (low + high + 1) // 2
+        eps = epsilon(config, mid)
+        if eps is not None and eps <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def check(config: RunConfig) -> None:
+    """Raises ValueError for privacy settings a run cannot honour."""
+    p = config.privacy
+    if p.noise == "off":
+        return
+    if config.weighting != "uniform":
+        raise ValueError("privacy bounds each client's influence by clip_norm only if every client weighs the same: "
+                         "set weighting to 'uniform'")
+    if p.noise == "edge" and config.aggregation.edge != "mean":
+        raise ValueError("privacy.noise 'edge' noises the sum of the clipped client steps: it needs "
+                         "aggregation.edge 'mean'")
+    if rounds_to_run(config) == 0:
+        raise ValueError(f"privacy.epsilon_budget {p.epsilon_budget} is spent before the first round "
+                         f"(epsilon after one round: {epsilon(config, 1):.4g} at delta = {p.delta})")
