@@ -36,7 +36,7 @@ from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.schemas import RoundRecord
 from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
-from shared.training import batches, make_optimizer
+from shared.training import batches
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SLOW_EDGE, SLOWDOWN = 2, 3.0
@@ -81,7 +81,7 @@ def train_with_head(algorithm: HFPL, config: RunConfig, client_id: int, train, e
     with seeded_default_generator(derive_seed(config.seed, MODEL_INIT, 10_000 + client_id)):
         head = nn.Linear(algorithm.params.feature_dim, load_federated(config.data, config.seed).num_classes)
     model = nn.Sequential(f, head)
-    opt = make_optimizer(model.parameters(), config.local)
+    opt = algorithm.client_optimizer(model.parameters())
     model.train()
     for epoch in range(epochs):
         generator = torch_generator(config.seed, LOCAL_TRAINING, epoch, client_id)
