@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -37,9 +38,16 @@ from shared.algorithms.prototypes import (
     empty,
 )
 from shared.config import RunConfig
-from shared.data.datasets import load_client
+from shared.data.datasets import ArrayDataset, load_client, load_federated
 from shared.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
-from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
+from shared.seeding import (
+    CLASSIFIER,
+    LOCAL_TRAINING,
+    MODEL_INIT,
+    derive_seed,
+    seeded_default_generator,
+    torch_generator,
+)
 from shared.training import Evaluation, batches, make_optimizer
 from shared.transport import records
 from shared.transport.records import Record, RecordSpec, pack, unpack
@@ -355,6 +363,30 @@ class HFPL(Algorithm[HFPLParams]):
         if EXTRACTOR in state:
             f.load_state_dict(state[EXTRACTOR])
         return f
+
+    def train_alone(self, client_id: int, train: ArrayDataset, epochs: int,
+                    after_epoch: Callable[[int, nn.Module], None] | None = None) -> nn.Module:
+        """The local-only baseline of client i: its extractor (its family, its initial weights) with a private
+        linear head, trained on `train` alone by plain cross-entropy with the client's optimiser; returned in
+        eval mode. `after_epoch(e, model)` sees the model after e epochs (in eval mode), which is what a run of
+        e epochs would return: the epochs' shuffles do not depend on the total."""
+        f = self.feature_extractor(client_id, tuple(train.x.shape[1:]))
+        num_classes = load_federated(self.config.data, self.config.seed).num_classes
+        with seeded_default_generator(derive_seed(self.config.seed, MODEL_INIT, 10_000 + client_id)):
+            head = nn.Linear(self.params.feature_dim, num_classes)
+        model = nn.Sequential(f, head)
+        opt = self.client_optimizer(model.parameters())
+        model.train()
+        for epoch in range(epochs):
+            generator = torch_generator(self.config.seed, LOCAL_TRAINING, epoch, client_id)
+            for idx in batches(len(train), self.config.local.batch_size, generator):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
+                opt.step()
+            if after_epoch is not None:
+                after_epoch(epoch + 1, model.eval())
+                model.train()
+        return model.eval()
 
     def evaluate_client(self, client_id: int, state: Record, model: Tensors, data) -> dict[str, float]:
         """Client i's f_i with the global (C̄, G), as the REST API serves it, on `data`: accuracy,

@@ -491,6 +491,13 @@ def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
     )
 
 
+def own_classes_test(data: FederatedData, k: int) -> ArrayDataset:
+    """Every image of the global test set of a class client k holds (FedProto's evaluation)."""
+    client = data.clients[k]
+    keep = torch.isin(data.test.y, torch.cat([client.train.y, client.test.y]).unique())
+    return ArrayDataset(data.test.x[keep], data.test.y[keep])
+
+
 def load_client(cfg: DataConfig, seed: int, k: int) -> ClientData:
     """One client's data, as a client process needs it; built from the shared federated view so
     every process agrees on the partition."""
