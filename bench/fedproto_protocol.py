@@ -47,6 +47,7 @@ NUM_CLIENTS, SLOW_EDGE, SLOWDOWN = 20, 2, 3.0
 # mode: (edges, buffer, slowdown)
 MODES = {"flat": (1, 1, {}), "sync": (3, 3, {}), "async": (3, 2, {SLOW_EDGE: SLOWDOWN})}
 LOCAL = {"epochs": 1, "batch_size": 32, "lr": 0.1}
+NOTES = "<!-- notes: kept by --render -->"
 
 
 def split_path(seed: int) -> Path:
@@ -309,7 +310,10 @@ def main() -> None:
         DOCS.mkdir(exist_ok=True)
         stored.write_text(json.dumps(saved, indent=1))
     saved = json.loads(stored.read_text())
-    (DOCS / "fedproto-protocol.md").write_text(render(saved["protocol"], saved["levers"]))
+    page = DOCS / "fedproto-protocol.md"
+    # Hand-written notes below the marker (measurements outside this script's runs) survive a re-render.
+    notes = page.read_text().partition(NOTES)[2] if page.exists() else ""
+    page.write_text(render(saved["protocol"], saved["levers"]) + "\n" + NOTES + notes)
     if saved["protocol"]:
         plot(saved["protocol"], DOCS / "fedproto-protocol.png")
 
