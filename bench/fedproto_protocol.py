@@ -256,7 +256,8 @@ def plot(protocol: dict, path: Path) -> None:
     if local:
         ax.axhline(100 * local["mean"], color="grey", ls="--", lw=1, label="local only (final, own-class test)")
     ax.axhline(97.5, color="black", ls=":", lw=1, label="target 97.5%")
-    lowest = min(100 * a for r in protocol["results"] if r["mode"] in colours for a in r["curve"][len(r["curve"]) // 3:])
+    late = [100 * a for r in protocol["results"] if r["mode"] in colours for a in r["curve"][len(r["curve"]) // 3:]]
+    lowest = min(late)
     ax.set_ylim(max(0.0, lowest - 5), 100)
     ax.set_xlabel("cloud updates (curves: held-out splits as reported during the run)")
     ax.set_ylabel("mean of the clients' latest reports (%)")
