@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hfpl import save_figure
 
 from shared.algorithms import registry
 from shared.algorithms.hfpl import HFPL
@@ -263,11 +264,7 @@ def plot(protocol: dict, path: Path) -> None:
     ax.set_ylabel("mean of the clients' latest reports (%)")
     ax.set_title("HFPL, FedProto's MNIST protocol (20 clients, 2-5 classes each), seeds "
                  + ", ".join(str(s) for s in sorted({r["seed"] for r in protocol["results"]})), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, path)
 
 
 def main() -> None:
