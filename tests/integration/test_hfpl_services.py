@@ -163,8 +163,9 @@ LEVERS = {"momentum": 0.5, "proto_distance": "mean", "proto_weight": 1.0, "class
 
 
 def test_the_levers_travel_through_the_services_and_equal_the_reference(three_edges):
-    """Every lever of docs/fedproto-protocol.md set at once, asynchronously: the services' model and every client's reported figures equal the
-    in-process reference replaying the same buffers, and differ from the run without the levers."""
+    """Every lever of docs/fedproto-protocol.md set at once, asynchronously: the services' model and every
+    client's reported figures equal the in-process reference replaying the same buffers, and differ from
+    the run without the levers."""
     topology, api = three_edges
     # 14 updates, as in the crash test above: enough for the slow edge's triples to be consumed stale.
     config = RunConfig(name="hfpl-levers", rounds=14, topology={"num_edges": 3, "buffer_size": 2},
