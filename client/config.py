@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -25,6 +26,10 @@ class ClientSettings(ServiceSettings):
     # retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait.
     retry_initial_s: float = Field(1.0, gt=0)
     retry_max_s: float = Field(30.0, gt=0)
+    # DVFS (client/dvfs.py): auto sets the host's CPU frequency where cpufreq under cpufreq_root is writable
+    # by this process, and emulates the device's time otherwise; cpufreq insists, emulate never touches it.
+    dvfs_backend: Literal["auto", "cpufreq", "emulate"] = "auto"
+    cpufreq_root: Path = Path("/sys/devices/system/cpu/cpufreq")
     # Several identical processes can split `clients` between them (the pods of a Kubernetes StatefulSet,
     # which learn their index from the pod label apps.kubernetes.io/pod-index): this process hosts every
     # shard_count-th of the listed ids, starting at position shard_index. Stable across restarts, so each

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from client.config import ClientSettings
+from client.dvfs import Pacer, backend_for, emulated_hold, record_bytes
 from client.state import ClientStateStore
 from shared.algorithms import registry
 from shared.backoff import Backoff
@@ -45,10 +46,14 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     algorithm = registry.create(config)
     data = load_client(config.data, config.seed, header.client_id)
     started = time.perf_counter()
-    update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
+    pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
+                  backend_for(settings.dvfs_backend, settings.cpufreq_root))
+    with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
+        update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
                                 num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
-                                train_seconds=time.perf_counter() - started)
+                                train_seconds=time.perf_counter() - started,
+                                device=pacer.finish(record_bytes(update.tensors)))
     blob = encode(update.tensors, result)
     store.save(header.task_id, update.state, blob)
     return blob
@@ -207,6 +212,7 @@ class Worker:
         if header.task_id in self.failed:
             await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
             return
+        received = time.monotonic()
         try:
             blob = await self.trainer.run(header.run_id, partial(compute, self.settings, header, task))
         except Exception as exc:
@@ -214,6 +220,8 @@ class Worker:
             self.failed.add(header.task_id)
             await self.report_failure(client_id, header, exc)
             return
+        # An emulated device takes its modelled time (DVFS): waited here, not on the shared training thread.
+        await asyncio.sleep(emulated_hold(header.config, blob, time.monotonic() - received))
         await self.upload(client_id, header, blob)
         log.debug("client %d: task %s done", client_id, header.task_id)
 

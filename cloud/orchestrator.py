@@ -214,7 +214,8 @@ class Orchestrator:
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
         record = round_record(info.version, contributions, outcome, started, info.started_at or started,
                               now()).model_copy(update={"computed_by": self.replica})
-        header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
+        header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config,
+                                   buffer_waits=buffer_waits(entries))
         finished = info.version + 1 >= config.rounds
         # No renewal during the commit: it WATCHes the lease, and a renewal (a write to it) would abort it,
         # making this replica compute the same update again. The last renewal left ≥ 2/3 of the lease.
@@ -247,3 +248,13 @@ class Orchestrator:
         cloud_state = decode_state(state_blob) if state_blob else {}
         contributions = [contribution(e.header, decode_state(e.blob)) for e in entries]
         return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version)
+
+
+def buffer_waits(entries: list[BufferedContribution]) -> dict[int, float]:
+    """Per edge, how much later the buffer filled than its contribution arrived, were it not there: the
+    latest arrival among the others, minus its own (DVFS slack, edge/pacing.py). The last to arrive gets a
+    negative figure, how far behind the others it was: it was on the critical path by that much. Only
+    relative to other contributions: a buffer of one says nothing."""
+    if len(entries) < 2:
+        return {}
+    return {e.header.edge_id: max(o.received_s for o in entries if o is not e) - e.received_s for e in entries}

@@ -103,6 +103,16 @@ class BufferedContribution:
     header: EdgeContributionHeader
     blob: bytes
 
+    @property
+    def received_s(self) -> float:
+        """When the buffer accepted it, in Redis's clock (seconds since the epoch)."""
+        return _stream_seconds(self.entry_id)
+
+
+def _stream_seconds(entry_id: bytes) -> float:
+    """A stream entry id's milliseconds (the Redis server's clock when it was added), as seconds."""
+    return int(entry_id.split(b"-")[0]) / 1000
+
 
 @dataclass(frozen=True)
 class SubmitOutcome:
@@ -414,7 +424,7 @@ class RedisStore(Store):
         """The contributions waiting in the buffer, each with when it was accepted (its stream id's
         milliseconds). The headers only: a status view must not pull every blob out of Redis."""
         entries = await self.r.eval(_HEADERS, 1, self.k.buffer(run_id), Entry.header.value)
-        return [(datetime.fromtimestamp(int(entries[i].split(b"-")[0]) / 1000, timezone.utc),
+        return [(datetime.fromtimestamp(_stream_seconds(entries[i]), timezone.utc),
                  EdgeContributionHeader.model_validate_json(entries[i + 1])) for i in range(0, len(entries), 2)]
 
     async def registered_edges(self) -> set[int]:

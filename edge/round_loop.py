@@ -19,6 +19,7 @@ import httpx
 
 from edge.config import EdgeSettings
 from edge.metrics import EdgeMetrics
+from edge.pacing import EdgePacing
 from edge.tasks import ForeignClient, Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
@@ -57,6 +58,8 @@ class Lane:
     algorithm: Algorithm
     edge_state: Record
     backoff: Backoff
+    # DVFS: the budget each task gives its client, from this run's rounds (edge/pacing.py).
+    pacing: EdgePacing
     # The last version whose round succeeded: the long-poll asks for a newer one. It moves only after a
     # successful round, so after a failure the same state (or a newer one, if the cloud moved on) is
     # fetched again and its round re-run, instead of the edge waiting for a version that never comes.
@@ -245,7 +248,8 @@ class EdgeRoundLoop:
         lane = self.lanes.get(header.run_id)
         if lane is None:
             lane = Lane(header.config, registry.create(header.config), self._load_state(header.run_id),
-                        Backoff(self.retry_backoff_s, self.retry_backoff_max_s))
+                        Backoff(self.retry_backoff_s, self.retry_backoff_max_s),
+                        EdgePacing(self.edge_id, header.run_id))
             self.lanes[header.run_id] = lane
         return lane
 
@@ -285,10 +289,16 @@ class EdgeRoundLoop:
         if not lane.samples_known:
             lane.num_samples, lane.samples_known = await asyncio.to_thread(self._known_num_samples, header), True
         failures: list[ClientFailure] = []  # of every edge round
+        pacing = lane.pacing
+        pacing.heard(header)
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
-            return await self.collect(header, [self._task(header, t, algorithm) for t in tasks], header.config.policy,
-                                      failures)
+            chosen = [t.client_id for t in tasks]
+            budget = pacing.budget(header.config, chosen)
+            results = await self.collect(header, [self._task(header, t, algorithm, budget) for t in tasks],
+                                         header.config.policy, failures)
+            pacing.observe(header.config, chosen, results)
+            return results
 
         started = time.monotonic()
         before = lane.edge_state  # algorithms return new dicts: this one stays as it is
@@ -309,10 +319,12 @@ class EdgeRoundLoop:
             lane.edge_state = before
             raise
 
-    def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm) -> Task:
+    def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm,
+              budget_s: float | None) -> Task:
         message = ClientTaskHeader(
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
+            budget_s=budget_s,
         )
         lane = self.lanes.get(header.run_id)
         known = lane.num_samples if lane is not None else None

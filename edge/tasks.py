@@ -174,7 +174,7 @@ class TaskBoard:
                 current = self.task_for(client_id, header.task_id)
                 if current is task:
                     task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss,
-                                               tensors, header.metrics)
+                                               tensors, header.metrics, header.device)
                     self._changed.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open

@@ -3,6 +3,7 @@ a cloud anywhere through its REST API."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import secrets
 import time
@@ -22,8 +23,8 @@ from fedctl.launch import LocalTopology
 from fedctl.report import save_results
 from shared.algorithms import registry
 from shared.client_reports import client_reports, group_summary
-from shared.config import DataConfig, ModelConfig, RunConfig
-from shared.schemas import RunInfo
+from shared.config import DataConfig, DvfsConfig, ModelConfig, RunConfig
+from shared.schemas import RoundRecord, RunInfo
 from shared.transport.wire import client_token, derived_token_id, device_token
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
@@ -43,14 +44,22 @@ def load_config(path: Optional[Path], **overrides) -> RunConfig:
 
 
 def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:
-    table = Table(title=f"run {info.run_id} · {info.config.algorithm} · {info.status.value} · "
-                        f"version {info.version}/{info.rounds} · buffered {info.buffered} · "
-                        f"{time.monotonic() - started:.1f}s")
-    for col in ("round", "participants", "edges", "train loss", "test loss", "test acc", "elapsed"):
+    return history_table(api.history(info.run_id), f"run {info.run_id} · {info.config.algorithm} · "
+                         f"{info.status.value} · version {info.version}/{info.rounds} · buffered {info.buffered} · "
+                         f"{time.monotonic() - started:.1f}s", last=15)
+
+
+def history_table(history: list[RoundRecord], title: str, last: int | None = None) -> Table:
+    """One row per cloud update; energy is the modelled client energy (DVFS) of the update and of the run so far."""
+    table = Table(title=title)
+    for col in ("round", "participants", "edges", "train loss", "test loss", "test acc", "elapsed", "energy",
+                "cumulative"):
         table.add_column(col, justify="right")
-    for h in api.history(info.run_id)[-15:]:
+    cumulative = list(itertools.accumulate(h.energy_j for h in history))
+    for h, total in list(zip(history, cumulative, strict=True))[-last if last else 0:]:
         table.add_row(str(h.version), str(len(h.clients)), ",".join(map(str, h.edges)), f"{h.train_loss:.4f}",
-                      f"{h.test_loss:.4f}", f"{100 * h.test_accuracy:.2f}%", f"{h.elapsed_s:.1f}s")
+                      f"{h.test_loss:.4f}", f"{100 * h.test_accuracy:.2f}%", f"{h.elapsed_s:.1f}s",
+                      f"{h.energy_j:.1f} J", f"{total:.1f} J")
     return table
 
 
@@ -115,9 +124,9 @@ def demo(
 
 
 def _model_and_data_fields() -> str:
-    """The model and data fields with their defaults, from the config classes themselves (one source)."""
+    """The model, data and dvfs fields with their defaults, from the config classes themselves (one source)."""
     lines = []
-    for section, cls in (("model", ModelConfig), ("data", DataConfig)):
+    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("dvfs", DvfsConfig)):
         for name, field in cls.model_fields.items():
             if field.description:
                 default = json.dumps(field.get_default(call_default_factory=True))
@@ -158,6 +167,17 @@ def watch(run_id: str, cloud: str = CLOUD, token: str = TOKEN,
     """Live progress of a run until it ends, then save its results."""
     with CloudAPI(cloud, token) as api:
         finish(api, watch_run(api, run_id), out / run_id)
+
+
+@app.command()
+def results(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """A run's history: per update its clients, loss, accuracy, time and modelled client energy (DVFS), with
+    the energy summed over the run so far."""
+    with CloudAPI(cloud, token) as api:
+        info = api.run(run_id)
+        console.print(history_table(api.history(run_id), f"run {run_id} · {info.config.algorithm} · "
+                                    f"{info.status.value} · version {info.version}/{info.rounds} · "
+                                    f"dvfs {info.config.dvfs.policy}"))
 
 
 @app.command()

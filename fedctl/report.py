@@ -25,11 +25,13 @@ def save_results(out_dir: Path, info: RunInfo, history: list[RoundRecord], model
     with paths["history_csv"].open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["round", "version", "participants", "edges", "train_loss", "test_loss", "test_accuracy",
-                         "elapsed_s", "client_ids"])
+                         "elapsed_s", "energy_j", "cumulative_energy_j", "client_ids"])
+        cumulative = 0.0
         for h in history:
+            cumulative += h.energy_j
             writer.writerow([h.round, h.version, len(h.clients), " ".join(map(str, h.edges)), f"{h.train_loss:.6f}",
                              f"{h.test_loss:.6f}", f"{h.test_accuracy:.6f}", f"{h.elapsed_s:.3f}",
-                             " ".join(str(c.client_id) for c in h.clients)])
+                             f"{h.energy_j:.6f}", f"{cumulative:.6f}", " ".join(str(c.client_id) for c in h.clients)])
     reports = client_reports(history)
     if any(len(r) > 2 for r in reports.values()):  # clients reported metrics of their own
         algorithm = registry.create(info.config)

@@ -56,7 +56,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
     """The history entry of the cloud update that consumed `contributions` at `version`."""
     clients = sorted(
         (ClientRecord(client_id=c.client_id, edge_id=contribution.edge_id, num_samples=c.num_samples, loss=c.loss,
-                      metrics=c.metrics)
+                      metrics=c.metrics, device=c.device)
          for contribution in contributions for c in contribution.participation),
         key=lambda c: (c.client_id, c.edge_id),
     )
@@ -86,6 +86,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
             for name in names
         },
         server_metrics=outcome.server_metrics,
+        energy_j=sum(c.device.energy_j for c in clients if c.device is not None),
         started_at=started,
         finished_at=finished,
         elapsed_s=(finished - run_started).total_seconds(),

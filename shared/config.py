@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
+from shared.dvfs import DEFAULT_PROFILE, PROFILES, DeviceProfile, Policy, check_frequencies
+
 
 class Strict(BaseModel):
     # A typo in a config key must be an error, not a silently ignored option. JSON's 1e400 parses to inf,
@@ -157,6 +159,77 @@ class RoundPolicy(Strict):
     max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
 
 
+class DeviceOverride(Strict):
+    """One client's device: a named profile and/or any of its figures replaced."""
+
+    profile: str | None = None
+    frequencies_ghz: tuple[float, ...] | None = Field(None, min_length=1, max_length=64)
+    cycles_per_sample: float | None = Field(None, gt=0, le=1e12)
+    capacitance: float | None = Field(None, gt=0, le=1e-20)
+    static_power_w: float | None = Field(None, ge=0, le=1000)
+    link_mbps: float | None = Field(None, gt=0, le=1e6)
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, name: str | None) -> str | None:
+        return None if name is None else _known_profile(name)
+
+    @field_validator("frequencies_ghz")
+    @classmethod
+    def _frequencies(cls, freqs: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        return None if freqs is None else check_frequencies(freqs)
+
+
+def _known_profile(name: str) -> str:
+    if name not in PROFILES:
+        raise ValueError(f"unknown device profile {name!r}; known: {', '.join(PROFILES)}")
+    return name
+
+
+class DvfsConfig(Strict):
+    """Each client's device model and how it picks its CPU frequency before each local epoch (see shared/dvfs.py)."""
+
+    policy: Policy = Field(
+        "max", description="max: no DVFS, full speed | deadline: per epoch, the slowest frequency that still "
+        "finishes before the edge round's deadline | slack: deadline plus the time the edge's contribution "
+        "would wait in the cloud's buffer")
+    profile: str = Field(DEFAULT_PROFILE, description=f"every client's device profile: {' | '.join(PROFILES)}")
+    profiles: tuple[str, ...] = Field(
+        (), max_length=100_000, description="device profiles cycled over client ids (client k gets the "
+        "one at position k mod n); replaces `profile`")
+    clients: dict[int, DeviceOverride] = Field(
+        default_factory=dict, max_length=100_000, description="per-client overrides by client id: profile, "
+        "frequencies_ghz, cycles_per_sample, capacitance, static_power_w, link_mbps")
+    link_mbps: float = Field(20.0, gt=0, le=1e6, description="link rate of the modelled communication time, Mbit/s")
+    time_scale: float = Field(
+        0.0, ge=0, le=1000, description="emulated devices (no writable cpufreq): a client's wall time is "
+        "stretched to its modelled time × this; 0: not stretched")
+    deadline_s: float | None = Field(
+        None, gt=0, le=1e7, description="deadline and slack: modelled seconds an edge round's clients may take; "
+        "unset: the slowest selected client's time at full speed, as last reported")
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, name: str) -> str:
+        return _known_profile(name)
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_known_profile(n) for n in names)
+
+    def device(self, client_id: int) -> tuple[str, DeviceProfile, float]:
+        """Client `client_id`'s profile name, device model and link rate (Mbit/s)."""
+        name = self.profiles[client_id % len(self.profiles)] if self.profiles else self.profile
+        override = self.clients.get(client_id)
+        if override is None:
+            return name, PROFILES[name], self.link_mbps
+        name = override.profile or name
+        figures = override.model_dump(exclude={"profile", "link_mbps"}, exclude_none=True)
+        profile = PROFILES[name].model_copy(update=figures)  # each figure validated by DeviceOverride
+        return (f"{name}*" if figures else name), profile, override.link_mbps or self.link_mbps
+
+
 class RunConfig(Strict):
     name: str = Field("run", min_length=1, max_length=200)
     seed: int = Field(0, ge=0, lt=2**31)
@@ -176,6 +249,7 @@ class RunConfig(Strict):
     local: LocalTrainingConfig = LocalTrainingConfig()
     topology: TopologyConfig = TopologyConfig()
     policy: RoundPolicy = RoundPolicy()
+    dvfs: DvfsConfig = DvfsConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
@@ -184,6 +258,9 @@ class RunConfig(Strict):
             raise ValueError(f"the cnn needs images; {self.data.dataset} has 1-D features (use logreg or mlp)")
         if self.data.num_clients < self.topology.num_edges:
             raise ValueError("every edge needs at least one client")
+        strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)
+        if strangers:
+            raise ValueError(f"dvfs.clients names clients {strangers} outside 0..{self.data.num_clients - 1}")
         return self
 
     def clients_of_edge(self, edge_index: int) -> list[int]:

@@ -64,7 +64,8 @@ def contribution(header: EdgeContributionHeader, tensors: Record) -> Contributio
 
 
 def participation(results: list[ClientResult]) -> list[ClientParticipation]:
-    return [ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss, metrics=r.metrics)
+    return [ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss, metrics=r.metrics,
+                                device=r.device)
             for r in sorted(results, key=lambda r: r.client_id)]
 
 

@@ -45,11 +45,29 @@ Scalar = Annotated[float, Field(ge=-MAX_SCALAR, le=MAX_SCALAR, allow_inf_nan=Fal
 Metrics = Annotated[dict[str, Scalar], Field(max_length=32)]
 
 
+Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+
+
+class DeviceReport(Message):
+    """What a client's device did for one task under the DVFS model (shared/dvfs.py): modelled, not measured."""
+
+    backend: Literal["emulated", "cpufreq"]
+    profile: str = Field(max_length=64)
+    policy: str = Field(max_length=16)
+    frequencies_ghz: list[Annotated[float, Field(gt=0, le=10)]] = Field(max_length=1000)  # per local epoch
+    compute_s: Seconds  # modelled computation time, Σ c·|D|/f
+    comm_s: Seconds  # modelled download + upload time at the link rate
+    energy_j: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # dynamic + static, computation
+    full_speed_s: Seconds  # compute + comm at the top frequency: what the edge's deadline is made of
+    budget_s: Seconds | None = None  # the modelled seconds the edge gave the task (deadline, slack)
+
+
 class ClientParticipation(Message):
     client_id: int = Id
     num_samples: int = Field(ge=1, le=MAX_SAMPLES)
     loss: Scalar
     metrics: Metrics = Field(default_factory=dict)
+    device: DeviceReport | None = None  # None: the result came from outside a client process (reference runner)
 
 
 # What a client reports about a task it could not train (e.g. its environment cannot import the run's model
@@ -78,6 +96,10 @@ class GlobalStateHeader(Message):
     run_id: str
     version: int
     config: RunConfig
+    # Per edge, seconds its contribution waited for the others of the update that made this version, negative
+    # for the last to arrive (the DVFS slack policy: an edge whose contribution waits is off the critical path).
+    buffer_waits: dict[int, Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]] = Field(
+        default_factory=dict)
 
 
 class RunEnd(Message):
@@ -129,6 +151,8 @@ class ClientTaskHeader(Message):
     round: int
     version: int
     config: RunConfig
+    # DVFS (deadline, slack): the modelled seconds the client's compute and upload may take; None: full speed.
+    budget_s: float | None = None
 
 
 class ResultReceipt(Message):
@@ -142,6 +166,7 @@ class ClientRecord(Message):
     num_samples: int
     loss: float
     metrics: dict[str, float] = Field(default_factory=dict)
+    device: DeviceReport | None = None
 
 
 class ClientFailureRecord(Message):
@@ -172,6 +197,8 @@ class RoundRecord(Message):
     client_metrics: dict[str, float] = Field(default_factory=dict)
     # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).
     server_metrics: dict[str, float] = Field(default_factory=dict)
+    # Modelled client energy (DVFS) of the results this update consumed, joules.
+    energy_j: float = 0.0
     started_at: datetime
     finished_at: datetime
     elapsed_s: float

@@ -10,6 +10,7 @@ from torch import nn
 
 from shared.config import LocalTrainingConfig
 from shared.data.datasets import ArrayDataset
+from shared.dvfs import before_epoch
 from shared.transport.tensors import Tensors
 
 # A regulariser adds to the minibatch loss (FedProx's proximal term); a correction is added to each
@@ -69,7 +70,8 @@ def local_sgd(
     named = dict(model.named_parameters())
     opt = make_optimizer(named.values(), cfg)
     steps, loss_sum = 0, 0.0
-    for _ in range(cfg.epochs):
+    for epoch in range(cfg.epochs):
+        before_epoch(epoch)  # DVFS: the client picks its frequency (a no-op outside a client process)
         for idx in batches(len(data), cfg.batch_size, generator):
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(data.x[idx]), data.y[idx])

@@ -35,7 +35,7 @@ from typing_extensions import TypeVar
 from shared.algorithms import aggregate
 from shared.config import RunConfig
 from shared.data.datasets import ClientData
-from shared.schemas import ClientFailure, ClientParticipation
+from shared.schemas import ClientFailure, ClientParticipation, DeviceReport
 from shared.selection import select_clients
 from shared.training import Evaluation
 from shared.transport import records
@@ -84,6 +84,7 @@ class ClientResult:
     loss: float
     tensors: Record
     metrics: dict[str, float] = field(default_factory=dict)
+    device: DeviceReport | None = None  # the DVFS model's account of the task (shared/dvfs.py)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from shared.algorithms.prototypes import (
 )
 from shared.config import RunConfig
 from shared.data.datasets import ArrayDataset, load_client, load_federated
+from shared.dvfs import before_epoch
 from shared.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
 from shared.seeding import (
     CLASSIFIER,
@@ -421,7 +422,8 @@ class HFPL(Algorithm[HFPLParams]):
         f.train()
         opt = self.client_optimizer(f.parameters())
         steps, loss_sum = 0, 0.0
-        for _ in range(self.config.local.epochs):
+        for epoch in range(self.config.local.epochs):
+            before_epoch(epoch)  # DVFS: the client picks its frequency (a no-op outside a client process)
             for idx in batches(len(train), self.config.local.batch_size, job.generator):
                 x, y = train.x[idx], train.y[idx]
                 opt.zero_grad(set_to_none=True)

@@ -73,14 +73,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def decode(blob: bytes, message_type: type[M]) -> tuple[Tensors, M]:
     """Parses a message; raises PayloadError on anything malformed."""
+    message = message_of(blob, message_type)
+    return decode_tensors(blob), message
+
+
+def message_of(blob: bytes, message_type: type[M]) -> M:
+    """A message's header alone, its tensors left unread."""
     meta = _metadata(blob)
     if _MESSAGE_KEY not in meta:
         raise PayloadError("safetensors metadata has no 'message' header")
     try:
-        message = message_type.model_validate_json(meta[_MESSAGE_KEY])
+        return message_type.model_validate_json(meta[_MESSAGE_KEY])
     except ValidationError as exc:
         raise InvalidContent(f"invalid {message_type.__name__}: {exc.errors(include_url=False)}") from exc
-    return decode_tensors(blob), message
 
 
 def decode_tensors(blob: bytes) -> Tensors:

@@ -174,8 +174,18 @@ async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
      ({"topology": {"num_edges": 5, "buffer_size": 5}}, "every edge needs at least one client"),
      ({"topology": {"num_edges": 2, "buffer_size": 1}}, "buffer_size must equal num_edges"),
      ({"fraction": 0}, "greater than 0"),
-     ({"data": {"dataset": "npz"}}, "needs a path")],
-    ids=["algorithm-params", "edges-without-clients", "sync-buffer", "zero-fraction", "npz-without-path"],
+     ({"data": {"dataset": "npz"}}, "needs a path"),
+     ({"dvfs": {"profile": "pentium"}}, "unknown device profile 'pentium'; known: rpi4"),
+     ({"dvfs": {"profiles": ["rpi4", "abacus"]}}, "unknown device profile 'abacus'"),
+     ({"dvfs": {"clients": {"1": {"profile": "abacus"}}}}, "unknown device profile 'abacus'"),
+     ({"dvfs": {"clients": {"1": {"frequencies_ghz": [1.0, 40.0]}}}}, "frequencies must lie in [0.01, 10] GHz"),
+     ({"dvfs": {"clients": {"1": {"capacitance": -1}}}}, "greater than 0"),
+     ({"dvfs": {"clients": {"99": {"cycles_per_sample": 1e6}}}}, "dvfs.clients names clients [99] outside"),
+     ({"dvfs": {"policy": "turbo"}}, "'max', 'deadline' or 'slack'")],
+    ids=["algorithm-params", "edges-without-clients", "sync-buffer", "zero-fraction", "npz-without-path",
+         "dvfs-unknown-profile", "dvfs-unknown-profile-in-list", "dvfs-unknown-profile-override",
+         "dvfs-frequency-out-of-range", "dvfs-negative-capacitance", "dvfs-override-of-a-stranger",
+         "dvfs-unknown-policy"],
 )
 async def test_create_run_inconsistent_config(cloud: Cloud, overrides: dict[str, Any], fragment: str) -> None:
     before = await cloud.snapshot()

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from shared.config import RunConfig
 from shared.schemas import RunStatus
 from tests.integration.topology import federation
 
@@ -224,6 +225,45 @@ def test_a_wrong_token_is_refused_and_the_right_one_kept_for_the_tab(running, wa
     expect(page.locator("#app")).to_be_hidden()
     assert all("status of 401" in e for e in watched.errors), watched.errors
     assert watched.foreign == []
+
+
+def test_the_run_page_shows_each_rounds_energy_the_running_total_and_each_clients_device(running, watched):
+    """A DVFS run (deadline, two device profiles, emulated): the history's energy per round and cumulative, the
+    total over the chart, and per client its profile, frequency per epoch and energy, as the API reports them."""
+    topology, api = running
+    config = RunConfig(name="browser-dvfs", rounds=4, model={"name": "mlp"},
+                       data={"dataset": "digits", "num_clients": 4}, local={"epochs": 2, "batch_size": 16, "lr": 0.1},
+                       dvfs={"policy": "deadline", "profiles": ["rpi4", "odroid-xu4-a7"], "time_scale": 0.02})
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    page = watched.page
+    page.goto(f"{topology.cloud_url}/ui/run.html?id={run_id}")
+    sign_in(page, topology.admin_token)
+    expect(page.locator("#live")).to_have_text("ended", timeout=120_000)
+    history = api.history(run_id)
+    assert len(history) == 4 and all(h.energy_j > 0 for h in history)
+    rows = page.locator("#history tbody tr")
+    expect(rows).to_have_count(4)
+    total = 0.0
+    for h in history:  # the table lists the newest round first
+        total += h.energy_j
+        cells = rows.nth(len(history) - h.version).locator("td")
+        expect(cells.nth(9)).to_have_text(f"{h.energy_j:.1f} J")
+        expect(cells.nth(10)).to_have_text(f"{total:.1f} J")
+    expect(page.locator("#energy-total")).to_have_text(f"{total:.1f} J")
+    assert page.locator("#energy-chart").get_attribute("data-points") == "4"
+    last = history[-1]
+    clients = page.locator("#clients tbody tr")
+    expect(clients).to_have_count(4)
+    for i, c in enumerate(last.clients):
+        cells = clients.nth(i).locator("td")
+        expect(cells.nth(5)).to_have_text(f"{c.device.profile} (deadline, emulated)")
+        expect(cells.nth(6)).to_have_text(" ".join(f"{f:.2f}" for f in c.device.frequencies_ghz))
+        expect(cells.nth(8)).to_have_text(f"{c.device.energy_j:.1f} J")
+    # Later rounds run the fast rpi4s below their top frequency: the page shows what slowed them down.
+    assert any(f < 1.5 for c in last.clients if c.device.profile == "rpi4" for f in c.device.frequencies_ghz)
+    screenshot(page, "dashboard-energy.png")
+    watched.assert_clean()
 
 
 @pytest.mark.parametrize("service", ["cloud", "edge"])

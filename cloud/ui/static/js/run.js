@@ -21,10 +21,20 @@ function chart(id, series, yLabel) {
   return plot;
 }
 
+// The modelled client energy (DVFS) summed over the history up to each round.
+function cumulativeEnergy() {
+  let total = 0;
+  return history.map((h) => (total += h.energy_j ?? 0));
+}
+
 function drawCharts() {
   const x = history.map((h) => h.version);
   charts.accuracy.setData([x, history.map((h) => (h.test_accuracy === null ? null : 100 * h.test_accuracy))]);
   charts.loss.setData([x, history.map((h) => h.train_loss), history.map((h) => h.test_loss)]);
+  const cumulative = cumulativeEnergy();
+  charts.energy.setData([x, history.map((h) => h.energy_j ?? 0), cumulative]);
+  document.getElementById("energy-total").textContent = joules(cumulative.at(-1));
+  document.getElementById("energy-chart").dataset.points = String(history.length);
   // What the browser test counts: points drawn on the accuracy chart.
   document.getElementById("accuracy-chart").dataset.points = String(history.length);
 }
@@ -33,8 +43,20 @@ function maxStaleness(h) {
   return h.contributions.length ? Math.max(...h.contributions.map((c) => c.staleness)) : 0;
 }
 
+const joules = (x) => (x === null || x === undefined ? "–" : `${fixed(x, 1)} J`);
+
+// What a client's device did under the DVFS model (null from results made outside a client process).
+function deviceCells(d) {
+  if (!d) return ["–", "–", "–", "–"].map((t) => element("td", {}, t));
+  return [element("td", {}, `${d.profile} (${d.policy}, ${d.backend})`),
+    element("td", {}, d.frequencies_ghz.map((f) => f.toFixed(2)).join(" ")),
+    element("td", { class: "num" }, `${fixed(d.compute_s + d.comm_s, 2)} s`),
+    element("td", { class: "num" }, joules(d.energy_j))];
+}
+
 function drawHistory() {
-  const rows = history.slice().reverse().map((h) => element("tr", {
+  const cumulative = cumulativeEnergy();
+  const rows = history.slice().reverse().map((h, i) => element("tr", {
     "data-version": h.version, class: h.version === (selected ?? history.at(-1)?.version) ? "selected" : "",
     onclick: () => { selected = h.version; drawHistory(); },
   },
@@ -42,14 +64,17 @@ function drawHistory() {
     element("td", {}, h.edges.join(", ")), element("td", { class: "num" }, String(h.clients.length)),
     element("td", { class: "num" }, String(maxStaleness(h))), element("td", { class: "num" }, fixed(h.train_loss)),
     element("td", { class: "num" }, fixed(h.test_loss)), element("td", { class: "num" }, percent(h.test_accuracy)),
-    element("td", { class: "num" }, `${fixed(h.elapsed_s, 1)} s`)));
+    element("td", { class: "num" }, `${fixed(h.elapsed_s, 1)} s`),
+    element("td", { class: "num" }, joules(h.energy_j)),
+    element("td", { class: "num" }, joules(cumulative[history.length - 1 - i]))));
   document.querySelector("#history tbody").replaceChildren(...rows);
   const round = history.find((h) => h.version === selected) ?? history.at(-1);
   document.getElementById("clients-round").textContent = round ? `${round.round} → version ${round.version}` : "–";
   document.querySelector("#clients tbody").replaceChildren(...(round?.clients ?? []).map((c) => element("tr", {},
     element("td", { class: "num" }, String(c.client_id)), element("td", { class: "num" }, String(c.edge_id)),
     element("td", { class: "num" }, String(c.num_samples)), element("td", { class: "num" }, fixed(c.loss)),
-    element("td", {}, Object.entries(c.metrics).map(([k, v]) => `${k} ${fixed(v)}`).join(", ") || "–"))));
+    element("td", {}, Object.entries(c.metrics).map(([k, v]) => `${k} ${fixed(v)}`).join(", ") || "–"),
+    ...deviceCells(c.device))));
 }
 
 function drawEdges(edges) {
@@ -144,6 +169,7 @@ withToken(() => {
   charts = {
     accuracy: chart("accuracy-chart", [["test accuracy", "#1f77b4"]], "%"),
     loss: chart("loss-chart", [["train loss", "#d62728"], ["test loss", "#2ca02c"]], "loss"),
+    energy: chart("energy-chart", [["energy per round", "#ff7f0e"], ["cumulative", "#9467bd"]], "J"),
   };
   live();
 });

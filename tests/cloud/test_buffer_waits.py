@@ -1,0 +1,20 @@
+"""What the cloud tells edges about their contributions' wait in the buffer (the DVFS slack policy)."""
+from cloud.orchestrator import buffer_waits
+from cloud.store import BufferedContribution
+from shared.schemas import ClientParticipation, EdgeContributionHeader
+
+
+def entry(edge_id: int, millis: int) -> BufferedContribution:
+    header = EdgeContributionHeader(run_id="r", edge_id=edge_id, base_version=0, idempotency_key=f"r:{edge_id}:0",
+                                    weight=1.0, clients=[ClientParticipation(client_id=edge_id, num_samples=1,
+                                                                             loss=0.0)])
+    return BufferedContribution(f"{millis}-0".encode(), header, b"")
+
+
+def test_each_waits_for_the_latest_of_the_others_and_the_last_gets_its_lag():
+    waits = buffer_waits([entry(0, 1_000), entry(1, 4_000), entry(2, 2_500)])
+    assert waits == {0: 3.0, 1: -1.5, 2: 1.5}
+
+
+def test_a_buffer_of_one_says_nothing():
+    assert buffer_waits([entry(0, 1_000)]) == {}
