@@ -19,11 +19,9 @@ import argparse
 import json
 import math
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from client.state import ClientStateStore
@@ -35,8 +33,6 @@ from shared.client_reports import client_reports
 from shared.config import RunConfig
 from shared.data.datasets import load_federated
 from shared.schemas import RoundRecord
-from shared.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
-from shared.training import batches, make_optimizer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SLOW_EDGE, SLOWDOWN = 2, 3.0
@@ -67,32 +63,8 @@ def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int,
             with torch.no_grad():
                 at[epoch] = tuple(float((model(d.x).argmax(1) == d.y).float().mean()) for d in tests)
 
-    train_with_head(algorithm, config, client_id, data.clients[client_id].train, max(epochs), after_epoch=record)
+    algorithm.train_alone(client_id, data.clients[client_id].train, max(epochs), after_epoch=record)
     return at
-
-
-def train_with_head(algorithm: HFPL, config: RunConfig, client_id: int, train, epochs: int,
-                    after_epoch: Callable[[int, nn.Module], None] | None = None) -> nn.Module:
-    """Client i's extractor (its family, its initial weights) with a private linear head, trained on
-    `train` by plain cross-entropy with the run's local settings; returned in eval mode.
-    `after_epoch(e, model)` sees the model after e epochs (in eval mode), which is what a run of
-    e epochs would return: the epochs' shuffles do not depend on the total."""
-    f = algorithm.feature_extractor(client_id, tuple(train.x.shape[1:]))
-    with seeded_default_generator(derive_seed(config.seed, MODEL_INIT, 10_000 + client_id)):
-        head = nn.Linear(algorithm.params.feature_dim, load_federated(config.data, config.seed).num_classes)
-    model = nn.Sequential(f, head)
-    opt = make_optimizer(model.parameters(), config.local)
-    model.train()
-    for epoch in range(epochs):
-        generator = torch_generator(config.seed, LOCAL_TRAINING, epoch, client_id)
-        for idx in batches(len(train), config.local.batch_size, generator):
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
-            opt.step()
-        if after_epoch is not None:
-            after_epoch(epoch + 1, model.eval())
-            model.train()
-    return model.eval()
 
 
 def final_evaluation(algorithm: HFPL, config: RunConfig, state_dir: Path, run_id: str,
@@ -153,6 +125,13 @@ def plot(curves: dict[str, list[list[RoundRecord]]], local_mean: float, target: 
     ax.set_xlabel("wall-clock time since start (s)")
     ax.set_ylabel("mean client held-out accuracy (%)")
     ax.set_title(f"HFPL, MNIST 5k Dirichlet(0.3), 12 clients / 3 edges, edge {SLOW_EDGE} {SLOWDOWN:.0f}× slower")
+    save_figure(fig, ax, path)
+
+
+def save_figure(fig, ax, path: Path) -> None:
+    """The benches' figure finish: grid, legend at the lower right, written at 120 dpi and closed."""
+    import matplotlib.pyplot as plt
+
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

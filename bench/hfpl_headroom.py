@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from hfpl import config_for, train_with_head
+from hfpl import config_for
 
 from shared.algorithms import registry
 from shared.algorithms.hfpl import HFPL
@@ -91,7 +91,7 @@ def predictions(part: str, seed: int, rounds: int) -> dict[str, dict]:
             for k in clients:
                 test = data.clients[k].test
                 with torch.enable_grad():
-                    model = train_with_head(algorithm, config, k, data.clients[k].train, rounds * config.local.epochs,
+                    model = algorithm.train_alone(k, data.clients[k].train, rounds * config.local.epochs,
                                             after_epoch=partial(record, test=test))
                 out["local only"][k] = model(test.x).argmax(1).tolist()
             out["by budget"] = {"local only": {e: statistics.mean(v) for e, v in at.items()}}
@@ -105,7 +105,7 @@ def predictions(part: str, seed: int, rounds: int) -> dict[str, dict]:
                 first.setdefault(algorithm.family_of(k), k)
             for family, k0 in first.items():
                 with torch.enable_grad():
-                    model = train_with_head(algorithm, config, k0, pooled, rounds * config.local.epochs)
+                    model = algorithm.train_alone(k0, pooled, rounds * config.local.epochs)
                 for k in clients:
                     if algorithm.family_of(k) == family:
                         logits = model(data.clients[k].test.x)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +38,17 @@ from shared.algorithms.prototypes import (
     empty,
 )
 from shared.config import RunConfig
+from shared.data.datasets import ArrayDataset, load_client, load_federated
 from shared.dvfs import before_epoch
 from shared.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
-from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
+from shared.seeding import (
+    CLASSIFIER,
+    LOCAL_TRAINING,
+    MODEL_INIT,
+    derive_seed,
+    seeded_default_generator,
+    torch_generator,
+)
 from shared.training import Evaluation, batches, make_optimizer
 from shared.transport import records
 from shared.transport.records import Record, RecordSpec, pack, unpack
@@ -90,6 +99,22 @@ class HFPLParams(BaseModel):
     classifier_epochs: int = Field(5, ge=1, le=1000)
     classifier_lr: float = Field(0.1, gt=0)
     classifier_batch_size: int = Field(64, ge=1)
+    # Levers measured on FedProto's MNIST protocol (bench/fedproto_protocol.py, docs/fedproto-protocol.md).
+    proto_distance: Literal["sum", "mean"] = Field(
+        "sum", description="‖f_i(x) − C̄_y‖² summed over the d features, or their mean (FedProto's MSE: the same "
+        "pull at a d× larger λ_p)")
+    momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum of the client's SGD (FedProto: 0.5); "
+                            "0 leaves the run's local optimiser")
+    classifier: Literal["linear", "cosine"] = Field(
+        "linear", description="G: linear, or cosine (s·cos(z, w_j) + b_j: features compared by direction)")
+    classifier_scale: float = Field(10.0, gt=0, le=1000, description="s of the cosine G")
+    inference: Literal["classifier", "nearest_prototype"] = Field(
+        "classifier", description="what a client predicts with (its reported accuracy): G∘f_i, or the nearest C̄_j")
+    own_classes: bool = Field(False, description="a client predicts only among the classes it holds "
+                              "(FedProto's evaluation)")
+    staleness: Literal["none", "fedbuff"] = Field(
+        "none", description="weight of a buffered triple in C̄: 1, or 1/√(1 + τ) for a triple τ versions stale "
+        "(FedBuff's rule)")
 
     @model_validator(mode="after")
     def _known(self) -> "HFPLParams":
@@ -110,6 +135,9 @@ class HFPL(Algorithm[HFPLParams]):
         if params.client_families is not None and len(params.client_families) != config.data.num_clients:
             raise ValueError(f"client_families names {len(params.client_families)} families for "
                              f"{config.data.num_clients} clients")
+        if params.momentum > 0 and config.local.optimizer != "sgd":
+            raise ValueError(f"params.momentum is heavy-ball SGD's; local.optimizer {config.local.optimizer!r} "
+                             "has its own momentum")
         used = set(params.client_families or params.families)
         if used & IMAGE_FAMILIES and config.data.dataset in ("synthetic", "mnist1d"):
             raise ValueError(f"families {sorted(used & IMAGE_FAMILIES)} need images; "
@@ -185,8 +213,9 @@ class HFPL(Algorithm[HFPLParams]):
             raise ValueError(f"the buffer holds two triples of one edge: {edges}")
         memory = unpack(cloud_state.get(EDGES, {}), EdgeMemory)
         previous: dict[int, EdgePrototypes] = dict(memory)
-        buffer = {c.edge_id: EdgePrototypes(c.tensors[PROTOTYPES][MEANS], c.tensors[PROTOTYPES][COUNTS])
-                  for c in contributions}
+        buffer = {c.edge_id: EdgePrototypes(
+            c.tensors[PROTOTYPES][MEANS], c.tensors[PROTOTYPES][COUNTS] * self.staleness_weight(round - c.base_version))
+            for c in contributions}
         means, total, previous = cloud_update_prototypes(global_[PROTOTYPES][MEANS], previous, buffer)
 
         # Nothing aliases the caller's tensors: pack copies, and the figures are cloned before they change.
@@ -205,6 +234,10 @@ class HFPL(Algorithm[HFPLParams]):
         state = {EDGES: pack(memory), EVALUATION: evaluation}
         return {PROTOTYPES: {MEANS: means, COUNTS: total}, HEAD: {WEIGHT: weight, BIAS: bias}}, state
 
+    def staleness_weight(self, staleness: int) -> float:
+        """How much a triple τ versions stale counts in C̄ (its N^l scaled; kept until the edge's next triple)."""
+        return 1.0 if self.params.staleness == "none" else 1.0 / math.sqrt(1.0 + staleness)
+
     def server_memory_bytes(self, global_: Record) -> int:
         """Per edge C^{l,prev} and N^{l,prev} (f64), X^{l,cloud} (at most feature_cap rows of d f32
         features and i64 labels per client) and its packing index (id and rows per field, i64); per client
@@ -218,7 +251,7 @@ class HFPL(Algorithm[HFPLParams]):
     def train_classifier(self, weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                          round: int) -> tuple[torch.Tensor, torch.Tensor]:
         """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G."""
-        g = _classifier(weight, bias, trainable=True)
+        g = self.classifier(weight, bias, trainable=True)
         opt = torch.optim.SGD(g.parameters(), lr=self.params.classifier_lr)
         generator = torch_generator(self.config.seed, CLASSIFIER, round)
         for _ in range(self.params.classifier_epochs):
@@ -256,6 +289,43 @@ class HFPL(Algorithm[HFPLParams]):
 
     def client_weight(self, num_samples: int) -> float:
         return 1.0
+
+    def classifier(self, weight: torch.Tensor, bias: torch.Tensor, trainable: bool) -> nn.Linear:
+        """G with the given weights, of the configured kind."""
+        out, d = weight.shape
+        g = CosineClassifier(d, out, self.params.classifier_scale) if self.params.classifier == "cosine" \
+            else nn.Linear(d, out)
+        return _load_classifier(g, weight, bias, trainable)
+
+    def client_optimizer(self, parameters) -> torch.optim.Optimizer:
+        """The client's optimiser: the run's local one, or heavy-ball SGD with params.momentum."""
+        if self.params.momentum > 0:
+            return torch.optim.SGD(parameters, lr=self.config.local.lr, momentum=self.params.momentum)
+        return make_optimizer(parameters, self.config.local)
+
+    @torch.no_grad()
+    def _evaluate(self, f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torch.Tensor,
+                  own: torch.Tensor, test) -> dict[str, float]:
+        """Held-out figures of f_i on `test`: ACCURACY is the configured inference's, PROTO_ACCURACY the nearest
+        C̄_j's (once some exists), TEST_LOSS G's cross-entropy over all classes. With own_classes, both
+        predict among the classes in `own` (the client's training labels) only."""
+        if len(test) == 0:
+            return {}
+        z = f(test.x)
+        logits = g(z)
+        allowed = torch.ones(logits.shape[1], dtype=torch.bool)
+        if self.params.own_classes:
+            allowed = torch.zeros_like(allowed).index_fill_(0, own.unique(), True)
+        predicted = {ACCURACY: logits.masked_fill(~allowed, -math.inf).argmax(1)}
+        if bool(exists.any()):
+            distance = torch.cdist(z.to(torch.float64), prototypes)
+            distance[:, ~(exists & allowed)] = math.inf
+            predicted[PROTO_ACCURACY] = distance.argmin(1)
+        if self.params.inference == "nearest_prototype":
+            # Until some C̄_j exists (a client's first round) there is nothing to be near: G answers.
+            predicted[ACCURACY] = predicted.get(PROTO_ACCURACY, predicted[ACCURACY])
+        metrics = {name: float((p == test.y).float().mean()) for name, p in predicted.items()}
+        return {**metrics, TEST_LOSS: float(F.cross_entropy(logits, test.y))}
 
     def edge_aggregate(
         self, results: list[ClientResult], edge_state: Record, round: int
@@ -295,6 +365,30 @@ class HFPL(Algorithm[HFPLParams]):
             f.load_state_dict(state[EXTRACTOR])
         return f
 
+    def train_alone(self, client_id: int, train: ArrayDataset, epochs: int,
+                    after_epoch: Callable[[int, nn.Module], None] | None = None) -> nn.Module:
+        """The local-only baseline of client i: its extractor (its family, its initial weights) with a private
+        linear head, trained on `train` alone by plain cross-entropy with the client's optimiser; returned in
+        eval mode. `after_epoch(e, model)` sees the model after e epochs (in eval mode), which is what a run of
+        e epochs would return: the epochs' shuffles do not depend on the total."""
+        f = self.feature_extractor(client_id, tuple(train.x.shape[1:]))
+        num_classes = load_federated(self.config.data, self.config.seed).num_classes
+        with seeded_default_generator(derive_seed(self.config.seed, MODEL_INIT, 10_000 + client_id)):
+            head = nn.Linear(self.params.feature_dim, num_classes)
+        model = nn.Sequential(f, head)
+        opt = self.client_optimizer(model.parameters())
+        model.train()
+        for epoch in range(epochs):
+            generator = torch_generator(self.config.seed, LOCAL_TRAINING, epoch, client_id)
+            for idx in batches(len(train), self.config.local.batch_size, generator):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
+                opt.step()
+            if after_epoch is not None:
+                after_epoch(epoch + 1, model.eval())
+                model.train()
+        return model.eval()
+
     def evaluate_client(self, client_id: int, state: Record, model: Tensors, data) -> dict[str, float]:
         """Client i's f_i with the global (C̄, G), as the REST API serves it, on `data`: accuracy,
         nearest-prototype accuracy, loss."""
@@ -302,9 +396,10 @@ class HFPL(Algorithm[HFPLParams]):
         for name, (group, member) in SERVED.items():
             global_.setdefault(group, {})[member] = model[name]
         f = self.client_model(client_id, state, tuple(data.x.shape[1:]))
-        g = _classifier(global_[HEAD][WEIGHT], global_[HEAD][BIAS], trainable=False)
+        g = self.classifier(global_[HEAD][WEIGHT], global_[HEAD][BIAS], trainable=False)
         f.eval()
-        return _evaluate(f, g, global_[PROTOTYPES][MEANS], global_[PROTOTYPES][COUNTS] > 0, data)
+        own = load_client(self.config.data, self.config.seed, client_id).train.y
+        return self._evaluate(f, g, global_[PROTOTYPES][MEANS], global_[PROTOTYPES][COUNTS] > 0, own, data)
 
     def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         """ClientUpdate(i, C̄, G): K epochs of minibatch SGD on f_i with G frozen, minimising
@@ -319,13 +414,13 @@ class HFPL(Algorithm[HFPLParams]):
         """
         train, test = job.data.train, job.data.test
         f = self.client_model(job.client_id, state, tuple(train.x.shape[1:]))
-        g = _classifier(task[HEAD][WEIGHT], task[HEAD][BIAS], trainable=False)
+        g = self.classifier(task[HEAD][WEIGHT], task[HEAD][BIAS], trainable=False)
         centres = task[PROTOTYPES][MEANS].to(torch.float32)
         exists = task[PROTOTYPES][COUNTS] > 0
         lam = self.params.proto_weight
 
         f.train()
-        opt = make_optimizer(f.parameters(), self.config.local)
+        opt = self.client_optimizer(f.parameters())
         steps, loss_sum = 0, 0.0
         for epoch in range(self.config.local.epochs):
             before_epoch(epoch)  # DVFS: the client picks its frequency (a no-op outside a client process)
@@ -333,7 +428,8 @@ class HFPL(Algorithm[HFPLParams]):
                 x, y = train.x[idx], train.y[idx]
                 opt.zero_grad(set_to_none=True)
                 z = f(x)
-                pull = ((z - centres[y]) ** 2).sum(1) * exists[y]
+                squared = (z - centres[y]) ** 2
+                pull = (squared.sum(1) if self.params.proto_distance == "sum" else squared.mean(1)) * exists[y]
                 loss = F.cross_entropy(g(z), y) + lam * pull.mean()
                 loss.backward()
                 opt.step()
@@ -349,7 +445,7 @@ class HFPL(Algorithm[HFPLParams]):
             sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64).index_add_(0, train.y, z)
             means = sums / counts.clamp(min=1)[:, None].to(torch.float64)
             keep = torch.randperm(len(train), generator=job.generator)[: self.params.feature_cap].sort().values
-            metrics = _evaluate(f, g, task[PROTOTYPES][MEANS], exists, test)
+            metrics = self._evaluate(f, g, task[PROTOTYPES][MEANS], exists, train.y, test)
         return ClientUpdate(
             tensors={PROTOTYPES: {MEANS: means, COUNTS: counts},
                      SAMPLE: {FEATURES: z[keep].to(torch.float32).contiguous(), LABELS: train.y[keep].clone()}},
@@ -360,28 +456,23 @@ class HFPL(Algorithm[HFPLParams]):
         )
 
 
-def _classifier(weight: torch.Tensor, bias: torch.Tensor, trainable: bool) -> nn.Linear:
-    g = nn.Linear(weight.shape[1], weight.shape[0])
+class CosineClassifier(nn.Linear):
+    """G as s·cos(z, w_j) + b_j: the weight rows are class directions, the features' norms do not count."""
+
+    def __init__(self, in_features: int, out_features: int, scale: float):
+        super().__init__(in_features, out_features)
+        self.scale = scale
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.scale * F.normalize(z, dim=1) @ F.normalize(self.weight, dim=1).T + self.bias
+
+
+def _load_classifier(g: nn.Linear, weight: torch.Tensor, bias: torch.Tensor, trainable: bool) -> nn.Linear:
     with torch.no_grad():
         g.weight.copy_(weight)
         g.bias.copy_(bias)
     g.requires_grad_(trainable)
     return g
-
-
-@torch.no_grad()
-def _evaluate(f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torch.Tensor, test) -> dict[str, float]:
-    if len(test) == 0:
-        return {}
-    z = f(test.x)
-    logits = g(z)
-    metrics = {ACCURACY: float((logits.argmax(1) == test.y).float().mean()),
-               TEST_LOSS: float(F.cross_entropy(logits, test.y))}
-    if bool(exists.any()):
-        distance = torch.cdist(z.to(torch.float64), prototypes)
-        distance[:, ~exists] = math.inf
-        metrics[PROTO_ACCURACY] = float((distance.argmin(1) == test.y).float().mean())
-    return metrics
 
 
 def _check_labels(labels: torch.Tensor, num_classes: int) -> None:

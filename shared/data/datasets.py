@@ -180,6 +180,21 @@ def _split_pooled(
     return _Source(x[pool], y[pool], x[test], y[test], num_classes=num_classes)
 
 
+def few_shot_arrays(name: str, num_clients: int, seed: int, test_fraction: float = 0.2, ways: tuple[int, int] = (2, 5),
+                    max_shots: int = 50) -> dict[str, np.ndarray]:
+    """FedProto's few-shot split of a bundled dataset (partition.few_shot_classes) as the arrays of an npz
+    file for partition "file": x_train and y_train (each client's samples, client by client), client_train
+    (their client ids), and x_test, y_test (the `test_fraction` held out of the pool before dealing, as for
+    every bundled dataset)."""
+    source = _split_builtin(name, test_fraction, seed)
+    parts, _ = partition.few_shot_classes(source.y_train, num_clients, np.random.default_rng([seed, _TAG_PARTITION]),
+                                          ways, max_shots)
+    rows = np.concatenate(parts)
+    client = np.repeat(np.arange(num_clients, dtype=np.int64), [len(p) for p in parts])
+    return {"x_train": source.x_train[rows], "y_train": source.y_train[rows], "client_train": client,
+            "x_test": source.x_test, "y_test": source.y_test}
+
+
 def _synthetic_devices(cfg: DataConfig, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Synthetic(α, β) with one generated device per configured client, pooled in device order:
     features, labels and each sample's device. The samples depend on (α, β, num_clients, seed) only,
@@ -474,6 +489,13 @@ def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
         num_classes=source.num_classes or int(max(source.y_train.max(), source.y_test.max())) + 1,
         input_shape=tuple(int(d) for d in source.x_train.shape[1:]),
     )
+
+
+def own_classes_test(data: FederatedData, k: int) -> ArrayDataset:
+    """Every image of the global test set of a class client k holds (FedProto's evaluation)."""
+    client = data.clients[k]
+    keep = torch.isin(data.test.y, torch.cat([client.train.y, client.test.y]).unique())
+    return ArrayDataset(data.test.x[keep], data.test.y[keep])
 
 
 def load_client(cfg: DataConfig, seed: int, k: int) -> ClientData:

@@ -126,3 +126,41 @@ def from_client_index(client_index: np.ndarray, num_clients: int) -> list[np.nda
     counts = np.bincount(client_index, minlength=num_clients)
     order = np.argsort(client_index, kind="stable")
     return _finish(np.split(order, np.cumsum(counts)[:-1]))
+
+
+def few_shot_classes(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    ways: tuple[int, int] = (2, 5),
+    max_shots: int = 50,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """FedProto's MNIST split (Tan et al., AAAI 2022; lib/sampling.py), scaled to a small pool: client i
+    draws n_i classes uniformly from ways[0]..ways[1] (n_i itself uniform), then each class c is dealt in
+    disjoint chunks of min(max_shots, pool_c // clients holding c) samples to the clients that hold it.
+
+    Unlike the partitions above it does not cover the pool: samples beyond every holder's chunk are left
+    out, as FedProto leaves most of MNIST out. Returns each client's sample indices (sorted, int64) and
+    its classes (sorted)."""
+    labels = _check_int_vector(labels, "labels")
+    _check_num_clients(num_clients)
+    low, high = ways
+    classes_in_pool = np.unique(labels)
+    if not 1 <= low <= high <= len(classes_in_pool):
+        raise ValueError(f"ways {ways} must lie within 1..{len(classes_in_pool)} (the classes present)")
+    if max_shots < 1:
+        raise ValueError(f"max_shots must be at least 1, got {max_shots}")
+    ways_of = rng.integers(low, high + 1, size=num_clients)
+    classes = [np.sort(rng.choice(classes_in_pool, size=n, replace=False)) for n in ways_of]
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in classes_in_pool:
+        holders = [k for k in range(num_clients) if c in classes[k]]
+        if not holders:
+            continue
+        pool = rng.permutation(np.flatnonzero(labels == c))
+        shots = min(max_shots, len(pool) // len(holders))
+        if shots < 1:
+            raise ValueError(f"class {c} has {len(pool)} samples for {len(holders)} clients")
+        for n, k in enumerate(holders):
+            parts[k].append(pool[n * shots : (n + 1) * shots])
+    return _finish([np.concatenate(p) for p in parts]), [c.astype(np.int64) for c in classes]

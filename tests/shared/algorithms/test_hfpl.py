@@ -415,3 +415,97 @@ def test_history_has_the_mean_of_every_clients_latest_nearest_prototype_accuracy
         else:  # no global prototypes yet in the clients' first round
             assert record.server_metrics == {}
     assert latest and len(latest) > len(run.history[-1].clients)  # more clients than the last update's
+
+
+# ---- levers (measured on FedProto's protocol: docs/fedproto-protocol.md) ----------------------------
+
+def test_a_mean_over_d_is_the_sum_at_a_d_times_smaller_weight():
+    centre = torch.zeros(10, 64, dtype=F64)
+    centre[:, 0] = 3.0
+    counts = torch.ones(10, dtype=F64)
+    mean, summed, plain = hfpl(proto_distance="mean", proto_weight=3.2), hfpl(proto_weight=0.05), hfpl()
+    u_mean, u_sum = update(mean, task_of(mean, centre, counts)), update(summed, task_of(summed, centre, counts))
+    torch.testing.assert_close(flatten(u_mean.state), flatten(u_sum.state), rtol=1e-4, atol=1e-5)
+    far = hfpl(proto_distance="mean", proto_weight=0.05)  # the same λ_p pulls d× less
+    assert not same(flatten(update(far, task_of(far, centre, counts)).state),
+                    flatten(update(plain, task_of(plain, centre, counts)).state))
+    assert not same(flatten(u_mean.state), flatten(update(far, task_of(far, centre, counts)).state))
+
+
+def test_momentum_is_heavy_ball_sgd_for_the_client_and_refused_beside_nesterov():
+    a = hfpl(momentum=0.5)
+    opt = a.client_optimizer([nn.Parameter(torch.zeros(1))])
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.5 and not opt.defaults["nesterov"]
+    assert opt.defaults["lr"] == a.config.local.lr
+    assert hfpl().client_optimizer([nn.Parameter(torch.zeros(1))]).defaults["momentum"] == 0
+    task = task_of(a)
+    assert not same(flatten(update(a, task).state), flatten(update(hfpl(), task).state))
+    with pytest.raises(ValueError, match="has its own momentum"):
+        registry.parse_config({**SMALL, "local": {**SMALL["local"], "optimizer": "nesterov"},
+                               "params": {"momentum": 0.5}})
+
+
+@pytest.mark.parametrize("change", [{"momentum": 1.0}, {"proto_distance": "max"}, {"classifier": "mlp"},
+                                    {"inference": "vote"}, {"staleness": "exp"}, {"classifier_scale": 0}])
+def test_levers_are_validated(change):
+    with pytest.raises(ValueError):
+        registry.parse_config({**SMALL, "params": change})
+
+
+def biased_task(a: HFPL, towards: int):
+    """A task whose G says `towards` for every input (a huge bias), with C̄ at G's own rows."""
+    task = task_of(a)
+    bias = torch.zeros(10)
+    bias[towards] = 1e4
+    return {**task, HEAD: {**task[HEAD], "bias": bias}}
+
+
+def test_own_classes_confines_predictions_to_the_clients_classes():
+    lacks = int((torch.bincount(train_data(hfpl()).train.y, minlength=10) == 0).nonzero()[0])
+    anywhere, own = hfpl(), hfpl(own_classes=True)
+    assert update(anywhere, biased_task(anywhere, lacks)).metrics["accuracy"] == 0.0  # always the absent class
+    assert update(own, biased_task(own, lacks)).metrics["accuracy"] > 0.1
+
+
+def test_nearest_prototype_inference_reports_the_nearest_prototype_accuracy():
+    a = hfpl(inference="nearest_prototype")
+    centre = torch.randn(10, 64, generator=torch.Generator().manual_seed(0), dtype=F64)
+    u = update(a, task_of(a, centre, torch.ones(10, dtype=F64)))
+    assert u.metrics["accuracy"] == u.metrics["proto_accuracy"]
+    b = hfpl()
+    v = update(b, task_of(b, centre, torch.ones(10, dtype=F64)))
+    assert v.metrics["proto_accuracy"] == u.metrics["proto_accuracy"] and v.metrics["accuracy"] != u.metrics["accuracy"]
+    # No C̄ yet: G answers.
+    assert update(a, task_of(a)).metrics["accuracy"] == update(b, task_of(b)).metrics["accuracy"]
+
+
+def test_the_cosine_classifier_ignores_feature_norms_and_trains():
+    a = hfpl(classifier="cosine", classifier_scale=5.0, feature_dim=2)
+    g0 = a.init_global(nn.Linear(1, 3))
+    g = a.classifier(g0[HEAD][WEIGHT], g0[HEAD]["bias"], trainable=False)
+    z = torch.tensor([[1.0, 2.0], [-3.0, 0.5]])
+    torch.testing.assert_close(g(z), g(7 * z))
+    assert float((g(z) - g0[HEAD]["bias"]).abs().max()) <= 5.0 + 1e-6
+    g1, _ = a.cloud_update(g0, [contribution(0, triple([[1, 0], [0, 3], [0, 0]], [2, 1, 0], seed=0))], {}, 0)
+    x, y = triple([[0, 0]] * 3, [0, 0, 0], seed=5)[SAMPLE].values()
+    trained = a.classifier(g1[HEAD][WEIGHT], g1[HEAD]["bias"], trainable=False)
+    assert float((trained(x).argmax(1) == y).float().mean()) == 1.0
+
+
+def test_fedbuff_staleness_weighs_a_stale_triple_down_in_the_prototypes():
+    a, plain = hfpl(feature_dim=2, staleness="fedbuff"), hfpl(feature_dim=2)
+    g0 = a.init_global(nn.Linear(1, 3))
+    fresh = triple([[1, 0], [0, 3], [0, 0]], [1, 1, 0], seed=0)
+    stale = triple([[4, 0], [0, 0], [5, 5]], [1, 0, 2], seed=1)
+    buffer = [Contribution(0, 3, fresh, 1.0, ()), Contribution(1, 0, stale, 1.0, ())]  # edge 1's from version 0
+    g3, state = a.cloud_update(g0, buffer, {}, 3)  # at version 3: τ = 3, weight 1/√4 = 1/2
+    # C̄_0 = (1·1 + ½·4)/(1 + ½) = 2; C̄_1 = edge 0's alone; C̄_2 = edge 1's alone.
+    torch.testing.assert_close(g3[PROTOTYPES][MEANS], torch.tensor([[2.0, 0], [0, 3], [5, 5]], dtype=F64))
+    assert torch.equal(g3[PROTOTYPES][COUNTS], torch.tensor([1.5, 1, 1], dtype=F64))
+    # Its next, fresh triple replaces the halved one exactly.
+    again = triple([[2, 0], [0, 0], [1, 1]], [1, 0, 2], seed=2)
+    g4, _ = a.cloud_update(g3, [Contribution(1, 4, again, 1.0, ())], state, 4)
+    torch.testing.assert_close(g4[PROTOTYPES][MEANS], torch.tensor([[1.5, 0], [0, 3], [1, 1]], dtype=F64))
+    # Without the rule a stale triple counts in full.
+    g_plain, _ = plain.cloud_update(g0, buffer, {}, 3)
+    torch.testing.assert_close(g_plain[PROTOTYPES][MEANS], torch.tensor([[2.5, 0], [0, 3], [5, 5]], dtype=F64))

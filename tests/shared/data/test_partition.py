@@ -144,3 +144,25 @@ def test_dirichlet_property_exact_cover(
     assert len(parts) == num_clients
     assert_exact_cover(parts, len(labels))
     assert min(len(p) for p in parts) >= min_size
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_few_shot_classes_deals_disjoint_chunks_of_each_clients_classes(seed):
+    labels = shuffled_labels()  # 100 per class
+    parts, classes = partition.few_shot_classes(labels, 20, rng(seed), ways=(2, 5), max_shots=8)
+    assert all(2 <= len(c) <= 5 for c in classes)
+    joined = np.concatenate(parts)
+    assert len(np.unique(joined)) == len(joined)  # disjoint
+    holders = np.bincount(np.concatenate(classes), minlength=NUM_CLASSES)
+    for part, mine in zip(parts, classes, strict=True):
+        assert part.dtype == np.int64 and np.all(np.diff(part) > 0)
+        np.testing.assert_array_equal(np.unique(labels[part]), mine)
+        for c in mine:  # min(max_shots, pool_c // clients holding c)
+            assert (labels[part] == c).sum() == min(8, PER_CLASS // holders[c])
+    few = partition.few_shot_classes(labels, 20, rng(seed), ways=(2, 5), max_shots=1000)[0]
+    assert max(len(p) for p in few) > max(len(p) for p in parts)  # the pool's share binds, not the cap
+
+
+def test_few_shot_classes_refuses_impossible_ways():
+    with pytest.raises(ValueError, match="ways"):
+        partition.few_shot_classes(shuffled_labels(), 3, rng(0), ways=(2, 11))
