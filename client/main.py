@@ -13,6 +13,7 @@ from client.config import ClientSettings, parse_ids
 from client.worker import ClientsStopped, Worker
 from shared.log import configure_logging
 from shared.transport.http import make_client
+from shared.transport.tls import client_context
 
 log = logging.getLogger(__name__)
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -49,7 +50,8 @@ def run(
 
 
 async def _serve(settings: ClientSettings) -> None:
-    async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s) as edge:
+    tls = client_context(settings.edge_ca_file, settings.edge_cert_file, settings.edge_key_file)
+    async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s, tls=tls) as edge:
         await Worker(settings, parse_ids(settings.clients), edge).run()
 
 

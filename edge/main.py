@@ -17,6 +17,7 @@ from edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from shared.log import configure_logging
 from shared.metrics import switchable
 from shared.transport.http import make_client
+from shared.transport.tls import client_context
 from shared.web import Stopping, serve, service_app
 
 
@@ -29,7 +30,8 @@ def create_app(settings: EdgeSettings | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
-        cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s,
+        tls = client_context(settings.cloud_ca_file, settings.cloud_cert_file, settings.cloud_key_file)
+        cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s, tls=tls,
                             **({"transport": cloud_transport} if cloud_transport is not None else {}))
         board = TaskBoard()
         round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
@@ -59,7 +61,7 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
 def main() -> None:
     settings = EdgeSettings()
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
-    serve(create_app(settings), settings.host, settings.port, settings.log_level)
+    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings.tls_options())
 
 
 if __name__ == "__main__":

@@ -6,11 +6,14 @@ FL_CLOUD_REDIS_URL; FL_CLOUD_CONFIG_FILE names an optional TOML file with the sa
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
 
 from shared.log import LogFormat
+from shared.transport.tls import server_options
 
 
 class ServiceSettings(BaseSettings):
@@ -41,7 +44,15 @@ class ServiceSettings(BaseSettings):
 
 
 class ServerSettings(ServiceSettings):
-    """What the two servers (cloud and edge) hold besides: their Prometheus metrics."""
+    """What the two servers (cloud and edge) hold besides: HTTPS (README, Security) and their Prometheus metrics."""
+
+    # Serve HTTPS with this certificate (chain, PEM) and its key (unset: the key is in the same file);
+    # unset: plain HTTP.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # Mutual TLS: every caller must present a certificate this CA bundle (PEM) signed and that is valid now;
+    # the handshake refuses any other before a byte of HTTP is read. Needs tls_cert_file.
+    tls_client_ca_file: Path | None = None
 
     # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
     metrics: bool = True
@@ -54,3 +65,15 @@ class ServerSettings(ServiceSettings):
         # `FL_CLOUD_METRICS_TOKEN=` (an env file's empty line) means unset: as a token it would refuse
         # every scrape, since no request can carry an empty bearer token.
         return token or None
+
+    @model_validator(mode="after")
+    def _tls_needs_a_certificate(self) -> Self:
+        orphans = [name for name in ("tls_key_file", "tls_client_ca_file") if getattr(self, name) is not None]
+        if self.tls_cert_file is None and orphans:
+            raise ValueError(f"{' and '.join(orphans)} given without tls_cert_file: the service would serve "
+                             "plain HTTP")
+        return self
+
+    def tls_options(self) -> dict[str, Any]:
+        """What `shared.web.serve` gives uvicorn: none for plain HTTP."""
+        return server_options(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
