@@ -176,6 +176,14 @@ class LocalTopology:
             env[f"{prefix}TLS_CLIENT_CA_FILE"] = str(self.certs / "ca.pem")
         return env
 
+    def _redis_tls_env(self) -> dict[str, str]:
+        """The cloud's settings for its own Redis over TLS: the CA, and cloud.pem as its client certificate."""
+        if self.redis is None or self.redis.tls_dir is None:
+            return {}
+        cert, key = self._cert("cloud")
+        return {"FL_CLOUD_REDIS_CA_FILE": str(self.certs / "ca.pem"), "FL_CLOUD_REDIS_CERT_FILE": str(cert),
+                "FL_CLOUD_REDIS_KEY_FILE": str(key)}
+
     def _dial_env(self, prefix: str, peer: str, name: str) -> dict[str, str]:
         """The settings with which `name` (edge<i>, client<k>) verifies its `peer` (cloud, edge) and presents
         its own certificate under mutual TLS."""
@@ -199,16 +207,18 @@ class LocalTopology:
             "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": self.redis_url,
             "FL_CLOUD_KEY_PREFIX": self.key_prefix, "FL_CLOUD_ADMIN_TOKEN": self.admin_token,
             "FL_CLOUD_EDGE_TOKEN": self.edge_token, "FL_CLOUD_TORCH_THREADS": str(self.torch_threads),
-            "FL_CLOUD_LOG_LEVEL": "warning", **self._tls_env("FL_CLOUD_", "cloud"), **self.extra_env,
+            "FL_CLOUD_LOG_LEVEL": "warning", **self._tls_env("FL_CLOUD_", "cloud"), **self._redis_tls_env(),
+            **self.extra_env,
         }, self.workdir / "cloud.log", url=f"{self.scheme}://127.0.0.1:{port}", tls=self.client_tls())
 
     def start(self) -> "LocalTopology":
-        if self.redis_url is None:
-            self.redis = RedisServer(dir=self.workdir / "redis").start()
-            self.redis_url = self.redis.url
         if self.scheme == "https":
             write_deployment(self.certs, edges=self.num_edges, clients=self.num_edges * self.procs_per_edge,
                              hosts=[self.edge_host], days=2)
+        if self.redis_url is None:  # its own Redis, over TLS too when the topology is
+            self.redis = RedisServer(dir=self.workdir / "redis",
+                                     tls_dir=self.certs if self.scheme == "https" else None).start()
+            self.redis_url = self.redis.url
         self.cloud = self._cloud_service(free_port())
         self.cloud.start()
         for edge_id in range(self.num_edges):
