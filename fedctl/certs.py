@@ -76,7 +76,8 @@ def make_ca(days: int = 3650, common_name: str = "fl-services CA") -> Issued:
 def issue(ca: Issued, common_name: str, hosts: list[str] | tuple[str, ...] = (), *, server: bool,
           client: bool, days: int = 365, not_before: datetime | None = None) -> Issued:
     """A certificate `ca` signs, for a server (with `hosts` as its names), a client, or both; valid for `days`
-    from `not_before` (default: now)."""
+    from `not_before` (default: now). Without hosts its name is `common_name`: strict validators (RFC 5280
+    profiles such as the Web PKI's) require a subject alternative name in a client certificate too."""
     key = ec.generate_private_key(ec.SECP256R1())
     start = not_before or datetime.now(UTC) - timedelta(minutes=5)
     usages = [*([ExtendedKeyUsageOID.SERVER_AUTH] if server else []),
@@ -92,9 +93,8 @@ def issue(ca: Issued, common_name: str, hosts: list[str] | tuple[str, ...] = (),
                .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
                               critical=False))
-    if hosts:
-        builder = builder.add_extension(x509.SubjectAlternativeName([_san(h) for h in dict.fromkeys(hosts)]),
-                                        critical=False)
+    names = [_san(h) for h in dict.fromkeys(hosts or [common_name])]
+    builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return Issued(key, builder.sign(ca.key, hashes.SHA256()))
 
 

@@ -23,6 +23,7 @@ from shared.config import RunConfig
 from shared.reference import run_reference
 from shared.schemas import EdgeHealth, RunStatus
 from shared.transport.tls import client_context
+from tests.fedctl.test_errors import _fedctl
 from tests.integration.test_fedavg_services import assert_same_model
 
 pytestmark = pytest.mark.slow
@@ -124,3 +125,17 @@ def test_redis_speaks_tls_only_and_requires_the_password(topo):
         redis.Redis(port=topo.redis.port, password=topo.redis.password, socket_timeout=5).ping()
     with pytest.raises(redis.AuthenticationError):  # TLS, certificate, no password
         redis.Redis(port=topo.redis.port, socket_timeout=5, ssl=True, **topo.redis.client_options()).ping()
+
+
+def test_fedctl_drives_the_cloud_over_mutual_tls(topo):
+    certs, cloud = topo.certs, ["--cloud", topo.cloud_url, "--token", topo.admin_token]
+    done = _fedctl("--ca-file", str(certs / "ca.pem"), "--cert-file", str(certs / "admin.pem"),
+                   "--key-file", str(certs / "admin.key"), "create", *cloud)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = done.stdout.strip()
+    listed = _fedctl("runs", *cloud, env={"FL_CA_FILE": str(certs / "ca.pem"), "FL_CERT_FILE": str(certs / "admin.pem"),
+                                          "FL_KEY_FILE": str(certs / "admin.key")})
+    assert listed.returncode == 0 and run_id in listed.stdout, listed.stdout + listed.stderr
+    refused = _fedctl("--ca-file", str(certs / "ca.pem"), "runs", *cloud)  # no certificate to present
+    assert refused.returncode == 1 and "Traceback" not in refused.stdout + refused.stderr
+    assert "error:" in refused.stdout + refused.stderr
