@@ -4,9 +4,9 @@ Files (PEM; every key readable by its owner only):
 - ca.pem, ca.key: the CA. Every service and device is given ca.pem to verify its peer; ca.key signs the
   certificates and should then be kept offline.
 - cloud.pem/.key, edge<i>.pem/.key, redis.pem/.key: server certificates, whose subject alternative names are
-  the service's name (its host in docker-compose), localhost, 127.0.0.1 and every host given. The cloud's and
-  the edges' are valid for client authentication too: an edge presents its own to the cloud, and the cloud its
-  own to Redis (mutual TLS).
+  the service's name (its host in docker-compose), localhost, 127.0.0.1 and every host given. They are valid
+  for client authentication too: an edge presents its own to the cloud, the cloud its own to Redis (mutual
+  TLS), and each service's health check in docker-compose.tls.yml its own to itself.
 - client<k>.pem/.key: one client certificate per client device, and admin.pem/.key for the operator's fedctl
   (and probes such as a health check), client authentication only.
 Keys are ECDSA P-256: small, and quick to sign and verify in every handshake.
@@ -112,7 +112,7 @@ def write_deployment(directory: Path, edges: int = 2, clients: int = 2, hosts: l
     server("cloud", client=True)  # and the client of Redis
     for i in range(edges):
         server(f"edge{i}", client=True)  # and the client of the cloud
-    server("redis", client=False)
+    server("redis", client=True)  # and its own health check, a client of it
     for name in ("admin", *(f"client{k}" for k in range(clients))):
         written[name] = issue(ca, name, server=False, client=True, days=days).write(directory, name)
     return written
