@@ -34,10 +34,16 @@ def run(
     data_path: Optional[str] = typer.Option(None, help=_help("this machine's copy of an npz federated dataset",
                                                              "data_path")),
     threads: Optional[int] = typer.Option(None, help=_help("torch threads for local training", "torch_threads")),
+    edge_ca_file: Optional[Path] = typer.Option(None, help=_help("CA bundle an https:// edge is verified against",
+                                                                 "edge_ca_file")),
+    edge_cert_file: Optional[Path] = typer.Option(None, help=_help("certificate presented to the edge (mutual TLS)",
+                                                                   "edge_cert_file")),
+    edge_key_file: Optional[Path] = typer.Option(None, help=_help("the key of --edge-cert-file", "edge_key_file")),
 ) -> None:
     overrides: dict[str, Any] = {k: v for k, v in {
         "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,
-        "data_path": data_path, "torch_threads": threads,
+        "data_path": data_path, "torch_threads": threads, "edge_ca_file": edge_ca_file,
+        "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file,
     }.items() if v is not None}
     settings = ClientSettings(**overrides)
     configure_logging(settings.log_level, settings.log_format)
