@@ -127,15 +127,17 @@ def test_redis_speaks_tls_only_and_requires_the_password(topo):
         redis.Redis(port=topo.redis.port, socket_timeout=5, ssl=True, **topo.redis.client_options()).ping()
 
 
-def test_fedctl_drives_the_cloud_over_mutual_tls(topo):
+def test_fedctl_drives_the_cloud_over_mutual_tls(topo, tmp_path):
     certs, cloud = topo.certs, ["--cloud", topo.cloud_url, "--token", topo.admin_token]
+    config = tmp_path / "run.json"
+    config.write_text(CONFIG.model_dump_json())
     done = _fedctl("--ca-file", str(certs / "ca.pem"), "--cert-file", str(certs / "admin.pem"),
-                   "--key-file", str(certs / "admin.key"), "create", *cloud)
+                   "--key-file", str(certs / "admin.key"), "create", str(config), *cloud, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     run_id = done.stdout.strip()
     listed = _fedctl("runs", *cloud, env={"FL_CA_FILE": str(certs / "ca.pem"), "FL_CERT_FILE": str(certs / "admin.pem"),
-                                          "FL_KEY_FILE": str(certs / "admin.key")})
+                                          "FL_KEY_FILE": str(certs / "admin.key")}, timeout=300)
     assert listed.returncode == 0 and run_id in listed.stdout, listed.stdout + listed.stderr
-    refused = _fedctl("--ca-file", str(certs / "ca.pem"), "runs", *cloud)  # no certificate to present
+    refused = _fedctl("--ca-file", str(certs / "ca.pem"), "runs", *cloud, timeout=300)  # no certificate to present
     assert refused.returncode == 1 and "Traceback" not in refused.stdout + refused.stderr
     assert "error:" in refused.stdout + refused.stderr
