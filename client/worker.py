@@ -1,7 +1,8 @@
 """One process, many logical clients: each pulls its tasks by long-poll; training runs one at a time.
 
 Local training goes through a single worker thread, so a process never uses more cores than its
-torch thread setting, however many logical clients it hosts. Each logical client runs its own loop and
+torch thread setting, however many logical clients it hosts; when its clients take part in several runs,
+the runs' tasks take turns on it (`RoundRobin`). Each logical client runs its own loop and
 survives its own failures (see `Worker`); only a refused token ends one.
 """
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
 
 import httpx
 
@@ -27,6 +32,7 @@ from shared.transport.records import Record, decode, encode
 from shared.transport.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) -> bytes:
@@ -84,6 +90,45 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:300]
 
 
+class RoundRobin:
+    """Runs one job at a time on `executor`, taking the queued jobs' keys (runs) in turn: a run with many
+    tasks queued in this process does not make another run's tasks wait behind all of them."""
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+        self._queues: dict[str, deque[tuple[Callable[[], Any], asyncio.Future[Any]]]] = {}  # the next key first
+        self._busy = False
+
+    async def run(self, key: str, job: Callable[[], T]) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, deque()).append((job, future))
+        self._next()
+        return await future
+
+    def _next(self) -> None:
+        while not self._busy and self._queues:
+            key = next(iter(self._queues))
+            queue = self._queues.pop(key)
+            job, future = queue.popleft()
+            if queue:
+                self._queues[key] = queue  # behind the other keys: they go first
+            if future.cancelled():  # its client stopped waiting (a stop): skip it
+                continue
+            self._busy = True
+            running: asyncio.Future[Any] = asyncio.get_running_loop().run_in_executor(self.executor, job)
+            running.add_done_callback(partial(self._done, future))
+
+    def _done(self, future: asyncio.Future[Any], running: asyncio.Future[Any]) -> None:
+        self._busy = False
+        if not future.cancelled():
+            error = running.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(running.result())
+        self._next()
+
+
 class Worker:
     """Serves each logical client in its own loop: one client's failure never ends another's.
 
@@ -98,6 +143,8 @@ class Worker:
         self.client_ids = client_ids
         self.edge = edge
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
+        # One training at a time for the whole process, the runs taking turns.
+        self.trainer = RoundRobin(self.executor)
         self.completed = 0
         # Tasks whose training raised (e.g. diverged to NaN): the same inputs would fail again, so
         # they are not retried; the edge treats the client as dropped for that round.
@@ -160,9 +207,8 @@ class Worker:
         if header.task_id in self.failed:
             await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
             return
-        loop = asyncio.get_running_loop()
         try:
-            blob = await loop.run_in_executor(self.executor, compute, self.settings, header, task)
+            blob = await self.trainer.run(header.run_id, partial(compute, self.settings, header, task))
         except Exception as exc:
             log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
             self.failed.add(header.task_id)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -37,6 +39,12 @@ class CloudSettings(ServerSettings):
     # (proto-max-bulk-len): a run whose memory would not fit is refused at creation.
     max_state_bytes: int = Field(500 * 2**20, gt=0)
     long_poll_max_s: float = Field(25.0, gt=0)
+    # Several replicas may share one Redis (behind a load balancer): each serves every API, and a lease in
+    # Redis lets one of them compute each cloud update. A replica that dies holding it (killed, its host
+    # lost) delays that update by at most lease_s, after which another takes it over; a live one renews it
+    # every lease_s / 3. replica_id names the replica in the history and the logs (default host:pid).
+    lease_s: float = Field(10.0, gt=0)
+    replica_id: str = ""
     # Comma-separated packages whose "package.module:function" a run config may name as its model factory or
     # data loader (importing it runs that code here); empty: any importable package.
     allowed_imports: str = ""
@@ -77,6 +85,10 @@ class CloudSettings(ServerSettings):
         # Every token compared (no early exit): the time taken says nothing about which one nearly matched.
         matches = [name for name, expected in named.items() if same_token(token, expected)]
         return matches[0] if matches else None
+
+    @property
+    def replica(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}:{os.getpid()}"
 
     @property
     def allowed_import_prefixes(self) -> tuple[str, ...]:

@@ -32,8 +32,16 @@ class Keys:
         return f"{self.prefix}:runs"
 
     @property
-    def active(self) -> str:  # id of the run that is running or paused (one at a time)
+    def active(self) -> str:  # set of the ids of the runs that are running or paused (any number at once)
+        return f"{self.prefix}:active_runs"
+
+    @property
+    def legacy_active(self) -> str:  # before several runs: the one active run's id (a string), migrated at start
         return f"{self.prefix}:active"
+
+    @property
+    def events(self) -> str:  # pub/sub channel: a run changed (new version, status); every replica listens
+        return f"{self.prefix}:events"
 
     @property
     def edges(self) -> str:  # hash edge_id -> registration JSON
@@ -68,10 +76,14 @@ class Keys:
     def pending(self, run_id: str) -> str:  # hash edge_id -> stream entry id of its unconsumed contribution
         return f"{self.prefix}:run:{run_id}:pending"
 
+    def lease(self, run_id: str) -> str:  # the replica computing the run's next update: a token, with a TTL
+        return f"{self.prefix}:run:{run_id}:lease"
+
     def history(self, run_id: str) -> str:  # list of RoundRecord JSON, one per cloud update
         return f"{self.prefix}:run:{run_id}:history"
 
     def run_keys(self, run_id: str) -> list[str]:
         """Every key of one run: what deleting it removes."""
         return [self.meta(run_id), self.global_state(run_id), self.cloud_state(run_id), self.buffer(run_id),
-                self.idempotency(run_id), self.slots(run_id), self.pending(run_id), self.history(run_id)]
+                self.idempotency(run_id), self.slots(run_id), self.pending(run_id), self.history(run_id),
+                self.lease(run_id)]

@@ -23,7 +23,7 @@ from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisRefused, RedisStor
 from shared.log import configure_logging
 from shared.metrics import switchable
 from shared.settings import load_settings
-from shared.web import serve, service_app
+from shared.web import Stopping, serve, service_app
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
@@ -35,10 +35,11 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
         torch.set_num_threads(settings.torch_threads)
         redis = aioredis.Redis.from_url(settings.redis_url, **settings.redis_options())
         store = RedisStore(redis, Keys(settings.key_prefix))
-        orchestrator = Orchestrator(store, metrics)
+        orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s)
         metrics.watch_store(store)
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
-        tasks = [asyncio.create_task(orchestrator.run_forever())]
+        tasks = [asyncio.create_task(orchestrator.run_forever()), asyncio.create_task(orchestrator.relay_events()),
+                 asyncio.create_task(_wake_on_stop(app.state.stopping, orchestrator))]
         if settings.retain_days is not None or settings.retain_runs is not None:
             tasks.append(asyncio.create_task(retention.run_forever(
                 store, settings.retain_days, settings.retain_runs, settings.retention_interval_s,
@@ -62,6 +63,12 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
 
 
 log = logging.getLogger(__name__)
+
+
+async def _wake_on_stop(stopping: Stopping, orchestrator: Orchestrator) -> None:
+    """Long-polls and event streams answer at once when the process is told to stop."""
+    await stopping.wait()
+    await orchestrator.wake_waiters()
 
 
 def main() -> None:

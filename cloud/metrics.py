@@ -13,7 +13,7 @@ CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
 # Refusals of a contribution: the buffer's own (cloud.store's Conflict reasons) and those of the request.
 REFUSALS = ("not_running", "future", "stale", "conflict", "key_reused", "pending",
             "unreadable", "unauthorized", "not_found", "too_large", "invalid")
-# Gauges per run: the active run and the newest runs (a finished run's last values stay visible).
+# Gauges per run: the active runs and the newest runs (a finished run's last values stay visible).
 RUNS_SHOWN = 10
 
 
@@ -43,9 +43,7 @@ class CloudMetrics(ServiceMetrics):
     def watch_store(self, store) -> None:
         async def refresh() -> None:
             runs = (await store.run_ids())[-RUNS_SHOWN:]
-            active = await store.active_run()
-            if active is not None and active not in runs:
-                runs.append(active)
+            runs += [run_id for run_id in await store.active_runs() if run_id not in runs]
             infos = [await store.info(run_id) for run_id in runs]  # all read before any gauge changes
             self.version.clear()
             self.buffered.clear()

@@ -1,21 +1,29 @@
 """The cloud loop, written once: buffer holds B contributions → cloud_update → publish a new version.
 
-It runs as one background task in the cloud process. Everything it reads and writes is in Redis, so a
-restarted cloud resumes from the buffer exactly where the killed one stopped.
+It runs as one background task in each cloud process (replica). Everything it reads and writes is in
+Redis, so a restarted cloud resumes from the buffer exactly where the killed one stopped; with several
+replicas, a lease per run in Redis lets one of them compute each update, and a pub/sub channel tells every
+replica's waiters (long-polling edges, dashboards) of a new version or status at once.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError
+
 from cloud.metrics import CloudMetrics
-from cloud.store import BufferedContribution, StateTooLarge, Store, now
+from cloud.store import UNAVAILABLE, BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, Contribution
+from shared.backoff import Backoff
 from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
 from shared.config import RunConfig
 from shared.federation import contribution
@@ -30,13 +38,21 @@ T = TypeVar("T")
 
 
 class Orchestrator:
-    def __init__(self, store: Store, metrics: CloudMetrics | None = None):
+    # Wait before subscribing again after the event channel's connection failed (Redis away).
+    resubscribe_s: float = 0.5
+    resubscribe_max_s: float = 10.0
+
+    def __init__(self, store: Store, metrics: CloudMetrics | None = None, replica: str = "cloud",
+                 lease_s: float = 10.0):
         self.store = store
         self.metrics = metrics or CloudMetrics()
+        self.replica = replica
+        self.lease_s = lease_s
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._algorithms: dict[str, Algorithm] = {}
         self._stopping = False
+        self._active = 0  # how many runs were active at the last look
 
     # ---- signalling ----------------------------------------------------------------------------
     def notify(self) -> None:
@@ -44,9 +60,42 @@ class Orchestrator:
         self._wake.set()
 
     async def announce(self) -> None:
-        """Wakes long-polling edges after a new version or a status change."""
+        """Wakes long-polling edges after a new version or a status change: this replica's at once, the
+        others' through the event channel."""
+        await self.wake_waiters()
+        try:
+            await self.store.publish(self.replica)
+        except UNAVAILABLE:  # Redis away: the other replicas' waiters look again at their deadline
+            log.warning("could not announce a change to the other cloud replicas: Redis is unavailable")
+
+    async def wake_waiters(self) -> None:
+        """Every wait_until of this process looks again (e.g. the process is stopping)."""
         async with self._changed:
             self._changed.notify_all()
+
+    async def relay_events(self) -> None:
+        """Listens to the event channel (one connection per process) and wakes this replica's waiters and
+        loop when another replica announces a change; subscribes again after a failure."""
+        backoff = Backoff(self.resubscribe_s, self.resubscribe_max_s)
+
+        async def subscribed() -> None:
+            backoff.reset()
+            await self._heard("")  # whatever was announced while unsubscribed is looked at now
+
+        while not self._stopping:
+            try:
+                await self.store.listen(subscribed, self._heard)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = backoff.next()
+                log.warning("cloud event channel lost (%s); subscribing again in %.3g s", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _heard(self, sender: str) -> None:
+        if sender != self.replica:  # this replica's own announcements woke its waiters already
+            self._wake.set()
+            await self.wake_waiters()
 
     async def wait_until(self, check: Callable[[], Awaitable[T]], timeout: float, recheck_s: float = math.inf) -> T:
         """`check()`'s first truthy value, looked for again after every announce (see shared/longpoll.py)."""
@@ -60,6 +109,7 @@ class Orchestrator:
 
     # ---- the loop ------------------------------------------------------------------------------
     async def run_forever(self, idle_poll_s: float = 1.0) -> None:
+        migrated = False
         while not self._stopping:
             try:
                 async with asyncio.timeout(idle_poll_s):
@@ -68,6 +118,9 @@ class Orchestrator:
                 pass
             self._wake.clear()
             try:
+                if not migrated:  # here rather than at start-up: Redis may be away then
+                    await self.store.migrate()
+                    migrated = True
                 while not self._stopping and await self.step():
                     pass
             except asyncio.CancelledError:
@@ -77,19 +130,66 @@ class Orchestrator:
                 await asyncio.sleep(idle_poll_s)
 
     def algorithm(self, run_id: str, config: RunConfig) -> Algorithm:
-        """The run's algorithm object, cached for the few most recently used runs (one is active at a
-        time; downloads of old runs' models must not grow the cache for good)."""
+        """The run's algorithm object, cached for the most recently used runs (at least the active ones;
+        downloads of old runs' models must not grow the cache for good)."""
         algorithm = self._algorithms.pop(run_id, None) or registry.create(config)
         self._algorithms[run_id] = algorithm  # most recent last
-        while len(self._algorithms) > _CACHED_ALGORITHMS:
+        while len(self._algorithms) > max(_CACHED_ALGORITHMS, self._active):
             del self._algorithms[next(iter(self._algorithms))]
         return algorithm
 
     async def step(self) -> bool:
-        """One cloud update if the active run's buffer holds B entries; True if it published one."""
-        run_id = await self.store.active_run()
-        if run_id is None:
+        """One cloud update of every active run whose buffer holds B entries; True if any was published.
+        One run's failure is logged and leaves the others' updates (and its own buffer) as they are."""
+        runs = await self.store.active_runs()
+        self._active = len(runs)
+        published = False
+        for run_id in runs:
+            if self._stopping:
+                break
+            try:
+                published |= await self.update(run_id)
+            except asyncio.CancelledError:
+                raise
+            except UNAVAILABLE:  # Redis away: every run's update waits for it alike
+                raise
+            except Exception:  # the buffer keeps its entries: the update is retried at the next turn
+                log.exception("cloud update of run %s failed; will retry", run_id)
+        return published
+
+    async def update(self, run_id: str) -> bool:
+        """One cloud update if the run's buffer holds B entries and this replica takes the run's lease (none
+        other computes it meanwhile); True if it published one."""
+        info = await self.store.info(run_id)
+        if info.status not in (RunStatus.running, RunStatus.paused) or info.buffered < info.config.topology.buffer_size:
             return False
+        lease = self.store.lease(run_id, self.lease_s)
+        token = f"{self.replica}:{secrets.token_hex(8)}"
+        if not await lease.acquire(blocking=False, token=token):
+            return False  # another replica computes it; if it dies, the lease expires and this one will
+        renewing = asyncio.create_task(self._renew(run_id, lease))
+        try:
+            return await self._publish_update(run_id, token, renewing)
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(LockError, *UNAVAILABLE):  # lost or expired: nothing to give back
+                await lease.release()
+
+    async def _renew(self, run_id: str, lease: Lock) -> None:
+        """Keeps the lease while the update is computed; once lost, the commit refuses to publish."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await lease.reacquire()
+            except LockError:
+                log.warning("run %s: the update lease expired while this replica computed it", run_id)
+                return
+            except UNAVAILABLE:
+                pass  # tried again at the next turn, while the lease lasts
+
+    async def _publish_update(self, run_id: str, token: str, renewing: asyncio.Task) -> bool:
+        """The update under the lease. Everything is read again: another replica may have published it
+        between the first look and the lease."""
         info = await self.store.info(run_id)
         if info.status not in (RunStatus.running, RunStatus.paused):
             return False
@@ -112,13 +212,18 @@ class Orchestrator:
         finally:
             self.metrics.update_seconds.observe(time.perf_counter() - update_started)
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
-        record = round_record(info.version, contributions, outcome, started, info.started_at or started, now())
+        record = round_record(info.version, contributions, outcome, started, info.started_at or started,
+                              now()).model_copy(update={"computed_by": self.replica})
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config)
         finished = info.version + 1 >= config.rounds
+        # No renewal during the commit: it WATCHes the lease, and a renewal (a write to it) would abort it,
+        # making this replica compute the same update again. The last renewal left ≥ 2/3 of the lease.
+        renewing.cancel()
+        await asyncio.wait({renewing})
         try:
             committed = await self.store.commit_update(
                 run_id, info.version, entries, encode(outcome.global_, header), encode(outcome.cloud_state), record,
-                finished,
+                finished, lease_token=token,
             )
         except StateTooLarge:
             # Recomputing would give the same result again: stop the run, loudly, so that it does not loop.

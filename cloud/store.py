@@ -15,15 +15,17 @@ import json
 import logging
 import secrets
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from string import Template
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.lock import Lock
 from redis.exceptions import AuthenticationError, NoPermissionError, WatchError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -176,7 +178,10 @@ class Store(Protocol):
     async def status(self, run_id: str) -> tuple[RunStatus, int]: ...
     async def info(self, run_id: str) -> RunInfo: ...
     async def run_ids(self) -> list[str]: ...
-    async def active_run(self) -> str | None: ...
+    async def active_runs(self) -> list[str]:
+        """The runs that are running or paused, sorted by id (a stable order for every replica)."""
+    async def migrate(self) -> None:
+        """Brings keys written by an older version to today's layout (idempotent)."""
     async def transition(self, run_id: str, action: str) -> RunStatus: ...
     async def global_blob(self, run_id: str) -> bytes: ...
     async def cloud_state_blob(self, run_id: str) -> bytes | None: ...
@@ -187,7 +192,16 @@ class Store(Protocol):
     async def has_pending(self, run_id: str, edge_id: int) -> bool: ...
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]: ...
     async def commit_update(self, run_id: str, expected_version: int, consumed: list[BufferedContribution],
-                            new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool) -> bool: ...
+                            new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool,
+                            lease_token: str | None = None) -> bool: ...
+    def lease(self, run_id: str, ttl_s: float) -> Lock:
+        """The run's update lease (see RedisStore.lease)."""
+        ...
+    async def publish(self, message: str) -> None:
+        """Tells every replica sharing this Redis that something changed (see `listen`)."""
+    async def listen(self, subscribed: Callable[[], Awaitable[None]], heard: Callable[[str], Awaitable[None]]) -> None:
+        """Calls `subscribed()` once subscribed, then `heard(message)` for every message published, until
+        cancelled or the connection fails (raised)."""
     # What the dashboard reads.
     async def history_since(self, run_id: str, start: int) -> list[RoundRecord]: ...
     async def buffered_headers(self, run_id: str) -> list[tuple[datetime, EdgeContributionHeader]]: ...
@@ -260,46 +274,50 @@ class RedisStore(Store):
     async def run_ids(self) -> list[str]:
         return [_text(x) for x in await self.r.lrange(self.k.runs, 0, -1)]
 
-    async def active_run(self) -> str | None:
-        value = await self.r.get(self.k.active)
-        return _text(value) if value else None
+    async def active_runs(self) -> list[str]:
+        return sorted(_text(x) for x in await self.r.smembers(self.k.active))
+
+    async def migrate(self) -> None:
+        """A Redis written before several runs could be active names its one active run in a string key:
+        that run joins the set (idempotent; every replica may do it at start)."""
+        legacy = await self.r.get(self.k.legacy_active)
+        if legacy is not None:
+            async with self.r.pipeline(transaction=True) as p:
+                p.sadd(self.k.active, legacy)
+                p.delete(self.k.legacy_active)
+                await p.execute()
 
     async def transition(self, run_id: str, action: str) -> RunStatus:
         allowed, target = _TRANSITIONS[action]
 
-        def change(p: Pipeline, current: RunStatus, active: str | None) -> RunStatus:
+        def change(p: Pipeline, current: RunStatus) -> RunStatus:
             if current not in allowed:
                 raise Conflict(f"cannot {action} a run that is {current.value}")
-            if action == "start" and active is not None and active != run_id:
-                raise Conflict(f"run {active} is already active; stop it first")
             meta_key = self.k.meta(run_id)
             p.hset(meta_key, Meta.status, target.value)
             if action == "start":
                 p.hset(meta_key, Meta.started_at, now().isoformat())
-                p.set(self.k.active, run_id)
+                p.sadd(self.k.active, run_id)
             if action == "stop":
                 p.hset(meta_key, Meta.finished_at, now().isoformat())
-                if active == run_id:
-                    p.delete(self.k.active)
+                p.srem(self.k.active, run_id)
             return target
 
         return await self._change_run(run_id, change)
 
-    async def _change_run(self, run_id: str, change: Callable[[Pipeline, RunStatus, str | None], T]) -> T:
-        """`change(pipeline, the run's status, the active run)` queues a change of the run in one MULTI/EXEC
-        (or raises to refuse it), under WATCH on the run's meta hash and the active run: redone if either
-        changed meanwhile. NotFound for an unknown run."""
+    async def _change_run(self, run_id: str, change: Callable[[Pipeline, RunStatus], T]) -> T:
+        """`change(pipeline, the run's status)` queues a change of the run in one MULTI/EXEC (or raises to
+        refuse it), under WATCH on the run's meta hash: redone if it changed meanwhile. NotFound for an unknown run."""
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             while True:
                 try:
-                    await p.watch(meta_key, self.k.active)
+                    await p.watch(meta_key)
                     status = await p.hget(meta_key, Meta.status)
                     if status is None:
                         raise NotFound(f"unknown run {run_id!r}")
-                    active = await p.get(self.k.active)
                     p.multi()
-                    outcome = change(p, RunStatus(_text(status)), None if active is None else _text(active))
+                    outcome = change(p, RunStatus(_text(status)))
                     await p.execute()
                     return outcome
                 except WatchError:
@@ -371,9 +389,12 @@ class RedisStore(Store):
         new_cloud_state: bytes,
         record: RoundRecord,
         finished: bool,
+        lease_token: str | None = None,
     ) -> bool:
-        """Publishes version expected_version+1 atomically; False if someone else got there first, or
-        if the run was stopped while the update was computed (a stopped run's model stays as it was)."""
+        """Publishes version expected_version+1 atomically; False if someone else got there first, if the
+        run was stopped while the update was computed (a stopped run's model stays as it was), or if
+        `lease_token` is given and no longer holds the run's lease (it expired and another replica may be
+        computing this very update: only one of them may publish it)."""
         for what, blob in (("global state", new_global), ("cloud state", new_cloud_state)):
             if len(blob) > _REDIS_MAX_VALUE:
                 # Redis would drop the connection, which redis-py reports as a WatchError inside a
@@ -383,12 +404,13 @@ class RedisStore(Store):
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             try:
-                await p.watch(meta_key, self.k.active)
+                await p.watch(meta_key, self.k.lease(run_id))
                 version, status = await p.hmget(meta_key, [Meta.version, Meta.status])
                 if (version is None or status is None or int(_text(version)) != expected_version
                         or _text(status) not in _UPDATABLE):
                     return False
-                active = await p.get(self.k.active)
+                if lease_token is not None and await p.get(self.k.lease(run_id)) != lease_token.encode():
+                    return False
                 p.multi()
                 p.set(self.k.global_state(run_id), new_global)
                 p.set(self.k.cloud_state(run_id), new_cloud_state)
@@ -399,12 +421,29 @@ class RedisStore(Store):
                 if finished:
                     p.hset(meta_key, mapping={Meta.status: RunStatus.finished.value,
                                               Meta.finished_at: now().isoformat()})
-                    if active is not None and _text(active) == run_id:  # never another run's
-                        p.delete(self.k.active)
+                    p.srem(self.k.active, run_id)
                 await p.execute()
                 return True
             except WatchError:
                 return False
+
+    # ---- several replicas ----------------------------------------------------------------------
+    def lease(self, run_id: str, ttl_s: float) -> Lock:
+        """The lease on the run's next cloud update, redis-py's Lock: SET NX PX with a token to take it,
+        Lua compare-and-set of its TTL to renew it, Lua compare-and-delete to release it (arq's pattern)."""
+        return self.r.lock(self.k.lease(run_id), timeout=ttl_s, blocking=False, thread_local=False)
+
+    async def publish(self, message: str) -> None:
+        await self.r.publish(self.k.events, message)
+
+    async def listen(self, subscribed: Callable[[], Awaitable[None]], heard: Callable[[str], Awaitable[None]]) -> None:
+        # One connection for the whole process, whatever the number of waiters it wakes.
+        async with self.r.pubsub(ignore_subscribe_messages=True) as pubsub:
+            await pubsub.subscribe(self.k.events)
+            await subscribed()
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    await heard(_text(message["data"]))
 
     # ---- dashboard reads -----------------------------------------------------------------------
     async def history_since(self, run_id: str, start: int) -> list[RoundRecord]:
@@ -426,7 +465,7 @@ class RedisStore(Store):
     # ---- operations ----------------------------------------------------------------------------
     async def delete_run(self, run_id: str) -> None:
         """Deletes every key of a run that is not active (created, stopped or finished): 409 otherwise."""
-        def change(p: Pipeline, current: RunStatus, active: str | None) -> None:
+        def change(p: Pipeline, current: RunStatus) -> None:
             if current in (RunStatus.running, RunStatus.paused):
                 raise Conflict(f"cannot delete a run that is {current.value}; stop it first")
             p.delete(*self.k.run_keys(run_id))

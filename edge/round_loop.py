@@ -1,6 +1,7 @@
 """The edge loop, written once: fetch global → select → dispatch → collect → edge_aggregate → submit.
 
-It runs as a background task of the edge app and only ever dials out to the cloud.
+It runs as a background task of the edge app and only ever dials out to the cloud; every run that
+includes this edge has its own rounds (a `Lane`), fed by one long-poll.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from edge.tasks import ForeignClient, Task, TaskBoard
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, ClientResult
 from shared.backoff import Backoff
-from shared.config import RoundPolicy
+from shared.config import RoundPolicy, RunConfig
 from shared.edge_round import ClientTask, run_edge_round
 from shared.federation import known_num_samples, participation
 from shared.files import atomic_write
@@ -38,6 +40,7 @@ from shared.transport.http import binary_body
 from shared.transport.records import Record, decode, decode_state, encode
 from shared.transport.retry import DEDUPLICATED
 from shared.transport.tensors import PayloadError
+from shared.transport.wire import LIVE_RUNS
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,29 @@ class RoundAbandoned(Exception):
     """The cloud moved on while the round waited for clients that cannot answer."""
 
 
+@dataclass
+class Lane:
+    """One run as this edge serves it: its algorithm, its edge state, and its round in progress."""
+
+    config: RunConfig
+    algorithm: Algorithm
+    edge_state: Record
+    backoff: Backoff
+    # The last version whose round succeeded: the long-poll asks for a newer one. It moves only after a
+    # successful round, so after a failure the same state (or a newer one, if the cloud moved on) is
+    # fetched again and its round re-run, instead of the edge waiting for a version that never comes.
+    done: int = -1
+    # The round in progress (or the wait after a failed one): the run is not offered again meanwhile.
+    task: asyncio.Task | None = None
+    # The clients' sample counts as the edge derives them from the run (None: it cannot know them).
+    num_samples: list[int] | None = None
+    samples_known: bool = False
+
+
 class EdgeRoundLoop:
+    """Serves every run this edge takes part in: one long-poll fetches the global states of all of them,
+    and each run's rounds go on in their own task, so one run's slow round holds back no other run."""
+
     # Wait before re-running a failed round: doubles after each failure up to the cap, back to the start on success.
     retry_backoff_s: float = 1.0
     retry_backoff_max_s: float = 30.0
@@ -58,50 +83,100 @@ class EdgeRoundLoop:
         self.cloud = cloud
         self.board = board
         self.edge_id = settings.edge_id
-        self.current: GlobalStateHeader | None = None
-        self._algorithm: tuple[str, Algorithm] | None = None
-        self._edge_state: Record = {}
-        # The run whose clients' sample counts these are (None: the edge cannot know them).
-        self._num_samples: tuple[str, list[int] | None] | None = None
+        self.current: GlobalStateHeader | None = None  # the last round started, of any run
+        self.lanes: dict[str, Lane] = {}
+        self._lanes_changed = asyncio.Event()
 
     async def run_forever(self) -> None:
         await self.register()
-        # The last state whose round succeeded: the long-poll asks for a newer one. It moves only after a
-        # successful round, so after a failure the same state (or a newer one, if the cloud moved on) is
-        # fetched again and its round re-run, instead of the edge waiting for a version that never comes.
-        run_id, version = None, -1
         backoff = Backoff(self.retry_backoff_s, self.retry_backoff_max_s)
-        while True:
-            header: GlobalStateHeader | None = None
-            try:
-                response = await self._poll(run_id, version, self.settings.long_poll_max_s)
-                if response.status_code == 204:
+        poll: asyncio.Task[httpx.Response] | None = None
+        try:
+            while True:
+                if poll is None:
+                    self._lanes_changed.clear()
+                    poll = asyncio.create_task(self._poll(self.settings.long_poll_max_s))
+                changed = asyncio.create_task(self._lanes_changed.wait())
+                try:
+                    await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if not poll.done():
+                    # A round ended: poll again saying so (a state this poll brings meanwhile is offered again).
+                    poll.cancel()
+                    await asyncio.wait({poll})  # a cancel of this loop itself still propagates
+                    if not poll.cancelled():
+                        poll.exception()  # retrieved: a failure of an abandoned poll is of no interest
+                    poll = None
                     continue
-                if response.status_code == 404:  # the cloud lost our registration (fresh Redis)
-                    await self.register()
-                    continue
-                response.raise_for_status()
-                # Unpacked into a new name: mypy does not narrow `header` through an awaited tuple.
-                global_, received = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
-                header = received
-                await self.until_run_ends(header, self.run_round(header, global_))
-            except asyncio.CancelledError:
-                raise
-            except RoundAbandoned as exc:
-                log.warning("edge %d: round abandoned: %s", self.edge_id, exc)
-                continue  # the poll now answers with what the cloud moved on to
-            except Exception:
-                delay = backoff.next()
-                if header is None:
-                    log.exception("edge %d: fetching the state after version %d failed; retrying in %g s",
-                                  self.edge_id, version, delay)
-                else:
-                    log.exception("edge %d: round at version %d of run %s failed; re-running it in %g s",
-                                  self.edge_id, header.version, header.run_id, delay)
-                await asyncio.sleep(delay)
-                continue
-            run_id, version = header.run_id, header.version
-            backoff.reset()
+                done, poll = poll, None
+                try:
+                    await self._received(done.result())
+                    backoff.reset()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    delay = backoff.next()
+                    log.exception("edge %d: fetching a global state failed; retrying in %g s", self.edge_id, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            for task in [poll, *(lane.task for lane in self.lanes.values())]:
+                if task is not None:
+                    task.cancel()
+
+    async def _received(self, response: httpx.Response) -> None:
+        """One long-poll's answer: forgets the runs that ended, starts the round of the state it brings."""
+        if response.status_code == 404:  # the cloud lost our registration (fresh Redis)
+            await self.register()
+            return
+        response.raise_for_status()
+        if LIVE_RUNS in response.headers:
+            self._forget_ended(set(filter(None, response.headers[LIVE_RUNS].split(","))))
+        if response.status_code == 204:
+            return
+        global_, header = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
+        lane = self.lane(header)
+        if lane.task is None:
+            lane.task = asyncio.create_task(self._serve(lane, header, global_))
+
+    def _forget_ended(self, live: set[str]) -> None:
+        """Drops the runs that are no longer running or paused, abandoning their rounds."""
+        for run_id in set(self.lanes) - live:
+            lane = self.lanes.pop(run_id)
+            if lane.task is not None:
+                log.info("edge %d: run %s ended; dropping its round", self.edge_id, run_id)
+                lane.task.cancel()
+
+    async def _serve(self, lane: Lane, header: GlobalStateHeader, global_: Record) -> None:
+        """One run's round; a failed one is re-run after a backoff (from the same state, or a newer one)."""
+        try:
+            await self.until_run_ends(header, self.run_round(header, global_))
+        except RoundAbandoned as exc:
+            log.warning("edge %d: round abandoned: %s", self.edge_id, exc)
+        except Exception:  # not a cancellation: a stop or an ended run ends the round for good
+            delay = lane.backoff.next()
+            log.exception("edge %d: round at version %d of run %s failed; re-running it in %g s",
+                          self.edge_id, header.version, header.run_id, delay)
+            await asyncio.sleep(delay)
+        else:
+            lane.done = header.version
+            lane.backoff.reset()
+        finally:
+            lane.task = None
+            self._lanes_changed.set()
+
+    async def _poll(self, timeout: float, run: tuple[str, int] | None = None) -> httpx.Response:
+        """The cloud's long-poll: 200 with a global state of a run this edge takes part in that it has not
+        done yet, 204 if none comes within `timeout` (or a run it knows ended). With `run`, only that run
+        newer than that version."""
+        params: dict[str, float | str | list[str]]
+        if run is not None:
+            params = {"seen": [f"{run[0]}:{run[1]}"], "others": "false"}
+        else:
+            params = {"seen": [f"{run_id}:{lane.done}" for run_id, lane in self.lanes.items() if lane.task is None],
+                      "busy": [run_id for run_id, lane in self.lanes.items() if lane.task is not None]}
+        params["timeout"] = timeout
+        return await self.cloud.get(f"/api/v1/edges/{self.edge_id}/global", params=params)
 
     async def until_run_ends(self, header: GlobalStateHeader, round_: Awaitable[None]) -> None:
         """Runs the round while watching the cloud's end signal for its run: if the run is stopped (or
@@ -146,14 +221,6 @@ class EdgeRoundLoop:
                 pass
             await asyncio.sleep(backoff.next())
 
-    async def _poll(self, run_id: str | None, after: int, timeout: float) -> httpx.Response:
-        """The cloud's long-poll: 200 with a global state newer than `after` of `run_id` (or of another
-        run, once the cloud has moved on), 204 if none comes within `timeout`."""
-        params: dict[str, str | int | float] = {"after": after, "timeout": timeout}
-        if run_id:
-            params["run_id"] = run_id
-        return await self.cloud.get(f"/api/v1/edges/{self.edge_id}/global", params=params)
-
     async def register(self) -> None:
         reg = EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url)
         # Re-sent through a passing fault: a registration repeated replaces itself.
@@ -161,25 +228,26 @@ class EdgeRoundLoop:
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
 
-    def check_own_client(self, client_id: int) -> None:
-        """Raises ForeignClient for a client this edge does not serve in the run it knows (none yet: any)."""
-        current = self.current
-        if current is None:
-            return
-        config = current.config
-        if client_id not in config.clients_of_edge(self.edge_id):
-            raise ForeignClient(
-                f"client {client_id} is not a client of edge {self.edge_id} in run {current.run_id}: edge "
-                f"{self.edge_id} serves the clients k < {config.data.num_clients} with "
-                f"k mod {config.topology.num_edges} = {self.edge_id}"
-            )
+    def _own_clients(self) -> set[int]:
+        return {k for lane in self.lanes.values() for k in lane.config.clients_of_edge(self.edge_id)}
 
-    def algorithm(self, header: GlobalStateHeader) -> Algorithm:
-        if self._algorithm is None or self._algorithm[0] != header.run_id:
-            state = self._load_state(header.run_id)
-            self._algorithm = (header.run_id, registry.create(header.config))
-            self._edge_state = state
-        return self._algorithm[1]
+    def check_own_client(self, client_id: int) -> None:
+        """Raises ForeignClient for a client this edge serves in none of the runs it knows (none yet: any)."""
+        if not self.lanes or client_id in self._own_clients():
+            return
+        raise ForeignClient("; ".join(
+            f"client {client_id} is not a client of edge {self.edge_id} in run {run_id}: edge {self.edge_id} "
+            f"serves the clients k < {lane.config.data.num_clients} with k mod {lane.config.topology.num_edges} "
+            f"= {self.edge_id}" for run_id, lane in self.lanes.items()))
+
+    def lane(self, header: GlobalStateHeader) -> Lane:
+        """The run's lane, made on its first state (its edge state read back from disk)."""
+        lane = self.lanes.get(header.run_id)
+        if lane is None:
+            lane = Lane(header.config, registry.create(header.config), self._load_state(header.run_id),
+                        Backoff(self.retry_backoff_s, self.retry_backoff_max_s))
+            self.lanes[header.run_id] = lane
+        return lane
 
     def _state_path(self, run_id: str) -> Path | None:
         if self.settings.state_dir is None:
@@ -198,23 +266,24 @@ class EdgeRoundLoop:
             os.replace(path, path.with_suffix(".corrupt"))
             return {}
 
-    def _save_state(self, run_id: str) -> None:
+    def _save_state(self, run_id: str, state: Record) -> None:
         """Atomically, so a crash leaves the previous state or this one. Saved before the submit: an
         edge that restarts re-runs the round, its clients answer from their saved results, and the
         incremental aggregation replaces each client's prototype, so nothing is counted twice."""
         path = self._state_path(run_id)
         if path is None:
             return
-        atomic_write(path, encode(self._edge_state))
+        atomic_write(path, encode(state))
 
     async def run_round(self, header: GlobalStateHeader, global_: Record) -> None:
         self.current = header
         bind(run_id=header.run_id)
-        # Before any run was known, any client id could register; now the run says which are this edge's.
-        self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
-        algorithm = self.algorithm(header)
-        if self._num_samples is None or self._num_samples[0] != header.run_id:
-            self._num_samples = (header.run_id, await asyncio.to_thread(self._known_num_samples, header))
+        lane = self.lane(header)
+        # Before any run was known, any client id could register; now the runs say which are this edge's.
+        self.board.keep_only(self._own_clients())
+        algorithm = lane.algorithm
+        if not lane.samples_known:
+            lane.num_samples, lane.samples_known = await asyncio.to_thread(self._known_num_samples, header), True
         failures: list[ClientFailure] = []  # of every edge round
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
@@ -222,12 +291,12 @@ class EdgeRoundLoop:
                                       failures)
 
         started = time.monotonic()
-        before = self._edge_state  # algorithms return new dicts: this one stays as it is
+        before = lane.edge_state  # algorithms return new dicts: this one stays as it is
         try:
             outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
                                            offload=asyncio.to_thread)
-            self._edge_state = outcome.edge_state
-            await asyncio.to_thread(self._save_state, header.run_id)  # encodes and fsyncs
+            lane.edge_state = outcome.edge_state
+            await asyncio.to_thread(self._save_state, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
             await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results,
@@ -237,7 +306,7 @@ class EdgeRoundLoop:
         except BaseException:
             # The re-run starts from the state this round started from, as after a restart (a failed save
             # leaves that on disk; after a save, the re-run replaces each client's entry with the same one).
-            self._edge_state = before
+            lane.edge_state = before
             raise
 
     def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm) -> Task:
@@ -245,7 +314,8 @@ class EdgeRoundLoop:
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
         )
-        known = self._num_samples[1] if self._num_samples else None
+        lane = self.lanes.get(header.run_id)
+        known = lane.num_samples if lane is not None else None
         return Task(message, task.tensors, partial(algorithm.check_result, task.tensors),
                     num_samples=known[task.client_id] if known else None,
                     max_samples=self.settings.max_client_samples)
@@ -263,44 +333,35 @@ class EdgeRoundLoop:
                       failures: list[ClientFailure]) -> list[ClientResult]:
         """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered; after
         max_retries, goes on with any answer, waiting for a first one only while the cloud still wants it.
-        A client's reported failure ends the wait for it; the failures left unanswered join `failures`."""
+        A client's reported failure ends the wait for it; the failures left unanswered join `failures`.
+        (A run that ends meanwhile cancels the whole round: see `_forget_ended`.)"""
+        run_id = header.run_id
         quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
         try:
             for attempt in range(policy.max_retries + 1):
-                results = await self.board.wait_results(policy.deadline_s)
+                results = await self.board.wait_results(run_id, policy.deadline_s)
                 if len(results) >= quorum:
                     return results
-                # A stopped run's missing clients are not worth another deadline: the next run waits.
-                if await self._moved_on(header, to_another_run=True):
-                    raise RoundAbandoned(f"run {header.run_id} was replaced while version {header.version} "
-                                         "waited for its quorum")
                 log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
                             self.edge_id, len(results), len(tasks), quorum, attempt + 1)
             while not results:
                 # No client can answer (e.g. every one fails on a diverged model): without this check the
-                # edge would wait here for good, even after its run was stopped and another one started.
+                # edge would wait here for good, even after its run moved on to a newer version.
                 if await self._moved_on(header):
-                    raise RoundAbandoned(f"run {header.run_id} moved on from version {header.version}")
+                    raise RoundAbandoned(f"run {run_id} moved on from version {header.version}")
                 # Every client may have reported failure: wait the deadline for a result all the same.
-                results = await self.board.wait_results(policy.deadline_s, failures_settle=False)
+                results = await self.board.wait_results(run_id, policy.deadline_s, failures_settle=False)
             log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
             return results
         finally:
-            failures.extend(self.board.failures())
-            await self.board.clear()
+            failures.extend(self.board.failures(run_id))
+            await self.board.clear(run_id)
 
-    async def _moved_on(self, header: GlobalStateHeader, to_another_run: bool = False) -> bool:
-        """Whether the cloud now offers this edge something newer: another run, or (unless only another
-        run counts) a newer version of this one. A round short of its quorum is worth finishing on an
-        older version of an asynchronous run: its late clients may still answer."""
-        response = await self._poll(header.run_id, header.version, timeout=0)
-        if response.status_code != 200:
-            return False
-        if not to_another_run:
-            return True
-        _, offered = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
-        return offered.run_id != header.run_id
+    async def _moved_on(self, header: GlobalStateHeader) -> bool:
+        """Whether the cloud now has a newer version of this run for this edge."""
+        response = await self._poll(0, run=(header.run_id, header.version))
+        return response.status_code == 200
 
     async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
                      results: list[ClientResult], failures: list[ClientFailure]) -> None:

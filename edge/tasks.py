@@ -63,9 +63,14 @@ class Task:
 
 
 class TaskBoard:
+    """The open tasks of every run the edge serves: a client may hold one task per run at once, and fetches
+    them oldest first, so a client shared by several runs serves them in turn."""
+
     def __init__(self) -> None:
         self.clients: dict[int, ClientRegistration] = {}
-        self._tasks: dict[int, Task] = {}
+        self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
+        self._posted: dict[tuple[str, int], int] = {}  # (run_id, client_id) -> when its task was posted
+        self._posts = 0
         self._changed = asyncio.Condition()
         self._closing = False
 
@@ -83,13 +88,30 @@ class TaskBoard:
 
     # ---- round side ----------------------------------------------------------------------------
     async def post(self, tasks: list[Task]) -> None:
+        """A round's tasks, replacing the previous ones of their run."""
         async with self._changed:
-            self._tasks = {t.header.client_id: t for t in tasks}
+            for run_id in {t.header.run_id for t in tasks}:
+                self._drop(run_id)
+            for t in tasks:
+                self._tasks.setdefault(t.header.run_id, {})[t.header.client_id] = t
+                self._posts += 1
+                self._posted[(t.header.run_id, t.header.client_id)] = self._posts
             self._changed.notify_all()
 
-    async def clear(self) -> None:
+    async def clear(self, run_id: str | None = None) -> None:
+        """Drops the run's tasks (None: every run's)."""
         async with self._changed:
-            self._tasks = {}
+            for run in [run_id] if run_id is not None else list(self._tasks):
+                self._drop(run)
+
+    def _drop(self, run_id: str) -> None:
+        for client_id in self._tasks.pop(run_id, {}):
+            del self._posted[(run_id, client_id)]
+
+    def _of(self, run_id: str | None) -> list[tuple[int, Task]]:
+        """The (client_id, task) of the run (None: of every run)."""
+        runs = [self._tasks.get(run_id, {})] if run_id is not None else list(self._tasks.values())
+        return [item for tasks in runs for item in tasks.items()]
 
     async def close(self) -> None:
         """The edge is stopping: every waiting and future fetch answers "no task" at once."""
@@ -98,23 +120,23 @@ class TaskBoard:
             self._changed.notify_all()
 
     def outstanding(self) -> int:
-        """Tasks posted and not answered yet."""
-        return sum(1 for t in self._tasks.values() if t.result is None)
+        """Tasks posted and not answered yet, of every run."""
+        return sum(1 for _, t in self._of(None) if t.result is None)
 
-    def results(self) -> list[ClientResult]:
-        return [t.result for t in self._tasks.values() if t.result is not None]
+    def results(self, run_id: str | None = None) -> list[ClientResult]:
+        """The results received for the run's tasks (None: every run's)."""
+        return [t.result for _, t in self._of(run_id) if t.result is not None]
 
-    def failures(self) -> list[ClientFailure]:
-        return [ClientFailure(client_id=k, error=t.failure) for k, t in sorted(self._tasks.items())
+    def failures(self, run_id: str | None = None) -> list[ClientFailure]:
+        return [ClientFailure(client_id=k, error=t.failure) for k, t in sorted(self._of(run_id), key=lambda x: x[0])
                 if t.result is None and t.failure is not None]
 
-    async def wait_results(self, timeout: float, failures_settle: bool = True) -> list[ClientResult]:
-        """Returns when every task is answered (or, if `failures_settle`, reported failed: no point waiting
-        for those) or at the deadline, with what has arrived."""
+    async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True) -> list[ClientResult]:
+        """Returns when every task of the run is answered (or, if `failures_settle`, reported failed: no point
+        waiting for those) or at the deadline, with what has arrived."""
         await wait_until(self._changed, lambda: all(
-            t.result is not None or (failures_settle and t.failure is not None) for t in self._tasks.values()),
-            timeout)
-        return self.results()
+            t.result is not None or (failures_settle and t.failure is not None) for _, t in self._of(run_id)), timeout)
+        return self.results(run_id)
 
     # ---- client side ---------------------------------------------------------------------------
     async def fetch(self, client_id: int, timeout: float) -> Task | None:
@@ -123,14 +145,17 @@ class TaskBoard:
         return self._open_task(client_id)
 
     def _open_task(self, client_id: int) -> Task | None:
-        task = self._tasks.get(client_id)
-        return task if task is not None and task.result is None else None
+        """The client's open task posted first, whichever its run."""
+        open_tasks = [(self._posted[(run_id, client_id)], task) for run_id, tasks in self._tasks.items()
+                      if (task := tasks.get(client_id)) is not None and task.result is None]
+        return min(open_tasks, key=lambda x: x[0])[1] if open_tasks else None
 
     def task_for(self, client_id: int, task_id: str) -> Task:
         """The open task a result answers; raises for unknown, stale or duplicate results."""
         self._known(client_id)
-        task = self._tasks.get(client_id)
-        if task is None or task.header.task_id != task_id:
+        task = next((t for tasks in self._tasks.values() if (t := tasks.get(client_id)) is not None
+                     and t.header.task_id == task_id), None)
+        if task is None:
             raise TaskConflict(f"stale result: task {task_id!r} is not open for client {client_id}", "stale")
         if task.result is not None:
             raise TaskConflict(f"duplicate result for task {task_id!r}", "duplicate")

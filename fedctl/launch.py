@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +129,10 @@ class LocalTopology:
     # Client processes, by their start order, run by another program than `python -m client.main`, e.g.
     # {0: ["/elsewhere/bin/fl-client"]} for a wheel installed in another venv.
     client_programs: dict[int, list[str]] = field(default_factory=dict)
+    # Cloud replicas over the one Redis; with more than one, `cloud_front` is given their addresses and
+    # returns the one address edges and operators use (a load balancer it started), else the first's.
+    cloud_replicas: int = 1
+    cloud_front: Callable[[list[str]], str] | None = None
     # Every HTTP hop over HTTPS, with the certificates of `fedctl certs` made in workdir/certs; with
     # mutual_tls, the cloud and the edges also require a certificate of that CA from every caller.
     tls: bool = False
@@ -138,12 +143,14 @@ class LocalTopology:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.redis: RedisServer | None = None
         self.cloud: Service | None = None
+        self.clouds: list[Service] = []
+        self.front_url: str | None = None
         self.edges: list[Service] = []
         self.clients: list[Service] = []
 
     @property
     def cloud_url(self) -> str:
-        return self._cloud().address()
+        return self.front_url or self._cloud().address()
 
     @property
     def scheme(self) -> str:
@@ -200,16 +207,17 @@ class LocalTopology:
             raise RuntimeError("the topology is not started")
         return self.cloud
 
-    def _cloud_service(self, port: int) -> Service:
+    def _cloud_service(self, port: int, replica: int = 0) -> Service:
         if self.redis_url is None:
             raise RuntimeError("the cloud needs Redis: start() starts one when no redis_url is given")
-        return Service("cloud", ["-m", "cloud.main"], {
+        name = "cloud" if replica == 0 else f"cloud{replica}"
+        return Service(name, ["-m", "cloud.main"], {
             "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": self.redis_url,
             "FL_CLOUD_KEY_PREFIX": self.key_prefix, "FL_CLOUD_ADMIN_TOKEN": self.admin_token,
             "FL_CLOUD_EDGE_TOKEN": self.edge_token, "FL_CLOUD_TORCH_THREADS": str(self.torch_threads),
-            "FL_CLOUD_LOG_LEVEL": "warning", **self._tls_env("FL_CLOUD_", "cloud"), **self._redis_tls_env(),
-            **self.extra_env,
-        }, self.workdir / "cloud.log", url=f"{self.scheme}://127.0.0.1:{port}", tls=self.client_tls())
+            "FL_CLOUD_LOG_LEVEL": "warning", "FL_CLOUD_REPLICA_ID": name, **self._tls_env("FL_CLOUD_", "cloud"),
+            **self._redis_tls_env(), **self.extra_env,
+        }, self.workdir / f"{name}.log", url=f"{self.scheme}://127.0.0.1:{port}", tls=self.client_tls())
 
     def start(self) -> "LocalTopology":
         if self.scheme == "https":
@@ -219,8 +227,12 @@ class LocalTopology:
             self.redis = RedisServer(dir=self.workdir / "redis",
                                      tls_dir=self.certs if self.scheme == "https" else None).start()
             self.redis_url = self.redis.url
-        self.cloud = self._cloud_service(free_port())
-        self.cloud.start()
+        self.clouds = [self._cloud_service(free_port(), k) for k in range(self.cloud_replicas)]
+        for cloud in self.clouds:
+            cloud.start()
+        self.cloud = self.clouds[0]
+        if self.cloud_front is not None:
+            self.front_url = self.cloud_front([c.address() for c in self.clouds])
         for edge_id in range(self.num_edges):
             port = free_port()
             edge = Service(f"edge{edge_id}", ["-m", "edge.main"], {
@@ -247,7 +259,8 @@ class LocalTopology:
                 client.start()
                 self.clients.append(client)
         try:
-            self.cloud.wait_healthy()
+            for cloud in self.clouds:
+                cloud.wait_healthy()
             for edge in self.edges:
                 edge.wait_healthy()
             self.wait_registered()
@@ -271,9 +284,9 @@ class LocalTopology:
         raise RuntimeError(f"clients did not register in {timeout}s: {seen} of {expected}")
 
     def restart_cloud(self, sig: int = signal.SIGKILL) -> None:
-        port = int(self.cloud_url.rsplit(":", 1)[1])
+        port = int(self._cloud().address().rsplit(":", 1)[1])
         self._cloud().stop(sig)
-        self.cloud = self._cloud_service(port)
+        self.cloud = self.clouds[0] = self._cloud_service(port)
         self.cloud.start()
         self.cloud.wait_healthy()
 
@@ -285,7 +298,7 @@ class LocalTopology:
         edge.wait_healthy()
 
     def stop(self) -> None:
-        for service in [*self.clients, *self.edges, *([self.cloud] if self.cloud else [])]:
+        for service in [*self.clients, *self.edges, *self.clouds]:
             service.stop()
         if self.redis is not None:
             self.redis.stop()

@@ -175,6 +175,8 @@ class RoundRecord(Message):
     started_at: datetime
     finished_at: datetime
     elapsed_s: float
+    # The cloud replica that computed this update (FL_CLOUD_REPLICA_ID); None in the reference runner.
+    computed_by: str | None = None
 
 
 class RunInfo(Message):

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from fastapi import HTTPException, Path, Query, Request, Response, status
 
 from cloud.contributions import check_contribution
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
-from cloud.store import NotFound
+from cloud.store import NotFound, Store
 from shared import web
 from shared.metrics import note_outcome
 from shared.schemas import (
@@ -20,6 +21,7 @@ from shared.schemas import (
 )
 from shared.transport.records import decode
 from shared.transport.tensors import InvalidContent
+from shared.transport.wire import LIVE_RUNS
 from shared.web import binary, read_json, read_message, reject
 
 router = web.guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
@@ -39,47 +41,99 @@ async def revoked_token_ids(store: StoreDep) -> list[str]:
     return [r.token_id for r in await store.revoked_tokens()]
 
 
-async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes | None:
-    """The active run's global state if it is newer than what the edge has and the edge belongs to it."""
-    active = await store.active_run()
-    if active is None:
-        return None
-    config = await store.config(active)
-    run_status, version = await store.status(active)
-    if run_status != RunStatus.running or edge_id >= config.topology.num_edges:
-        return None
-    if active == run_id and version <= after:
-        return None
-    # An edge re-executes only once its own triple has been consumed (on the newest version then),
-    # never while that triple waits in the buffer.
-    if await store.has_pending(active, edge_id):
-        return None
-    return await store.global_blob(active)
+@dataclass
+class Offer:
+    """What a long-poll answers: a global state (None: nothing newer), and the runs this edge takes part in
+    that are running or paused, so the edge forgets (and stops working on) the others."""
+
+    blob: bytes | None
+    live: list[str]
+    ended: bool  # a run the edge has or works on is no longer live: answer at once
 
 
-@router.get("/edges/{edge_id}/global", responses={204: {"description": "nothing newer before the timeout"},
-                                                  **web.error_responses(404, 422)})
+def _seen(entries: list[str], run_id: str | None, after: int) -> dict[str, int]:
+    """`seen` entries "run_id:version"; the older `run_id` and `after` are one more."""
+    seen: dict[str, int] = {}
+    for entry in entries:
+        run, _, version = entry.rpartition(":")
+        if not run or not version.lstrip("-").isdigit() or int(version) < -1:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                f"seen entry {entry[:100]!r} is not 'run_id:version' with a version ≥ -1")
+        seen[run] = int(version)
+    if run_id is not None:
+        seen[run_id] = after
+    return seen
+
+
+async def _offer(store: Store, edge_id: int, seen: dict[str, int], busy: set[str], others: bool) -> Offer:
+    """The first live run with a state for this edge: one it has not seen (unless `others` is false) or
+    newer than the version it has, never one it is `busy` with nor one whose last contribution from this
+    edge still waits in the buffer (it re-executes once that one is consumed, on the newest version)."""
+    live: list[str] = []
+    offer: bytes | None = None
+    for run_id in await store.active_runs():
+        try:
+            config = await store.config(run_id)
+            run_status, version = await store.status(run_id)
+        except NotFound:  # deleted meanwhile
+            continue
+        if edge_id >= config.topology.num_edges:
+            continue
+        live.append(run_id)
+        if offer is not None or run_status != RunStatus.running or run_id in busy:
+            continue
+        if run_id not in seen and not others or version <= seen.get(run_id, -1):
+            continue
+        if await store.has_pending(run_id, edge_id):
+            continue
+        offer = await store.global_blob(run_id)
+    return Offer(offer, live, ended=bool((set(seen) | busy) - set(live)))
+
+
+@router.get("/edges/{edge_id}/global", responses={
+    200: {"description": "the global state of a run (its header says which run and version)",
+          "headers": {LIVE_RUNS: {"description": "the live runs this edge takes part in, comma-separated",
+                                  "schema": {"type": "string"}}}},
+    204: {"description": "nothing newer before the timeout, or a run the edge knows has ended"},
+    **web.error_responses(404, 422)})
 async def global_state(
     edge_id: int,
+    request: Request,
     store: StoreDep,
     settings: SettingsDep,
     orchestrator: OrchestratorDep,
     stopping: StoppingDep,
-    run_id: str | None = None,
+    seen: list[str] = Query([], max_length=1000, description="'run_id:version' of every run the edge has a state of"),
+    busy: list[str] = Query([], max_length=1000, description="runs the edge is working on: never offered"),
+    others: bool = Query(True, description="false: offer only the runs in `seen`"),
+    run_id: str | None = Query(None, description="with `after`: one more `seen` entry"),
     after: int = Query(-1, ge=-1),
     timeout: float = Query(20.0, ge=0),
 ):
-    """Long-poll: answers as soon as there is a version newer than `after` of the active run."""
+    """Long-poll: answers as soon as a live run this edge takes part in has a version it has not seen, or at
+    once if a run it knows (seen or busy) has ended (stopped, finished): the edge then drops that run."""
     if not await store.edge_known(edge_id):
         raise NotFound(f"unknown edge {edge_id}; register first")
+    known = _seen(seen, run_id, after)
+    working = set(busy)
 
-    async def offer() -> bytes | bool:
-        # True once the cloud is stopping: the poll ends at once, with nothing.
-        return await _offer(store, edge_id, run_id, after) or stopping.is_set()
+    async def offer() -> Offer | None:
+        # An edge that gave up on this poll (it asks again whenever one of its rounds ends) is not looked
+        # for again: its wait ends at the next announce instead of reading Redis until the timeout.
+        if await request.is_disconnected():
+            return Offer(None, [], ended=True)
+        found = await _offer(store, edge_id, known, working, others)
+        # A stopping cloud ends the poll at once too, with nothing.
+        return found if found.blob is not None or found.ended or stopping.is_set() else None
 
-    # Short waits (recheck_s) also catch versions published by another cloud process sharing this Redis.
-    blob = await orchestrator.wait_until(offer, min(timeout, settings.long_poll_max_s), recheck_s=0.5)
-    return binary(blob) if isinstance(blob, bytes) else Response(status_code=status.HTTP_204_NO_CONTENT)
+    # Woken by every announce, this replica's or (through the event channel) another's: no re-checks.
+    found = await orchestrator.wait_until(offer, min(timeout, settings.long_poll_max_s))
+    if found is None:  # the deadline: the live runs as they are now
+        found = await _offer(store, edge_id, known, working, others)
+    headers = {LIVE_RUNS: ",".join(found.live)}
+    if found.blob is not None and not stopping.is_set():
+        return binary(found.blob, headers=headers)
+    return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
 
 
 async def _ended(store, run_id: str) -> RunEnd | None:
@@ -114,10 +168,8 @@ async def run_end(
     async def ended() -> RunEnd | bool:
         return await _ended(store, run_id) or stopping.is_set()
 
-    # A stop through this process announces itself at once; the recheck catches one made through another
-    # cloud process sharing the Redis, and is slower than the global long-poll's: every edge holds this
-    # poll through every round.
-    end = await orchestrator.wait_until(ended, min(timeout, settings.long_poll_max_s), recheck_s=2.0)
+    # A stop through any replica announces itself at once (through the event channel for the others).
+    end = await orchestrator.wait_until(ended, min(timeout, settings.long_poll_max_s))
     return end if isinstance(end, RunEnd) else Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -15,6 +15,9 @@ def client_token(secret: str, client_id: int) -> str:
     to check a request; fedctl derives it to hand to a device."""
     return hmac.new(secret.encode(), f"fl-client:{client_id}".encode(), hashlib.sha256).hexdigest()
 
+# The header of the cloud's long-poll answer (both 200 and 204) that lists the live runs (running or paused)
+# the polling edge takes part in, comma-separated: the edge forgets the others and stops working on them.
+LIVE_RUNS = "X-FL-Live-Runs"
 
 # A device token issued with an id (`fedctl issue-token`): "fl1.<client id>.<token id>.<mac>". The id is what
 # an administrator revokes (POST /api/v1/tokens/revoked at the cloud), one device at a time: the edges refuse

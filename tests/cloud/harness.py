@@ -117,8 +117,9 @@ class Cloud:
 
 
 @asynccontextmanager
-async def running_cloud(redis_url: str, **settings: Any) -> AsyncIterator[Cloud]:
-    prefix = f"test-{uuid.uuid4().hex}"
+async def running_cloud(redis_url: str, prefix: str | None = None, **settings: Any) -> AsyncIterator[Cloud]:
+    """A cloud on its own key prefix, or on `prefix`: another replica of a cloud already running there."""
+    prefix = prefix or f"test-{uuid.uuid4().hex}"
     app = create_app(CloudSettings(**{"redis_url": redis_url, "key_prefix": prefix, "admin_token": ADMIN_TOKEN,
                                       "edge_token": EDGE_TOKEN, "long_poll_max_s": 2.0, **settings}))
     # raise_app_exceptions=False: an unhandled product error shows up as a 500 answer, not a crash.

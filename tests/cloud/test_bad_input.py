@@ -280,17 +280,6 @@ async def test_invalid_transition(cloud: Cloud, status: str, action: str) -> Non
     assert await cloud.snapshot(run_id) == before
 
 
-@pytest.mark.parametrize("first_status", ["running", "paused"])
-async def test_start_second_run_while_one_is_active(cloud: Cloud, first_status: str) -> None:
-    first = await _run_in(cloud, first_status)
-    second = await cloud.create_run()
-    before = await cloud.snapshot(first, second)
-    r = await cloud.admin("POST", f"/api/v1/runs/{second}/start")
-    assert detail_of(r, 409) == f"run {first} is already active; stop it first"
-    assert await cloud.snapshot(first, second) == before
-    assert (await cloud.info(second))["status"] == "created"
-
-
 # =================================================================================================
 # Edge API (edge token)
 # =================================================================================================

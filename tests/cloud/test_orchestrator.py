@@ -63,7 +63,7 @@ async def test_stop_during_an_update_publishes_nothing_and_leaves_the_next_run_a
     a, b = await cloud.info(run_a), await cloud.info(run_b)
     assert (a["status"], a["version"], a["buffered"]) == ("stopped", 0, 1)
     assert (b["status"], b["version"]) == ("running", 0)
-    assert await cloud.redis.get(Keys(cloud.prefix).active) == run_b.encode()
+    assert await cloud.redis.smembers(Keys(cloud.prefix).active) == {run_b.encode()}
     poll = await cloud.edge("GET", "/api/v1/edges/0/global", params={"timeout": 0})
     assert poll.status_code == 200, "the next run must reach its edges"
 

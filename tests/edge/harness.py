@@ -31,7 +31,7 @@ from shared.schemas import (
 from shared.transport.records import Record, check, flatten
 from shared.transport.records import spec_of as record_spec
 from shared.transport.tensors import Tensors, decode, encode
-from shared.transport.wire import SAFETENSORS
+from shared.transport.wire import LIVE_RUNS, SAFETENSORS
 from tests.web import bearer
 
 CLIENT_TOKEN = "test-client-token"
@@ -134,7 +134,8 @@ async def running_edge(cloud_transport: httpx.AsyncBaseTransport | None = None, 
 
 class CloudDouble:
     """The cloud's edge-facing API in-process (an httpx.MockTransport): one run whose state `version` is
-    offered to any long-poll that has not got it (once `publishing`), and the contributions the edges submit.
+    offered to any long-poll that has not got it (once `publishing`) and is not busy with it, the runs it
+    knows of ended at once (any other than `run_id`), and the contributions the edges submit.
 
     `broken_answers` > 0: that many of the next long-polls get a body that is not a state (a failed fetch).
     """
@@ -142,7 +143,7 @@ class CloudDouble:
     def __init__(self, config: RunConfig = CONFIG, run_id: str = RUN_ID) -> None:
         self.config, self.run_id, self.version = config, run_id, 0
         self.global_ = registry.create(config).init_global(initial_model(config))
-        self.polls: list[int] = []  # the `after` of every long-poll, in order
+        self.polls: list[int] = []  # the version of the run each long-poll says it has (-1: none), in order
         self.contributions: list[EdgeContributionHeader] = []
         self.broken_answers = 0
         self.publishing = True
@@ -155,15 +156,22 @@ class CloudDouble:
         if request.method == "POST" and path == "/api/v1/edges":
             return httpx.Response(200, json=json.loads(await request.aread()))
         if request.method == "GET" and path.endswith("/global"):
-            self.polls.append(int(params["after"]))
+            seen = dict(entry.rsplit(":", 1) for entry in params.get_list("seen"))
+            busy = set(params.get_list("busy"))
+            live = {LIVE_RUNS: self.run_id if self.publishing else ""}
+            if self.run_id not in busy:
+                self.polls.append(int(seen.get(self.run_id, -1)))
             if self.broken_answers > 0:
                 self.broken_answers -= 1
                 return httpx.Response(200, content=b"not a state")
-            if self.publishing and (params.get("run_id") != self.run_id or int(params["after"]) < self.version):
+            if (set(seen) | busy) - {self.run_id}:  # a run the edge knows has ended: at once
+                return httpx.Response(204, headers=live)
+            if self.publishing and self.run_id not in busy and int(seen.get(self.run_id, -1)) < self.version \
+                    and (self.run_id in seen or params.get("others") != "false"):
                 header = GlobalStateHeader(run_id=self.run_id, version=self.version, config=self.config)
-                return httpx.Response(200, content=encode(flatten(self.global_), header))
+                return httpx.Response(200, content=encode(flatten(self.global_), header), headers=live)
             await asyncio.sleep(0.05)  # a (very) short long-poll
-            return httpx.Response(204)
+            return httpx.Response(204, headers=live)
         if request.method == "POST" and path.endswith("/contributions"):
             _, header = decode(await request.aread(), EdgeContributionHeader)
             self.contributions.append(header)

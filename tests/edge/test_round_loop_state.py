@@ -11,10 +11,10 @@ def loop(tmp_path) -> EdgeRoundLoop:
 
 def test_state_round_trips_per_run(tmp_path):
     first = loop(tmp_path)
-    first._edge_state = {"prototypes": {"means": torch.arange(6, dtype=torch.float64).reshape(2, 3)}}
-    first._save_state("run-a")
+    state = {"prototypes": {"means": torch.arange(6, dtype=torch.float64).reshape(2, 3)}}
+    first._save_state("run-a", state)
     again = loop(tmp_path)  # a restarted edge
-    assert torch.equal(again._load_state("run-a")["prototypes"]["means"], first._edge_state["prototypes"]["means"])
+    assert torch.equal(again._load_state("run-a")["prototypes"]["means"], state["prototypes"]["means"])
     assert again._load_state("run-b") == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors"]  # no temporary left
 

@@ -57,7 +57,12 @@ def two_edges(tmp_path_factory):
 def check_against_reference(api: CloudAPI, config: RunConfig) -> list[RoundRecord]:
     run_id = api.create_run(config).run_id
     api.action(run_id, "start")
-    final = api.wait(run_id, timeout_s=300)
+    return assert_equals_reference(api, run_id, config)
+
+
+def assert_equals_reference(api: CloudAPI, run_id: str, config: RunConfig, timeout_s: float = 300) -> list[RoundRecord]:
+    """Waits for the run to finish; its clients, model, accuracies and client metrics are the reference's."""
+    final = api.wait(run_id, timeout_s=timeout_s)
     assert final.status == RunStatus.finished and final.version == config.rounds
     history = api.history(run_id)
     reference = run_reference(config)

@@ -1,0 +1,87 @@
+"""Several cloud replicas over one Redis: an update lease lets one replica compute each cloud update (and
+another take over when the holder dies), and a long-poll on one replica learns at once, without
+re-checking, of a version another replica published."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cloud.keys import Keys
+from cloud.store import now
+from shared.schemas import GlobalStateHeader, RoundRecord
+from shared.transport.tensors import decode
+from tests.cloud.harness import Cloud, contribution, running_cloud, running_run, small_config
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def replicas(redis_url: str) -> AsyncIterator[tuple[Cloud, Cloud]]:
+    async with running_cloud(redis_url, replica_id="a", lease_s=1.0) as a, \
+            running_cloud(redis_url, prefix=a.prefix, replica_id="b", lease_s=1.0) as b:
+        yield a, b
+
+
+async def test_a_long_poll_learns_of_another_replicas_version_at_once_without_rechecks(
+        replicas: tuple[Cloud, Cloud]) -> None:
+    a, b = replicas
+    run_id, global_ = await running_run(a, small_config(rounds=3))
+    looks = 0
+    store = b.app.state.store
+    config = store.config  # what each look of a long-poll reads of every live run (the loop reads none)
+
+    async def counted(run: str):
+        nonlocal looks
+        looks += 1
+        return await config(run)
+
+    store.config = counted
+    poll = asyncio.create_task(b.edge("GET", "/api/v1/edges/0/global",
+                                      params={"seen": f"{run_id}:0", "timeout": 20}))
+    await asyncio.sleep(1.5)
+    assert not poll.done() and looks == 1, f"the waiting poll looked {looks} times in 1.5 s without news"
+    published = time.monotonic()
+    assert (await a.submit(0, contribution(global_, run_id))).status_code == 202  # replica a computes it
+    r = await asyncio.wait_for(poll, 10)
+    waited = time.monotonic() - published
+    assert r.status_code == 200
+    header = decode(r.content, GlobalStateHeader)[1]
+    assert (header.run_id, header.version) == (run_id, 1)
+    assert waited < 5, f"answered {waited:.1f} s after the contribution"
+    assert [h["computed_by"] for h in (await a.admin("GET", f"/api/v1/runs/{run_id}/history")).json()] == ["a"]
+
+
+async def test_an_update_whose_lease_is_held_waits_and_is_taken_over_once_it_expires(
+        replicas: tuple[Cloud, Cloud]) -> None:
+    """A replica that died holding the lease (never released, never renewed): after its TTL another computes."""
+    a, b = replicas
+    run_id, global_ = await running_run(a, small_config(rounds=3))
+    dead = a.app.state.store.lease(run_id, 2.0)
+    assert await dead.acquire(token="dead-replica:1")
+    assert (await b.submit(0, contribution(global_, run_id))).status_code == 202
+    await asyncio.sleep(1.0)
+    assert (await a.info(run_id))["version"] == 0, "computed while another replica held the lease"
+    await a.wait_version(run_id, 1, timeout_s=10)
+    history = (await a.admin("GET", f"/api/v1/runs/{run_id}/history")).json()
+    assert [h["version"] for h in history] == [1] and history[0]["computed_by"] in ("a", "b")
+    assert await a.redis.exists(Keys(a.prefix).lease(run_id)) == 0  # released after the commit
+
+
+async def test_a_commit_under_a_lost_lease_publishes_nothing(cloud: Cloud) -> None:
+    run_id, global_ = await running_run(cloud, small_config(rounds=3))
+    store = cloud.app.state.store
+    lease = store.lease(run_id, 30.0)
+    assert await lease.acquire(token="another-replica:7")  # this cloud's loop can no longer take it
+    assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
+    entries = await store.buffered(run_id, 1)
+    before = await cloud.snapshot(run_id)
+    record = RoundRecord(round=0, version=1, edges=[0], clients=[], contributions=[], train_loss=0, test_loss=0,
+                         test_accuracy=0, started_at=now(), finished_at=now(), elapsed_s=0)
+    assert await store.commit_update(run_id, 0, entries, b"g", b"s", record, False, lease_token="expired:1") is False
+    assert await cloud.snapshot(run_id) == before
+    assert await store.commit_update(run_id, 0, entries, b"g", b"s", record, False,
+                                     lease_token="another-replica:7") is True
+    await lease.release()

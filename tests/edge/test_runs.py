@@ -1,0 +1,47 @@
+"""The edge's task board with several runs: a client holds one task per run and fetches the oldest first,
+and each run's results, failures and clearing are its own."""
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from edge.tasks import Task, TaskBoard
+from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
+from shared.transport.records import check, spec_of
+from tests.edge.harness import CONFIG, task_record
+
+pytestmark = pytest.mark.anyio
+
+
+def task(run_id: str, client_id: int, round_: int = 0) -> Task:
+    tensors = task_record(client_id)
+    header = ClientTaskHeader(task_id=f"{run_id}-r{round_}-e0-c{client_id}", run_id=run_id, client_id=client_id,
+                              round=round_, version=round_, config=CONFIG)
+    return Task(header, tensors, partial(check, expected=spec_of(tensors)))
+
+
+async def answer(board: TaskBoard, client_id: int) -> str:
+    found = await board.fetch(client_id, timeout=0)
+    assert found is not None
+    result = ClientResultHeader(task_id=found.header.task_id, client_id=client_id, num_samples=3, loss=0.1)
+    await board.accept(client_id, result, found.tensors)
+    return found.header.run_id
+
+
+async def test_a_client_serves_its_runs_in_turn() -> None:
+    board = TaskBoard()
+    for k in (0, 1):
+        board.register(ClientRegistration(client_id=k))
+    await board.post([task("a", 0), task("a", 1)])
+    await board.post([task("b", 0)])
+    assert await answer(board, 0) == "a"  # posted first
+    await board.post([task("a", 0, round_=1), task("a", 1, round_=1)])  # a's next round, while b waits
+    assert [await answer(board, 0) for _ in range(2)] == ["b", "a"]
+    assert await board.fetch(0, timeout=0) is None
+    assert [r.client_id for r in board.results("a")] == [0] and [r.client_id for r in board.results("b")] == [0]
+    assert board.outstanding() == 1  # client 1's task of a's round 1
+    await board.clear("b")
+    assert board.results("b") == [] and [r.client_id for r in board.results("a")] == [0]
+    assert await answer(board, 1) == "a"
+    assert len(board.results()) == 2 and await board.wait_results("a", timeout=0) == board.results("a")
