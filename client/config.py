@@ -15,6 +15,11 @@ class ClientSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="FL_CLIENT_", extra="forbid")
 
     edge_url: str = "http://127.0.0.1:8100"
+    # An https:// edge_url is verified against this CA bundle (PEM; unset: the public CAs); with
+    # edge_cert_file (and its key, unless in the same file) the process presents that certificate (mutual TLS).
+    edge_ca_file: Path | None = None
+    edge_cert_file: Path | None = None
+    edge_key_file: Path | None = None
     client_token: str = "dev-client-token"
     # Logical clients this process hosts: "3", "0-4" or "0,2,5-7". A device usually hosts one.
     clients: str = "0"

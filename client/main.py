@@ -13,6 +13,7 @@ from client.config import ClientSettings
 from client.worker import ClientsStopped, Worker
 from shared.log import configure_logging
 from shared.transport.http import make_client
+from shared.transport.tls import client_context
 
 log = logging.getLogger(__name__)
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -33,10 +34,16 @@ def run(
     data_path: Optional[str] = typer.Option(None, help=_help("this machine's copy of an npz federated dataset",
                                                              "data_path")),
     threads: Optional[int] = typer.Option(None, help=_help("torch threads for local training", "torch_threads")),
+    edge_ca_file: Optional[Path] = typer.Option(None, help=_help("CA bundle an https:// edge is verified against",
+                                                                 "edge_ca_file")),
+    edge_cert_file: Optional[Path] = typer.Option(None, help=_help("certificate presented to the edge (mutual TLS)",
+                                                                   "edge_cert_file")),
+    edge_key_file: Optional[Path] = typer.Option(None, help=_help("the key of --edge-cert-file", "edge_key_file")),
 ) -> None:
     overrides: dict[str, Any] = {k: v for k, v in {
         "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,
-        "data_path": data_path, "torch_threads": threads,
+        "data_path": data_path, "torch_threads": threads, "edge_ca_file": edge_ca_file,
+        "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file,
     }.items() if v is not None}
     settings = ClientSettings(**overrides)
     configure_logging(settings.log_level, settings.log_format)
@@ -54,7 +61,8 @@ def run(
 
 
 async def _serve(settings: ClientSettings, ids: list[int]) -> None:
-    async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s) as edge:
+    tls = client_context(settings.edge_ca_file, settings.edge_cert_file, settings.edge_key_file)
+    async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s, tls=tls) as edge:
         await Worker(settings, ids, edge).run()
 
 

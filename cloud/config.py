@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -17,7 +20,13 @@ class CloudSettings(ServerSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # redis://[[USER]:PASSWORD@]HOST:PORT/DB: a password (requirepass) or an ACL user and its password;
+    # rediss:// for TLS, verified against redis_ca_file (unset: the public CAs), presenting redis_cert_file
+    # (and its key, unless in the same file) to a Redis that requires client certificates (tls-auth-clients).
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_ca_file: Path | None = None
+    redis_cert_file: Path | None = None
+    redis_key_file: Path | None = None
     # Every key lives under this prefix, so several clouds (or test sessions) can share one Redis.
     key_prefix: str = "fl"
     admin_token: str = "dev-admin-token"
@@ -42,6 +51,19 @@ class CloudSettings(ServerSettings):
     # How long creating a run may take to load its data and build its model (user code included) before it
     # is refused (422): a loader that never returns must not hold the request, nor threads others need.
     create_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _redis_tls_needs_rediss(self) -> Self:
+        given = [name for name in ("redis_ca_file", "redis_cert_file", "redis_key_file") if getattr(self, name)]
+        if given and urlsplit(self.redis_url).scheme != "rediss":
+            raise ValueError(f"{', '.join(given)} given, but redis_url is not rediss:// (Redis over TLS)")
+        return self
+
+    def redis_options(self) -> dict[str, Any]:
+        """redis-py's TLS options for `redis_url` (only a rediss:// connection takes them)."""
+        files = {"ssl_ca_certs": self.redis_ca_file, "ssl_certfile": self.redis_cert_file,
+                 "ssl_keyfile": self.redis_key_file}
+        return {option: str(path) for option, path in files.items() if path is not None}
 
     # The audit log (GET /api/v1/audit) keeps about this many of the latest admin actions (a capped stream).
     audit_max_entries: int = Field(10_000, ge=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
@@ -18,7 +19,7 @@ from cloud.keys import Keys
 from cloud.metrics import CloudMetrics
 from cloud.orchestrator import Orchestrator
 from cloud.routes import admin, edges, health, runs, ui
-from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisStore
+from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisRefused, RedisStore, check_redis
 from shared.log import configure_logging
 from shared.metrics import switchable
 from shared.settings import load_settings
@@ -32,7 +33,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
-        redis = aioredis.Redis.from_url(settings.redis_url)
+        redis = aioredis.Redis.from_url(settings.redis_url, **settings.redis_options())
         store = RedisStore(redis, Keys(settings.key_prefix))
         orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s)
         metrics.watch_store(store)
@@ -61,6 +62,9 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     return app
 
 
+log = logging.getLogger(__name__)
+
+
 async def _wake_on_stop(stopping: Stopping, orchestrator: Orchestrator) -> None:
     """Long-polls and event streams answer at once when the process is told to stop."""
     await stopping.wait()
@@ -70,7 +74,12 @@ async def _wake_on_stop(stopping: Stopping, orchestrator: Orchestrator) -> None:
 def main() -> None:
     settings = load_settings(CloudSettings)
     configure_logging(settings.log_level, settings.log_format)
-    serve(create_app(settings), settings.host, settings.port, settings.log_level)
+    try:
+        check_redis(settings.redis_url, settings.redis_options())
+    except RedisRefused as exc:
+        log.critical("%s; not starting", exc)
+        raise SystemExit(1) from None
+    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings.tls_options())
 
 
 if __name__ == "__main__":

@@ -12,19 +12,23 @@ cloud/keys.py). Invariants that make a crash lose nothing and count nothing twic
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from string import Template
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.lock import Lock
+from redis.exceptions import AuthenticationError, NoPermissionError, WatchError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.exceptions import WatchError
 
 from cloud.keys import Entry, Keys, Meta
 from shared.config import RunConfig
@@ -40,9 +44,46 @@ from shared.schemas import (
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 
 def now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class RedisRefused(Exception):
+    """Redis answers but will not let the cloud in (a wrong password or ACL user, a certificate it or the
+    cloud refuses): retrying cannot help, so the cloud does not start."""
+
+
+def check_redis(url: str, options: dict[str, Any]) -> None:
+    """One PING before the cloud serves: RedisRefused if Redis refuses the cloud's credentials or TLS fails.
+    Otherwise every request would answer 503 and the orchestrator log a traceback a second, for good. A Redis
+    not reachable yet is no refusal: the cloud starts and waits for it, as for a restart."""
+    parts = urlsplit(url)
+    where = f"{parts.hostname}:{parts.port or 6379}"  # never the URL itself: it holds the password
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5, **options)
+    try:
+        client.ping()
+    except (AuthenticationError, NoPermissionError) as exc:
+        raise RedisRefused(f"Redis at {where} refused the cloud's credentials ({exc}): check the password or ACL "
+                           "user in FL_CLOUD_REDIS_URL (redis://USER:PASSWORD@HOST:PORT/DB)") from None
+    except RedisConnectionError as exc:
+        tls_error = _ssl_error(exc)
+        if tls_error is not None:
+            raise RedisRefused(f"TLS with Redis at {where} failed ({tls_error}): check FL_CLOUD_REDIS_CA_FILE, "
+                               "FL_CLOUD_REDIS_CERT_FILE and FL_CLOUD_REDIS_KEY_FILE") from None
+        log.warning("Redis at %s is not reachable yet (%s); serving 503 until it is", where, exc)
+    finally:
+        client.close()
+
+
+def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS failure under a redis-py connection error, if that is what it was."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, ssl.SSLError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
 
 
 class Conflict(Exception):

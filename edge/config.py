@@ -18,6 +18,11 @@ class EdgeSettings(ServerSettings):
     host: str = "127.0.0.1"
     port: int = 8100
     cloud_url: str = "http://127.0.0.1:8000"
+    # An https:// cloud_url is verified against this CA bundle (PEM; unset: the public CAs); with
+    # cloud_cert_file (and its key, unless in the same file) the edge presents that certificate (mutual TLS).
+    cloud_ca_file: Path | None = None
+    cloud_cert_file: Path | None = None
+    cloud_key_file: Path | None = None
     # Presented to the cloud.
     edge_token: str = "dev-edge-token"
     # Expected from clients: this secret (every client), or a device token derived from it (one client).

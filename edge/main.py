@@ -19,6 +19,7 @@ from shared.log import configure_logging
 from shared.metrics import switchable
 from shared.settings import load_settings
 from shared.transport.http import make_client
+from shared.transport.tls import client_context
 from shared.web import Stopping, serve, service_app
 
 
@@ -31,7 +32,8 @@ def create_app(settings: EdgeSettings | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
-        cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s,
+        tls = client_context(settings.cloud_ca_file, settings.cloud_cert_file, settings.cloud_key_file)
+        cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s, tls=tls,
                             **({"transport": cloud_transport} if cloud_transport is not None else {}))
         board = TaskBoard()
         round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
@@ -63,7 +65,7 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
 def main() -> None:
     settings = load_settings(EdgeSettings)
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
-    serve(create_app(settings), settings.host, settings.port, settings.log_level)
+    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings.tls_options())
 
 
 if __name__ == "__main__":

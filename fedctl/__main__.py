@@ -8,6 +8,7 @@ import json
 import secrets
 import time
 import tomllib
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
@@ -19,12 +20,14 @@ from rich.live import Live
 from rich.table import Table
 
 from fedctl.api import CloudAPI
+from fedctl.certs import write_deployment
 from fedctl.launch import LocalTopology
 from fedctl.report import save_results
 from shared.algorithms import registry
 from shared.client_reports import client_reports, group_summary
 from shared.config import DataConfig, DvfsConfig, ModelConfig, RunConfig
 from shared.schemas import RoundRecord, RunInfo
+from shared.transport.tls import client_context
 from shared.transport.wire import client_token, derived_token_id, device_token
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
@@ -32,6 +35,35 @@ console = Console()
 
 CLOUD = typer.Option("http://127.0.0.1:8000", envvar="FL_CLOUD_URL", help="cloud base URL")
 TOKEN = typer.Option("dev-admin-token", envvar="FL_ADMIN_TOKEN", help="admin bearer token")
+
+
+@dataclass
+class _Dial:
+    """How the commands that drive a cloud verify an https:// one and what certificate they present
+    (the options before the command; see `dial`)."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+_dial = _Dial()
+
+
+@app.callback()
+def dial(ca_file: Optional[Path] = typer.Option(None, envvar="FL_CA_FILE",
+                                                help="CA bundle (PEM) an https:// cloud is verified against "
+                                                     "(default: the public CAs)"),
+         cert_file: Optional[Path] = typer.Option(None, envvar="FL_CERT_FILE",
+                                                  help="certificate (PEM) presented to a cloud that requires "
+                                                       "one (mutual TLS), e.g. admin.pem of `fedctl certs`"),
+         key_file: Optional[Path] = typer.Option(None, envvar="FL_KEY_FILE", help="the key of --cert-file")) -> None:
+    """Options for every command that talks to a cloud."""
+    _dial.ca_file, _dial.cert_file, _dial.key_file = ca_file, cert_file, key_file
+
+
+def cloud_api(cloud: str, token: str) -> CloudAPI:
+    return CloudAPI(cloud, token, tls=client_context(_dial.ca_file, _dial.cert_file, _dial.key_file))
 
 
 def load_config(path: Optional[Path], **overrides) -> RunConfig:
@@ -100,6 +132,8 @@ def demo(
     out: Path = typer.Option(Path("results"), help="where results are written"),
     keep: bool = typer.Option(False, "--keep", help="keep the services and the dashboard up after the run, "
                                                      "until Ctrl-C"),
+    tls: bool = typer.Option(False, "--tls", help="every hop over HTTPS with mutual TLS, with certificates made "
+                                                   "in the run's services/certs directory"),
 ) -> None:
     """Start Redis, the cloud, the edges and the clients as processes here, train, and save results."""
     cfg = load_config(config, rounds=rounds, algorithm=algorithm)
@@ -108,10 +142,14 @@ def demo(
     workdir = out / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.name}"
     console.print(f"starting redis, cloud, {edges} edge(s), {n} clients in {procs * edges} client processes "
                   f"(logs in {workdir})")
-    with LocalTopology(num_clients=n, num_edges=edges, procs_per_edge=procs, workdir=workdir / "services") as topo:
+    with LocalTopology(num_clients=n, num_edges=edges, procs_per_edge=procs, workdir=workdir / "services",
+                       mutual_tls=tls) as topo:
         console.print(f"dashboard: [bold]{topo.cloud_url}/ui/[/] (sign in with the cloud's admin token, "
                       f"FL_CLOUD_ADMIN_TOKEN; this demo's is {topo.admin_token!r})")
-        with CloudAPI(topo.cloud_url, topo.admin_token) as api:
+        if tls:
+            console.print(f"certificates in {topo.certs}: a browser needs ca.pem trusted and admin.pem as its "
+                          "client certificate")
+        with CloudAPI(topo.cloud_url, topo.admin_token, tls=topo.client_tls()) as api:
             info = api.create_run(cfg)
             api.action(info.run_id, "start")
             info = watch_run(api, info.run_id)
@@ -140,7 +178,7 @@ def create(config: Optional[Path] = typer.Argument(None, help="RunConfig as .jso
            cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Create a run from a config file and print its id. The cloud refuses (422) a config it cannot run,
     e.g. a model factory or data loader it cannot import, or a model that does not fit the data."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         console.print(api.create_run(load_config(config)).run_id)
 
 
@@ -148,14 +186,14 @@ def create(config: Optional[Path] = typer.Argument(None, help="RunConfig as .jso
 def control(run_id: str, action: str = typer.Argument(..., help="start | pause | resume | stop"),
             cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Start, pause, resume or stop a run."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         console.print(api.action(run_id, action).status.value)
 
 
 @app.command()
 def runs(cloud: str = CLOUD, token: str = TOKEN) -> None:
     """List runs."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         for info in api.runs():
             console.print(f"{info.run_id}  {info.status.value:9s} {info.config.algorithm:8s} "
                           f"version {info.version}/{info.rounds}  {info.config.name}")
@@ -165,7 +203,7 @@ def runs(cloud: str = CLOUD, token: str = TOKEN) -> None:
 def watch(run_id: str, cloud: str = CLOUD, token: str = TOKEN,
           out: Path = typer.Option(Path("results"), help="where results are written at the end")) -> None:
     """Live progress of a run until it ends, then save its results."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         finish(api, watch_run(api, run_id), out / run_id)
 
 
@@ -173,7 +211,7 @@ def watch(run_id: str, cloud: str = CLOUD, token: str = TOKEN,
 def results(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
     """A run's history: per update its clients, loss, accuracy, time and modelled client energy (DVFS), with
     the energy summed over the run so far."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         info = api.run(run_id)
         console.print(history_table(api.history(run_id), f"run {run_id} · {info.config.algorithm} · "
                                     f"{info.status.value} · version {info.version}/{info.rounds} · "
@@ -181,9 +219,30 @@ def results(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
 
 
 @app.command()
+def certs(directory: Path = typer.Argument(..., help="where the CA and the certificates are written"),
+          host: list[str] = typer.Option([], "--host", help="a name or address the cloud, the edges and Redis are "
+                                                            "reached at (repeatable); each server certificate "
+                                                            "holds its service name, localhost and 127.0.0.1 "
+                                                            "besides"),
+          edges: int = typer.Option(2, min=0, help="edges, one certificate each (edge0, edge1, ...)"),
+          clients: int = typer.Option(2, min=0, help="client devices, one certificate each (client0, ...)"),
+          days: int = typer.Option(365, min=1, help="how long the certificates are valid"),
+          force: bool = typer.Option(False, "--force", help="replace an existing CA (every certificate it "
+                                                            "signed stops being trusted)")) -> None:
+    """Create a CA and the certificates of a TLS deployment: the cloud, each edge, Redis, each client device
+    and the operator (admin, for fedctl). See the README's Security section for the settings that use them."""
+    if (directory / "ca.key").exists() and not force:
+        raise ValueError(f"{directory / 'ca.key'} exists: a new CA would make every certificate it signed "
+                         "untrusted (--force replaces it)")
+    written = write_deployment(directory, edges=edges, clients=clients, hosts=host, days=days)
+    for name, (cert, key) in written.items():
+        console.print(f"  {name:10s} {cert}  {key}")
+
+
+@app.command()
 def delete(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Delete a run that is not active (stop it first), with its model and history."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         api.delete_run(run_id)
         console.print(f"deleted {run_id}")
 
@@ -192,7 +251,7 @@ def delete(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
 def audit(limit: int = typer.Option(50, min=1, max=10_000, help="how many of the latest actions"),
           cloud: str = CLOUD, token: str = TOKEN) -> None:
     """The audit log: the latest admin actions, newest first, with who made them."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         for record in api.audit(limit):
             # One line per record, never wrapped: a log to read with grep and cut.
             typer.echo(f"{record.at:%Y-%m-%d %H:%M:%S}  {record.actor:12s} {record.address or '-':15s} "
@@ -225,7 +284,7 @@ def revoke_token(token_id: str = typer.Argument(..., help=f"the id issue-token p
                                                            "for client 0's derived token"),
                  cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Revoke one device's token: the edges refuse it from their next refresh on (revocation_refresh_s)."""
-    with CloudAPI(cloud, token) as api:
+    with cloud_api(cloud, token) as api:
         revoked = api.revoke_token(token_id)
         console.print(f"revoked {revoked.token_id} at {revoked.revoked_at:%Y-%m-%d %H:%M:%S}")
 

@@ -1,6 +1,7 @@
 """A small synchronous client of the cloud's control API (used by the CLI, the tests and bench/)."""
 from __future__ import annotations
 
+import ssl
 import time
 
 import httpx
@@ -10,15 +11,18 @@ from shared.schemas import AuditRecord, Revocation, RevokedToken, RoundRecord, R
 from shared.transport.http import env_proxy
 from shared.transport.retry import SyncRetryTransport
 from shared.transport.tensors import Tensors, decode_tensors
+from shared.transport.tls import client_context
 
 
 class CloudAPI:
     def __init__(self, base_url: str, admin_token: str, timeout: float = 60.0,
-                 transport: httpx.BaseTransport | None = None, read_attempts: int = 5):
+                 transport: httpx.BaseTransport | None = None, read_attempts: int = 5,
+                 tls: ssl.SSLContext | None = None):
         # Reads are retried through a passing fault (a 5xx, a dropped connection: right after a Redis restart
         # one request in about ninety met a stale pooled connection); writes are not, since a create is not
-        # idempotent. `transport` replaces the network under the retries (tests).
-        network = transport or httpx.HTTPTransport(proxy=env_proxy(base_url))
+        # idempotent. `transport` replaces the network under the retries (tests). `tls`: how an https://
+        # cloud is verified and what certificate is presented (`shared.transport.tls.client_context`).
+        network = transport or httpx.HTTPTransport(verify=tls or client_context(), proxy=env_proxy(base_url))
         retrying = SyncRetryTransport(network, attempts=read_attempts)
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"},
                                  timeout=timeout, transport=retrying)

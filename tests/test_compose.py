@@ -11,14 +11,17 @@ import json
 import os
 import re
 import shlex
+import ssl
 import tomllib
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml  # noqa: E402  (requirements-dev.txt)
 
 from client.config import parse_ids  # noqa: E402
+from fedctl.certs import write_deployment  # noqa: E402
 from tests.deployment import SETTINGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -330,9 +333,14 @@ def test_edges_keep_their_state_on_their_volume(name):
 
 @pytest.mark.parametrize("name", BUILT)
 def test_environment_variables_are_settings_fields(name):
+    assert_settings_fields(name, SERVICES[name])
+
+
+def assert_settings_fields(name: str, service: dict) -> None:
+    """Every variable `service` sets is a field of the settings class of the package it runs."""
     pkg = package_of(name)
     prefix, settings_cls = SETTINGS[pkg]
-    env = environment(SERVICES[name])
+    env = environment(service)
     assert env, f"{name} sets no environment"
     for key in env:
         assert key.startswith("FL_"), f"{name}: {key} is not read by any settings class"
@@ -340,7 +348,9 @@ def test_environment_variables_are_settings_fields(name):
         assert owner is not None, f"{name}: {key} has no known FL_<SERVICE>_ prefix"
         # The prefix must be the one of the package this image runs: FL_EDGE_* on a cloud is ignored.
         assert owner == prefix, f"{name} runs {pkg} but sets {key}"
-        field = key[len(prefix):].lower().removesuffix("_file")  # <field>_FILE: the field, from a file
+        field = key[len(prefix):].lower()
+        if field not in settings_cls.model_fields:  # <field>_FILE: the field, from a file
+            field = field.removesuffix("_file")
         assert field in settings_cls.model_fields, f"{name}: {key} is not a field of {settings_cls.__name__}"
 
 
@@ -357,15 +367,17 @@ SECRET_VALUES = {name: f"{name}-{os.urandom(8).hex()}" for name in COMPOSE.get("
 RUN_SECRETS = "/run/secrets/"
 
 
-def settings_from_compose(monkeypatch, name: str, secrets_dir: Path | None = None):
-    """The service's settings from its compose environment; its secrets from files in `secrets_dir`."""
+def settings_from_compose(monkeypatch, name: str, secrets_dir: Path | None = None,
+                          services: dict[str, dict] = SERVICES):
+    """The service's settings from its compose environment in `services` (the base file's, or the TLS
+    variant's); its secrets from files in `secrets_dir`."""
     prefix, settings_cls = SETTINGS[package_of(name)]
-    env = {key: interpolate(value) for key, value in environment(SERVICES[name]).items()}
+    env = {key: interpolate(value) for key, value in environment(services[name]).items()}
     for key, value in env.items():
         if key.endswith("_FILE") and value.startswith(RUN_SECRETS):
             assert secrets_dir is not None, f"{name}: {key} needs the secrets"
             secret = value.removeprefix(RUN_SECRETS)
-            assert secret in SERVICES[name].get("secrets", []), f"{name} reads secret {secret} it is not given"
+            assert secret in services[name].get("secrets", []), f"{name} reads secret {secret} it is not given"
             (secrets_dir / secret).write_text(SECRET_VALUES[secret] + "\n")
             value = str(secrets_dir / secret)
         monkeypatch.setenv(key, value)
@@ -462,6 +474,86 @@ def test_built_services_run_under_an_init():
     """SIGTERM reaches the Python process (a PID 1 without a handler ignores it) and stops it at once."""
     assert all(SERVICES[name].get("init") is True for name in BUILT), {n: SERVICES[n].get("init") for n in BUILT}
 
+
+# --- the TLS variant: docker/docker-compose.tls.yml merged onto docker-compose.yml -------------
+
+TLS_FILE = ROOT / "docker" / "docker-compose.tls.yml"
+TLS_OVERRIDE = yaml.safe_load(TLS_FILE.read_text())
+
+
+def merge(base: Any, override: Any, key: str = "") -> Any:
+    """`docker compose -f base -f override`, for what these files hold: mappings merge key by key, a service's
+    volumes by their target, and any other value (a command, a healthcheck's test) is replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {k: merge(base[k], v, k) if k in base else v for k, v in override.items()} | \
+            {k: v for k, v in base.items() if k not in override}
+    if key == "volumes" and isinstance(base, list) and isinstance(override, list):
+        targets = {str(v).split(":")[1] for v in override}
+        return [v for v in base if str(v).split(":")[1] not in targets] + override
+    return override
+
+
+TLS_SERVICES: dict[str, dict] = merge(COMPOSE, TLS_OVERRIDE)["services"]
+
+
+@pytest.fixture(scope="module")
+def certificate_files(tmp_path_factory) -> set[str]:
+    """The files `fedctl certs` writes for this compose topology (two edges, two client processes)."""
+    directory = tmp_path_factory.mktemp("certs")
+    write_deployment(directory, edges=len(services_running("edge")), clients=len(services_running("client")))
+    return {p.name for p in directory.iterdir()}
+
+
+def test_the_tls_variant_overrides_services_of_the_base_file_only():
+    assert set(TLS_OVERRIDE["services"]) <= set(SERVICES)
+    assert set(TLS_OVERRIDE["services"]) >= {"redis", *BUILT}, "every hop: each service is changed"
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_tls_variant_variables_are_settings_fields_and_name_mounted_certificates(clean_env, name,
+                                                                                 certificate_files, tmp_path):
+    assert_settings_fields(name, TLS_SERVICES[name])
+    settings_from_compose(clean_env, name, tmp_path, TLS_SERVICES)  # the validators accept them
+    mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in TLS_SERVICES[name].get("volumes") or []}
+    tls_env = environment(TLS_OVERRIDE["services"][name])
+    files = {key: Path(value) for key, value in tls_env.items() if key.endswith("_FILE")}
+    assert files, f"{name} is given no certificate"
+    for key, path in files.items():
+        assert mounts.get(str(path.parent)) == "./certs", f"{name}: {key}={path} is not in the mounted ./certs"
+        assert path.name in certificate_files, f"{name}: {key}={path}: `fedctl certs` writes no {path.name}"
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_tls_variant_uses_https_and_mutual_tls_on_every_hop(clean_env, name, tmp_path):
+    settings, _, _ = settings_from_compose(clean_env, name, tmp_path, TLS_SERVICES)
+    pkg = package_of(name)
+    if pkg in ("cloud", "edge"):  # serves HTTPS and requires a client certificate
+        assert settings.tls_cert_file and settings.tls_key_file and settings.tls_client_ca_file
+        assert settings.tls_options()["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+        for code in healthcheck_snippets(TLS_SERVICES[name]):  # the probe presents the service's own certificate
+            compile(code, f"<{name} healthcheck>", "exec")
+            assert f"https://127.0.0.1:{settings.port}/health" in code
+            assert f"load_cert_chain('{settings.tls_cert_file}', '{settings.tls_key_file}')" in code
+    if pkg == "cloud":
+        assert settings.redis_url.startswith("rediss://") and settings.redis_cert_file and settings.redis_ca_file
+    if pkg == "edge":
+        assert settings.cloud_url.startswith("https://") and settings.cloud_cert_file and settings.cloud_ca_file
+        assert str(settings.public_url).startswith("https://")
+    if pkg == "client":
+        assert settings.edge_url.startswith("https://") and settings.edge_cert_file and settings.edge_ca_file
+
+
+def test_tls_variant_redis_speaks_tls_only_with_the_password_the_cloud_is_given(clean_env, tmp_path):
+    redis = TLS_SERVICES["redis"]
+    args = shlex.split(interpolate(redis["command"]))
+    assert args[args.index("--port") + 1] == "0"  # no plain-text port
+    assert args[args.index("--tls-port") + 1] == "6379"
+    assert args[args.index("--appendfsync") + 1] == "always"  # what the base file's Redis promises, kept
+    cloud, _, _ = settings_from_compose(clean_env, "cloud", tmp_path, TLS_SERVICES)
+    password = urlsplit(cloud.redis_url).password
+    assert password and args[args.index("--requirepass") + 1] == password
+    assert interpolate(environment(redis)["REDISCLI_AUTH"]) == password
+    assert redis["healthcheck"]["test"][1:3] == ["redis-cli", "--tls"]
 
 
 # --- exposure: ports, secrets, networks (README, Security) ------------------------------------

@@ -6,6 +6,7 @@ and 5xx answers (a restarting server) until they get through; 4xx answers are fi
 """
 from __future__ import annotations
 
+import ssl
 import urllib.request
 from functools import partial
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 
 from shared.transport.retry import RetryTransport, default_backoff
+from shared.transport.tls import client_context
 from shared.transport.wire import SAFETENSORS
 
 # The default retry policy with each delay drawn from its upper half: the clients of one edge (and the
@@ -21,15 +23,19 @@ DEVICE_BACKOFF = partial(default_backoff, jitter=0.5)
 
 
 def make_client(base_url: str, token: str, long_poll_s: float = 30.0,
-                transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> httpx.AsyncClient:
-    """`transport` replaces the network under the retries (tests: an in-process server)."""
+                transport: httpx.AsyncBaseTransport | None = None, tls: ssl.SSLContext | None = None,
+                **kwargs: Any) -> httpx.AsyncClient:
+    """`tls`: how an https:// server is verified and what certificate is presented (`shared.transport.tls.
+    client_context`; None: the public CAs, no certificate). `transport` replaces the network under the
+    retries (tests: an in-process server)."""
     # The read timeout must outlast the server's long-poll window.
     timeout = httpx.Timeout(connect=5.0, read=long_poll_s + 15.0, write=60.0, pool=None)
     # Given to the transport: a client's own `limits` apply only to the transport it would build itself.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
     return httpx.AsyncClient(
         base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
-        transport=RetryTransport(transport or httpx.AsyncHTTPTransport(limits=limits, proxy=env_proxy(base_url)),
+        transport=RetryTransport(transport or httpx.AsyncHTTPTransport(verify=tls or client_context(), limits=limits,
+                                                                       proxy=env_proxy(base_url)),
                                  backoff=DEVICE_BACKOFF),
         **kwargs
     )

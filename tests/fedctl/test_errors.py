@@ -10,10 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _fedctl(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+def _fedctl(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "fedctl", *args], capture_output=True, text=True, env=env,
-                          timeout=60, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT)
 
 
 def _closed_port() -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from fedctl.certs import write_deployment
 from fedctl.redis_server import RedisServer, find_redis_server, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def test_free_port_is_bindable() -> None:
 
 def test_start_set_get_stop_removes_temp_dir() -> None:
     with RedisServer() as server:
-        assert server.url == f"redis://127.0.0.1:{server.port}/0"
+        assert server.url == f"redis://:{server.password}@127.0.0.1:{server.port}/0"
         data_dir = server.dir
         assert data_dir.is_dir()
         client = _client(server)
@@ -59,6 +60,33 @@ def test_start_set_get_stop_removes_temp_dir() -> None:
     assert not data_dir.exists()
     _assert_nothing_listening(server.port)
     server.stop()  # idempotent
+
+
+def test_a_password_is_required_and_kept_off_the_command_line(tmp_path: Path) -> None:
+    with RedisServer(dir=tmp_path / "d", appendonly=False) as server:
+        for password in (None, "wrong"):
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis(port=server.port, password=password, socket_timeout=5).ping()
+        assert _client(server).ping()
+        process = server.process
+        assert process is not None
+        command_line = Path(f"/proc/{process.pid}/cmdline").read_bytes().decode()
+        assert server.password not in command_line  # what `ps` shows every user of the machine
+        assert (server.dir / "redis.conf").stat().st_mode & 0o077 == 0
+
+
+def test_over_tls_it_requires_a_client_certificate_of_its_ca(tmp_path: Path) -> None:
+    write_deployment(tmp_path / "certs", edges=0, clients=0)
+    with RedisServer(dir=tmp_path / "d", appendonly=False, tls_dir=tmp_path / "certs") as server:
+        assert server.url.startswith("rediss://")
+        client = redis.Redis.from_url(server.url, socket_timeout=5, **server.client_options())
+        assert client.set("k", "v") and client.get("k") == b"v"
+        client.close()
+        without_certificate = {k: v for k, v in server.client_options().items() if k == "ssl_ca_certs"}
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis.from_url(server.url, socket_timeout=5, **without_certificate).ping()
+        with pytest.raises(redis.ConnectionError):  # plain text on its port: no answer
+            redis.Redis(port=server.port, password=server.password, socket_timeout=5).ping()
 
 
 def test_every_acknowledged_write_is_fsynced_by_default(tmp_path: Path) -> None:
@@ -145,7 +173,7 @@ def test_cli_main_runs_until_sigterm(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
-        assert url.startswith("redis://127.0.0.1:") and url.endswith("/0"), url
+        assert url.startswith("redis://:") and "@127.0.0.1:" in url and url.endswith("/0"), url
         client = redis.Redis.from_url(url, socket_timeout=5)
         assert client.ping()
         client.close()

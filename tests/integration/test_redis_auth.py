@@ -1,0 +1,74 @@
+"""The cloud and a Redis that requires a password (or a client certificate), as an operator meets them: the
+cloud as a process, started with a right or a wrong credential."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from urllib.parse import quote
+
+import pytest
+
+from fedctl.certs import write_deployment
+from fedctl.launch import ROOT, Service
+from fedctl.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def run_cloud(env: dict[str, str], timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+    """The cloud as `python -m cloud.main`, which must exit on its own within `timeout` (it starts in about
+    15 s, importing torch; a machine shared with other work took 55 s)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FL_CLOUD_")}
+    return subprocess.run([sys.executable, "-m", "cloud.main"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**clean, "FL_CLOUD_PORT": str(free_port()), **env})
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    with RedisServer(dir=tmp_path_factory.mktemp("redis"), appendonly=False) as server:
+        yield server
+
+
+@pytest.mark.parametrize("credential", ["wrong-password", "", "nobody:wrong-password"])
+def test_a_wrong_redis_credential_stops_the_cloud_at_start_up_with_one_clear_line(redis_server, credential):
+    user, _, password = credential.rpartition(":")
+    auth = f"{quote(user)}:{quote(password)}@" if credential else ""
+    result = run_cloud({"FL_CLOUD_REDIS_URL": f"redis://{auth}127.0.0.1:{redis_server.port}/0"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"Redis at 127.0.0.1:{redis_server.port} refused the cloud's credentials" in result.stderr
+    assert "FL_CLOUD_REDIS_URL" in result.stderr
+    assert redis_server.password not in result.stderr and "wrong-password" not in result.stderr
+
+
+def test_redis_over_tls_with_an_unknown_ca_stops_the_cloud_at_start_up(tmp_path):
+    write_deployment(tmp_path / "ours", edges=0, clients=0)
+    write_deployment(tmp_path / "other", edges=0, clients=0)
+    with RedisServer(dir=tmp_path / "redis", appendonly=False, tls_dir=tmp_path / "ours") as server:
+        result = run_cloud({"FL_CLOUD_REDIS_URL": server.url,
+                            "FL_CLOUD_REDIS_CA_FILE": str(tmp_path / "other" / "ca.pem"),
+                            "FL_CLOUD_REDIS_CERT_FILE": str(tmp_path / "ours" / "cloud.pem"),
+                            "FL_CLOUD_REDIS_KEY_FILE": str(tmp_path / "ours" / "cloud.key")})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"TLS with Redis at 127.0.0.1:{server.port} failed" in result.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in result.stderr
+
+
+def test_the_cloud_serves_with_the_right_password_and_over_tls(tmp_path):
+    write_deployment(tmp_path / "certs", edges=0, clients=0)
+    with RedisServer(dir=tmp_path / "redis", appendonly=False, tls_dir=tmp_path / "certs") as server:
+        port = free_port()
+        cloud = Service("cloud", ["-m", "cloud.main"], {
+            "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": server.url,
+            "FL_CLOUD_REDIS_CA_FILE": str(tmp_path / "certs" / "ca.pem"),
+            "FL_CLOUD_REDIS_CERT_FILE": str(tmp_path / "certs" / "cloud.pem"),
+            "FL_CLOUD_REDIS_KEY_FILE": str(tmp_path / "certs" / "cloud.key")}, tmp_path / "cloud.log",
+            url=f"http://127.0.0.1:{port}")
+        cloud.start()
+        try:
+            cloud.wait_healthy()
+            assert cloud.health().json()["status"] == "ok"  # its health pings Redis
+        finally:
+            cloud.stop()
