@@ -59,6 +59,7 @@ def not_safetensors(valid: bytes, json_body: bytes) -> dict[str, tuple[bytes, st
         return struct.pack("<Q", len(text)) + text + data
 
     deep = b'{"__metadata__": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    huge = b'{"w": {"dtype": "U8", "shape": [' + b"4" * 5000 + b'], "data_offsets": [0, 4]}}'
     return {
         "empty": (b"", "too short"),
         "short": (b"abc", "too short"),
@@ -78,6 +79,8 @@ def not_safetensors(valid: bytes, json_body: bytes) -> dict[str, tuple[bytes, st
         "duplicate-tensor-name": (document(", ".join(['"w": ' + entry % ("U8", 4)] * 2), bytes(4)), "duplicate keys"),
         # Nested 100,000 deep: json.loads raised RecursionError (a 500).
         "header-nested-deeply": (struct.pack("<Q", len(deep)) + deep, "nested too deeply"),
+        # An integer of 5,000 digits: json.loads raised a plain ValueError at Python's digit limit (a 500).
+        "header-integer-too-long": (struct.pack("<Q", len(huge)) + huge, "header is not JSON"),
     }
 
 
