@@ -29,7 +29,11 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
-        redis = aioredis.Redis.from_url(settings.redis_url)
+        # Blocking: over max_connections a command waits for a connection (up to the timeout, then a
+        # ConnectionError: 503) instead of failing at once, as redis-py's default pool does.
+        redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_s))
         store = RedisStore(redis, Keys(settings.key_prefix))
         orchestrator = Orchestrator(store, metrics)
         metrics.watch_store(store)
@@ -46,7 +50,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
 
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
                       errors={NotFound: 404, Conflict: 409, InvalidRun: 422, **dict.fromkeys(UNAVAILABLE, 503)},
-                      metrics=metrics, metrics_token=settings.metrics_token)
+                      metrics=metrics, metrics_token=settings.metrics_token, server=settings)
     ui.mount(app)
     return app
 
@@ -54,7 +58,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
 def main() -> None:
     settings = CloudSettings()
     configure_logging(settings.log_level, settings.log_format)
-    serve(create_app(settings), settings.host, settings.port, settings.log_level)
+    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from cloud.metrics import CloudMetrics
+from cloud.offers import Offers
 from cloud.store import BufferedContribution, StateTooLarge, Store, now
 from shared.algorithms import registry
 from shared.algorithms.base import Algorithm, Contribution
@@ -37,6 +38,8 @@ class Orchestrator:
         self._changed = asyncio.Condition()
         self._algorithms: dict[str, Algorithm] = {}
         self._stopping = False
+        # What long-polling edges are offered: read once for all of them, again after every announce.
+        self.offers = Offers(store)
 
     # ---- signalling ----------------------------------------------------------------------------
     def notify(self) -> None:
@@ -45,6 +48,7 @@ class Orchestrator:
 
     async def announce(self) -> None:
         """Wakes long-polling edges after a new version or a status change."""
+        self.offers.invalidate()
         async with self._changed:
             self._changed.notify_all()
 

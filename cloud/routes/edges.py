@@ -10,38 +10,21 @@ from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, requ
 from cloud.store import NotFound
 from shared import web
 from shared.metrics import note_outcome
-from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunStatus, SubmitReceipt
+from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, SubmitReceipt
 from shared.transport.records import decode
 from shared.transport.tensors import InvalidContent
-from shared.web import binary, read_json, read_message, reject
+from shared.web import binary, rate_limited, read_json, read_message, reject
 
 router = web.guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
 
 
-@router.post("/edges", responses=web.error_responses(400, 413, 422),
+@router.post("/edges", responses=web.error_responses(400, 408, 413, 422, 429),
              openapi_extra=web.json_body_doc(EdgeRegistration))
 async def register(request: Request, store: StoreDep) -> EdgeRegistration:
     reg = await read_json(request, EdgeRegistration)  # after the token check
+    await rate_limited(request, "registration", reg.edge_id)
     await store.register_edge(reg)
     return reg
-
-
-async def _offer(store, edge_id: int, run_id: str | None, after: int) -> bytes | None:
-    """The active run's global state if it is newer than what the edge has and the edge belongs to it."""
-    active = await store.active_run()
-    if active is None:
-        return None
-    config = await store.config(active)
-    run_status, version = await store.status(active)
-    if run_status != RunStatus.running or edge_id >= config.topology.num_edges:
-        return None
-    if active == run_id and version <= after:
-        return None
-    # An edge re-executes only once its own triple has been consumed (on the newest version then),
-    # never while that triple waits in the buffer.
-    if await store.has_pending(active, edge_id):
-        return None
-    return await store.global_blob(active)
 
 
 @router.get("/edges/{edge_id}/global", responses={204: {"description": "nothing newer before the timeout"},
@@ -62,19 +45,21 @@ async def global_state(
 
     async def offer() -> bytes | bool:
         # True once the cloud is stopping: the poll ends at once, with nothing.
-        return await _offer(store, edge_id, run_id, after) or stopping.is_set()
+        return await orchestrator.offers.offer(edge_id, run_id, after) or stopping.is_set()
 
-    # Short waits (recheck_s) also catch versions published by another cloud process sharing this Redis.
+    # Short waits (recheck_s) also catch versions published by another cloud process sharing this Redis
+    # (`offers` reads Redis at most every 0.5 s for all the polls together).
     blob = await orchestrator.wait_until(offer, min(timeout, settings.long_poll_max_s), recheck_s=0.5)
     return binary(blob) if isinstance(blob, bytes) else Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED,
-             responses=web.error_responses(400, 404, 409, 413, 422), openapi_extra=web.binary_body_doc())
+             responses=web.error_responses(400, 404, 408, 409, 413, 422, 429), openapi_extra=web.binary_body_doc())
 async def submit(
     edge_id: int, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
 ) -> SubmitReceipt:
     """Accepts an edge's contribution into the run's buffer (idempotent per idempotency key)."""
+    await rate_limited(request, "contribution", edge_id)  # before its body is read
     tensors, header, blob = await read_message(request, EdgeContributionHeader)
     if header.edge_id != edge_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,

@@ -19,7 +19,7 @@ from shared.web import binary, error_responses, guarded_router, json_body_doc, r
 router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413, 422),
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 408, 413, 422),
              openapi_extra=json_body_doc(RunConfig))
 async def create_run(request: Request, store: StoreDep, settings: SettingsDep) -> RunInfo:
     config = await read_json(request, RunConfig, registry.parse_config)  # after the token check

@@ -79,7 +79,9 @@ def decode(blob: bytes, message_type: type[M]) -> tuple[Tensors, M]:
     try:
         message = message_type.model_validate_json(meta[_MESSAGE_KEY])
     except ValidationError as exc:
-        raise InvalidContent(f"invalid {message_type.__name__}: {exc.errors(include_url=False)}") from exc
+        # Without the input: the header may be megabytes, and the 422 must not echo it.
+        errors = exc.errors(include_url=False, include_input=False)
+        raise InvalidContent(f"invalid {message_type.__name__}: {errors}") from exc
     return decode_tensors(blob), message
 
 
