@@ -68,8 +68,10 @@ async def submit(
         raise NotFound(f"unknown edge {edge_id}; register first")
     run_id = header.run_id
     algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
-    global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
-    try:  # reads every value: on a worker thread, so long-polls are answered meanwhile
+    # Decoding copies the whole model: on a worker thread, as the check (which reads every value), so
+    # long-polls are answered meanwhile.
+    global_, _ = await asyncio.to_thread(decode, await store.global_blob(run_id), GlobalStateHeader)
+    try:
         await asyncio.to_thread(check_contribution, algorithm, global_, header, tensors)
     except InvalidContent as exc:
         raise reject(exc) from exc

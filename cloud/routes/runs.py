@@ -1,6 +1,7 @@
 """Control API: create, inspect, start/pause/resume/stop runs; history; model download."""
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 from fastapi import Request, status
@@ -58,10 +59,15 @@ async def history(run_id: str, store: StoreDep) -> list[RoundRecord]:
 @router.get("/{run_id}/model", responses=error_responses(404))
 async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
     """The global model at the current version as safetensors (X-FL-Version says which)."""
-    config = await store.config(run_id)
-    tensors, header = decode(await store.global_blob(run_id), GlobalStateHeader)
-    params = orchestrator.algorithm(run_id, config).model_parameters(tensors)
-    return binary(encode(params, header), headers={"X-FL-Version": str(header.version)})
+    algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
+    blob = await store.global_blob(run_id)
+
+    def model_blob() -> tuple[bytes, int]:  # copies the whole model twice: off the loop
+        tensors, header = decode(blob, GlobalStateHeader)
+        return encode(algorithm.model_parameters(tensors), header), header.version
+
+    body, version = await asyncio.to_thread(model_blob)
+    return binary(body, headers={"X-FL-Version": str(version)})
 
 
 @router.get("/{run_id}/edges", responses=error_responses(404))
