@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServiceSettings
@@ -25,6 +25,26 @@ class ClientSettings(ServiceSettings):
     # retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait.
     retry_initial_s: float = Field(1.0, gt=0)
     retry_max_s: float = Field(30.0, gt=0)
+    # Several identical processes can split `clients` between them (the pods of a Kubernetes StatefulSet,
+    # which learn their index from the pod label apps.kubernetes.io/pod-index): this process hosts every
+    # shard_count-th of the listed ids, starting at position shard_index. Stable across restarts, so each
+    # id keeps its state directory; the default hosts them all.
+    shard_index: int = Field(0, ge=0)
+    shard_count: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> ClientSettings:
+        if self.shard_index >= self.shard_count:
+            raise ValueError(f"shard_index {self.shard_index} must be below shard_count {self.shard_count}")
+        return self
+
+    def hosted_ids(self) -> list[int]:
+        """The logical client ids this process hosts: its shard of `clients`."""
+        ids = parse_ids(self.clients)[self.shard_index::self.shard_count]
+        if not ids:
+            raise ValueError(f"shard {self.shard_index} of {self.shard_count} holds none of the clients "
+                             f"{self.clients!r}")
+        return ids
 
 
 def parse_ids(spec: str) -> list[int]:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 import typer
 
-from client.config import ClientSettings, parse_ids
+from client.config import ClientSettings
 from client.worker import ClientsStopped, Worker
 from shared.log import configure_logging
 from shared.transport.http import make_client
@@ -42,15 +42,20 @@ def run(
     configure_logging(settings.log_level, settings.log_format)
     torch.set_num_threads(settings.torch_threads)
     try:
-        asyncio.run(_serve(settings))
+        ids = settings.hosted_ids()
+    except ValueError as exc:  # e.g. more shards than clients: a configuration error, said in one line
+        log.critical("%s; exiting", exc)
+        raise typer.Exit(code=2) from None
+    try:
+        asyncio.run(_serve(settings, ids))
     except ClientsStopped as exc:  # nothing left to serve: exit non-zero rather than sit idle
         log.critical("%s; exiting", exc)
         raise typer.Exit(code=1) from None
 
 
-async def _serve(settings: ClientSettings) -> None:
+async def _serve(settings: ClientSettings, ids: list[int]) -> None:
     async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s) as edge:
-        await Worker(settings, parse_ids(settings.clients), edge).run()
+        await Worker(settings, ids, edge).run()
 
 
 def main() -> None:

@@ -18,9 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml  # noqa: E402  (requirements-dev.txt)
 
-from client.config import ClientSettings, parse_ids  # noqa: E402
-from cloud.config import CloudSettings  # noqa: E402
-from edge.config import EdgeSettings  # noqa: E402
+from client.config import parse_ids  # noqa: E402
+from tests.deployment import SETTINGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -31,12 +30,6 @@ TOP_LEVEL = {package.split(".")[0] for package in PYPROJECT["tool"]["setuptools"
 TORCH_PIN = "torch==2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
-# package (= Dockerfile suffix) -> (env prefix, settings class)
-SETTINGS = {
-    "cloud": ("FL_CLOUD_", CloudSettings),
-    "edge": ("FL_EDGE_", EdgeSettings),
-    "client": ("FL_CLIENT_", ClientSettings),
-}
 PREFIXES = {prefix: pkg for pkg, (prefix, _) in SETTINGS.items()}
 
 

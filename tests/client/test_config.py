@@ -31,3 +31,23 @@ def test_unknown_setting_in_file_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("FL_CLIENT_CONFIG_FILE", str(config))
     with pytest.raises(Exception, match="edge_ulr"):
         ClientSettings()
+
+
+@pytest.mark.parametrize("index, count, ids", [(0, 1, [0, 2, 4, 6, 8]), (0, 2, [0, 4, 8]), (1, 2, [2, 6]),
+                                               (2, 3, [4])])
+def test_shards_split_the_clients_without_overlap(index, count, ids):
+    settings = ClientSettings(clients="0,2,4,6,8", shard_index=index, shard_count=count)
+    assert settings.hosted_ids() == ids
+    every = [i for k in range(count) for i in
+             ClientSettings(clients="0,2,4,6,8", shard_index=k, shard_count=count).hosted_ids()]
+    assert sorted(every) == [0, 2, 4, 6, 8]
+
+
+def test_shard_index_beyond_count_is_refused():
+    with pytest.raises(ValueError, match="shard_index 2 must be below shard_count 2"):
+        ClientSettings(shard_index=2, shard_count=2)
+
+
+def test_a_shard_with_no_clients_is_an_error():
+    with pytest.raises(ValueError, match="holds none"):
+        ClientSettings(clients="0-1", shard_index=2, shard_count=3).hosted_ids()

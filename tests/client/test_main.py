@@ -36,3 +36,14 @@ def test_help_names_each_options_variable_and_default(monkeypatch):
                 "--threads": "FL_CLIENT_TORCH_THREADS; default 1"}
     for option, text in expected.items():
         assert text in lines[option], lines[option]
+
+
+def test_a_shard_that_holds_no_client_exits_with_one_line(tmp_path, monkeypatch, caplog):
+    # A StatefulSet scaled beyond its client list: the surplus pod says so and exits, it does not sit idle.
+    monkeypatch.delenv("FL_CLIENT_CONFIG_FILE", raising=False)
+    monkeypatch.setenv("FL_CLIENT_SHARD_INDEX", "3")
+    monkeypatch.setenv("FL_CLIENT_SHARD_COUNT", "4")
+    result = CliRunner().invoke(client.main.app, ["--clients", "0-2", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "shard 3 of 4 holds none of the clients '0-2'" in caplog.text
