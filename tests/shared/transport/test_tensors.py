@@ -91,7 +91,7 @@ def malformed_headers(draw) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + data
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(blob=malformed_headers())
 def test_any_malformed_header_is_a_payload_error(blob):
     try:
