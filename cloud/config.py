@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServerSettings
+from shared.web import same_token
 
 
 class CloudSettings(ServerSettings):
@@ -21,6 +22,9 @@ class CloudSettings(ServerSettings):
     # Every key lives under this prefix, so several clouds (or test sessions) can share one Redis.
     key_prefix: str = "fl"
     admin_token: str = "dev-admin-token"
+    # Further administrators' tokens, by name (JSON: {"alice": "<token>"}): each is accepted as the admin
+    # token is, and the audit log names who acted ("admin" for admin_token).
+    admin_tokens: dict[str, str] = Field(default_factory=dict)
     edge_token: str = "dev-edge-token"
     max_payload_bytes: int = Field(64 * 2**20, gt=0)
     # A run's global state and its server memory are each one Redis value, which Redis caps at 512 MiB
@@ -33,6 +37,27 @@ class CloudSettings(ServerSettings):
     # How long creating a run may take to load its data and build its model (user code included) before it
     # is refused (422): a loader that never returns must not hold the request, nor threads others need.
     create_timeout_s: float = Field(120.0, gt=0)
+
+    # The audit log (GET /api/v1/audit) keeps about this many of the latest admin actions (a capped stream).
+    audit_max_entries: int = Field(10_000, ge=1)
+    # Retention of ended (stopped or finished) runs, checked every retention_interval_s: runs ended more than
+    # retain_days ago are deleted, and all but the latest retain_runs ended runs. None: kept for good.
+    retain_days: float | None = Field(None, gt=0)
+    retain_runs: int | None = Field(None, ge=0)
+    retention_interval_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _secret_tokens_beyond_loopback(self) -> "CloudSettings":
+        self.refuse_development_tokens(self.host, {"admin_token": self.admin_token, "edge_token": self.edge_token,
+                                                   **{f"admin_tokens.{n}": t for n, t in self.admin_tokens.items()}})
+        return self
+
+    def admin_name(self, token: str) -> str | None:
+        """Whose admin token `token` is ("admin": admin_token), or None."""
+        named = {"admin": self.admin_token, **self.admin_tokens}
+        # Every token compared (no early exit): the time taken says nothing about which one nearly matched.
+        matches = [name for name, expected in named.items() if same_token(token, expected)]
+        return matches[0] if matches else None
 
     @property
     def allowed_import_prefixes(self) -> tuple[str, ...]:

@@ -39,6 +39,14 @@ class Keys:
     def edges(self) -> str:  # hash edge_id -> registration JSON
         return f"{self.prefix}:edges"
 
+    @property
+    def audit(self) -> str:  # capped stream of AuditRecord JSON: who did what to which run or token
+        return f"{self.prefix}:audit"
+
+    @property
+    def revoked_tokens(self) -> str:  # hash token id -> RevokedToken JSON (per-device tokens refused by edges)
+        return f"{self.prefix}:revoked_tokens"
+
     def meta(self, run_id: str) -> str:  # hash: config, status, version, timestamps
         return f"{self.prefix}:run:{run_id}:meta"
 
@@ -62,3 +70,8 @@ class Keys:
 
     def history(self, run_id: str) -> str:  # list of RoundRecord JSON, one per cloud update
         return f"{self.prefix}:run:{run_id}:history"
+
+    def run_keys(self, run_id: str) -> list[str]:
+        """Every key of one run: what deleting it removes."""
+        return [self.meta(run_id), self.global_state(run_id), self.cloud_state(run_id), self.buffer(run_id),
+                self.idempotency(run_id), self.slots(run_id), self.pending(run_id), self.history(run_id)]

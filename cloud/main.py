@@ -10,15 +10,18 @@ import redis.asyncio as aioredis
 import torch
 from fastapi import FastAPI
 
+from cloud import retention
+from cloud.audit import Auditor
 from cloud.config import CloudSettings
 from cloud.initial_state import InvalidRun
 from cloud.keys import Keys
 from cloud.metrics import CloudMetrics
 from cloud.orchestrator import Orchestrator
-from cloud.routes import edges, health, runs, ui
+from cloud.routes import admin, edges, health, runs, ui
 from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisStore
 from shared.log import configure_logging
 from shared.metrics import switchable
+from shared.settings import load_settings
 from shared.web import serve, service_app
 
 
@@ -38,17 +41,23 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
         orchestrator = Orchestrator(store, metrics)
         metrics.watch_store(store)
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
-        loop_task = asyncio.create_task(orchestrator.run_forever())
+        tasks = [asyncio.create_task(orchestrator.run_forever())]
+        if settings.retain_days is not None or settings.retain_runs is not None:
+            tasks.append(asyncio.create_task(retention.run_forever(
+                store, settings.retain_days, settings.retain_runs, settings.retention_interval_s,
+                Auditor(store, "retention", settings.audit_max_entries))))
         try:
             yield
         finally:
             orchestrator.stop()
-            loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop_task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await redis.aclose()
 
-    app = service_app("FL cloud", lifespan, settings.max_payload_bytes, [health.router, runs.router, edges.router],
+    routers = [health.router, runs.router, edges.router, admin.router]
+    app = service_app("FL cloud", lifespan, settings.max_payload_bytes, routers,
                       errors={NotFound: 404, Conflict: 409, InvalidRun: 422, **dict.fromkeys(UNAVAILABLE, 503)},
                       metrics=metrics, metrics_token=settings.metrics_token, server=settings)
     ui.mount(app)
@@ -56,7 +65,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
 
 
 def main() -> None:
-    settings = CloudSettings()
+    settings = load_settings(CloudSettings)
     configure_logging(settings.log_level, settings.log_format)
     serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 

@@ -16,16 +16,27 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from string import Template
-from typing import Protocol
+from typing import Callable, Protocol, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
 from cloud.keys import Entry, Keys, Meta
 from shared.config import RunConfig
-from shared.schemas import EdgeContributionHeader, EdgeRegistration, RoundRecord, RunInfo, RunStatus
+from shared.schemas import (
+    AuditRecord,
+    EdgeContributionHeader,
+    EdgeRegistration,
+    RevokedToken,
+    RoundRecord,
+    RunInfo,
+    RunStatus,
+)
+
+T = TypeVar("T")
 
 
 def now() -> datetime:
@@ -142,6 +153,13 @@ class Store(Protocol):
     async def history_since(self, run_id: str, start: int) -> list[RoundRecord]: ...
     async def buffered_headers(self, run_id: str) -> list[tuple[datetime, EdgeContributionHeader]]: ...
     async def registered_edges(self) -> set[int]: ...
+    # Operations: deletion, retention, the audit log and revoked device tokens.
+    async def delete_run(self, run_id: str) -> None: ...
+    async def ended_runs(self) -> list[tuple[str, datetime]]: ...
+    async def audit(self, record: AuditRecord, max_entries: int) -> None: ...
+    async def audit_log(self, limit: int) -> list[AuditRecord]: ...
+    async def revoke_token(self, token_id: str) -> RevokedToken: ...
+    async def revoked_tokens(self) -> list[RevokedToken]: ...
 
 
 class RedisStore(Store):
@@ -209,6 +227,29 @@ class RedisStore(Store):
 
     async def transition(self, run_id: str, action: str) -> RunStatus:
         allowed, target = _TRANSITIONS[action]
+
+        def change(p: Pipeline, current: RunStatus, active: str | None) -> RunStatus:
+            if current not in allowed:
+                raise Conflict(f"cannot {action} a run that is {current.value}")
+            if action == "start" and active is not None and active != run_id:
+                raise Conflict(f"run {active} is already active; stop it first")
+            meta_key = self.k.meta(run_id)
+            p.hset(meta_key, Meta.status, target.value)
+            if action == "start":
+                p.hset(meta_key, Meta.started_at, now().isoformat())
+                p.set(self.k.active, run_id)
+            if action == "stop":
+                p.hset(meta_key, Meta.finished_at, now().isoformat())
+                if active == run_id:
+                    p.delete(self.k.active)
+            return target
+
+        return await self._change_run(run_id, change)
+
+    async def _change_run(self, run_id: str, change: Callable[[Pipeline, RunStatus, str | None], T]) -> T:
+        """`change(pipeline, the run's status, the active run)` queues a change of the run in one MULTI/EXEC
+        (or raises to refuse it), under WATCH on the run's meta hash and the active run: redone if either
+        changed meanwhile. NotFound for an unknown run."""
         meta_key = self.k.meta(run_id)
         async with self.r.pipeline(transaction=True) as p:
             while True:
@@ -217,23 +258,11 @@ class RedisStore(Store):
                     status = await p.hget(meta_key, Meta.status)
                     if status is None:
                         raise NotFound(f"unknown run {run_id!r}")
-                    current = RunStatus(_text(status))
-                    if current not in allowed:
-                        raise Conflict(f"cannot {action} a run that is {current.value}")
                     active = await p.get(self.k.active)
-                    if action == "start" and active is not None and _text(active) != run_id:
-                        raise Conflict(f"run {_text(active)} is already active; stop it first")
                     p.multi()
-                    p.hset(meta_key, Meta.status, target.value)
-                    if action == "start":
-                        p.hset(meta_key, Meta.started_at, now().isoformat())
-                        p.set(self.k.active, run_id)
-                    if action == "stop":
-                        p.hset(meta_key, Meta.finished_at, now().isoformat())
-                        if active is not None and _text(active) == run_id:
-                            p.delete(self.k.active)
+                    outcome = change(p, RunStatus(_text(status)), None if active is None else _text(active))
                     await p.execute()
-                    return target
+                    return outcome
                 except WatchError:
                     continue
 
@@ -362,6 +391,50 @@ class RedisStore(Store):
 
     async def registered_edges(self) -> set[int]:
         return {int(edge_id) for edge_id in await self.r.hkeys(self.k.edges)}
+
+
+    # ---- operations ----------------------------------------------------------------------------
+    async def delete_run(self, run_id: str) -> None:
+        """Deletes every key of a run that is not active (created, stopped or finished): 409 otherwise."""
+        def change(p: Pipeline, current: RunStatus, active: str | None) -> None:
+            if current in (RunStatus.running, RunStatus.paused):
+                raise Conflict(f"cannot delete a run that is {current.value}; stop it first")
+            p.delete(*self.k.run_keys(run_id))
+            p.lrem(self.k.runs, 0, run_id)
+
+        await self._change_run(run_id, change)
+
+    async def ended_runs(self) -> list[tuple[str, datetime]]:
+        """The stopped and finished runs, each with when it ended, in creation order."""
+        run_ids = await self.run_ids()
+        async with self.r.pipeline(transaction=False) as p:
+            for run_id in run_ids:
+                p.hmget(self.k.meta(run_id), [Meta.status, Meta.finished_at])
+            metas = await p.execute()
+        ended = {RunStatus.stopped.value, RunStatus.finished.value}
+        return [(run_id, datetime.fromisoformat(_text(finished)))
+                for run_id, (status, finished) in zip(run_ids, metas, strict=True)
+                if status is not None and _text(status) in ended and finished is not None]
+
+    async def audit(self, record: AuditRecord, max_entries: int) -> None:
+        # Trimmed as Redis finds cheapest (whole nodes): about max_entries are kept, never fewer.
+        await self.r.xadd(self.k.audit, {"record": record.model_dump_json()}, maxlen=max_entries, approximate=True)
+
+    async def audit_log(self, limit: int) -> list[AuditRecord]:
+        """The latest `limit` records, newest first."""
+        entries = await self.r.xrevrange(self.k.audit, count=limit)
+        return [AuditRecord.model_validate_json(fields[b"record"]) for _, fields in entries or [] if fields]
+
+    async def revoke_token(self, token_id: str) -> RevokedToken:
+        """Revokes a device token by its id; revoking it again keeps the first record."""
+        record = RevokedToken(token_id=token_id, revoked_at=now())
+        await self.r.hsetnx(self.k.revoked_tokens, token_id, record.model_dump_json())
+        kept = await self.r.hget(self.k.revoked_tokens, token_id)
+        return RevokedToken.model_validate_json(kept) if kept is not None else record
+
+    async def revoked_tokens(self) -> list[RevokedToken]:
+        records = [RevokedToken.model_validate_json(v) for v in (await self.r.hgetall(self.k.revoked_tokens)).values()]
+        return sorted(records, key=lambda r: r.revoked_at)
 
 
 # Every stream entry's id and its header field, in stream order: {id1, header1, id2, header2, ...}.

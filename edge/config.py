@@ -3,7 +3,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServerSettings
@@ -20,8 +20,11 @@ class EdgeSettings(ServerSettings):
     cloud_url: str = "http://127.0.0.1:8000"
     # Presented to the cloud.
     edge_token: str = "dev-edge-token"
-    # Expected from clients.
+    # Expected from clients: this secret (every client), or a device token derived from it (one client).
     client_token: str = "dev-client-token"
+    # How often the edge fetches the revoked device tokens from the cloud: a revoked token works at most this
+    # long after its revocation (and, while the cloud is unreachable, until the edge reaches it again).
+    revocation_refresh_s: float = Field(10.0, gt=0)
     # Where clients reach this edge (reported to the cloud for operators; clients dial out to it).
     public_url: str | None = None
     max_payload_bytes: int = Field(64 * 2**20, gt=0)
@@ -31,6 +34,16 @@ class EdgeSettings(ServerSettings):
     # the clients of its next round, and the others silently drop out of the global prototypes.
     # Point it at durable storage in production (docker-compose mounts a volume); None: memory only.
     state_dir: Path | None = Path(tempfile.gettempdir()) / "fl-edge-state"
+    # Where the edge cannot derive a client's sample count (an imported data loader, an npz file it does not
+    # hold), a result's claim counts at most this many samples: a device cannot take a round's weight over
+    # by claiming 10^12 (README, Security). None: no cap. Where it can, a wrong claim is refused (422).
+    max_client_samples: int | None = Field(None, ge=1)
     # ≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow
     # site (asynchronous-buffer experiments); 1 means no delay.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)
+
+    @model_validator(mode="after")
+    def _secret_tokens_beyond_loopback(self) -> "EdgeSettings":
+        # Only the token the edge checks: the one it presents is the cloud's to refuse.
+        self.refuse_development_tokens(self.host, {"client_token": self.client_token})
+        return self

@@ -11,7 +11,7 @@ from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import TaskBoard
 from shared.schemas import ClientRegistration
-from shared.transport.wire import client_token
+from shared.transport.wire import device_token_id
 from shared.web import app_state, bearer_token, read_body, same_token, unauthorized
 
 SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
@@ -22,23 +22,29 @@ RoundLoopDep = Annotated[EdgeRoundLoop, Depends(app_state("round_loop"))]
 @dataclass(frozen=True)
 class ClientAuth:
     """What the caller's token allows: every client (the edge's client secret, held by an operator's
-    simulation worker) or one client (`client_token(secret, k)`, what a device is given)."""
+    simulation worker) or one client (a device token: issued with an id by `fedctl issue-token`, or derived
+    by `fedctl client-token`), unless the cloud lists that token's id as revoked."""
 
     token: str
     secret: str
+    revoked: frozenset[str] = frozenset()
 
     def check(self, client_id: int | None) -> None:
         """401 unless the token may act as `client_id` (None: a malformed id, left to the route's 422)."""
         if same_token(self.token, self.secret):
             return
-        if client_id is None or not same_token(self.token, client_token(self.secret, client_id)):
+        token_id = None if client_id is None else device_token_id(self.secret, self.token, client_id)
+        if token_id is None:
             raise unauthorized()
+        if token_id in self.revoked:
+            raise unauthorized(f"this device token ({token_id}) was revoked")
 
 
 async def client_auth(request: Request) -> ClientAuth:
     """401 without a valid token, before anything else is looked at: the client a route names (in its
     path, or a registration's body) may use its own token."""
-    auth = ClientAuth(await bearer_token(request), request.app.state.settings.client_token)
+    state = request.app.state
+    auth = ClientAuth(await bearer_token(request), state.settings.client_token, state.revocations.ids)
     if "client_id" in request.path_params:
         auth.check(_client_id(request.path_params["client_id"]))
     elif not same_token(auth.token, auth.secret):  # a device registering: its id is in the body

@@ -11,11 +11,13 @@ from fastapi import FastAPI
 
 from edge.config import EdgeSettings
 from edge.metrics import EdgeMetrics
+from edge.revocations import Revocations
 from edge.round_loop import EdgeRoundLoop
 from edge.routes import clients, health
 from edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from shared.log import configure_logging
 from shared.metrics import switchable
+from shared.settings import load_settings
 from shared.transport.http import make_client
 from shared.web import Stopping, serve, service_app
 
@@ -35,12 +37,14 @@ def create_app(settings: EdgeSettings | None = None,
         round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
         metrics.watch(board, round_loop)
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
-        loop_task = asyncio.create_task(round_loop.run_forever())
-        drain_task = asyncio.create_task(_close_on_stop(app.state.stopping, board))
+        app.state.revocations = revocations = Revocations()
+        tasks = [asyncio.create_task(round_loop.run_forever()),
+                 asyncio.create_task(_close_on_stop(app.state.stopping, board)),
+                 asyncio.create_task(revocations.run_forever(cloud, settings.revocation_refresh_s))]
         try:
             yield
         finally:
-            for task in (loop_task, drain_task):
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -57,7 +61,7 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
 
 
 def main() -> None:
-    settings = EdgeSettings()
+    settings = load_settings(EdgeSettings)
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
     serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 

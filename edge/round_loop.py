@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Awaitable
 from functools import partial
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from shared.algorithms.base import Algorithm, ClientResult
 from shared.backoff import Backoff
 from shared.config import RoundPolicy
 from shared.edge_round import ClientTask, run_edge_round
-from shared.federation import participation
+from shared.federation import known_num_samples, participation
 from shared.files import atomic_write
 from shared.log import bind
 from shared.schemas import (
@@ -31,6 +32,7 @@ from shared.schemas import (
     EdgeContributionHeader,
     EdgeRegistration,
     GlobalStateHeader,
+    RunEnd,
 )
 from shared.transport.http import binary_body
 from shared.transport.records import Record, decode, decode_state, encode
@@ -59,6 +61,8 @@ class EdgeRoundLoop:
         self.current: GlobalStateHeader | None = None
         self._algorithm: tuple[str, Algorithm] | None = None
         self._edge_state: Record = {}
+        # The run whose clients' sample counts these are (None: the edge cannot know them).
+        self._num_samples: tuple[str, list[int] | None] | None = None
 
     async def run_forever(self) -> None:
         await self.register()
@@ -80,7 +84,7 @@ class EdgeRoundLoop:
                 # Unpacked into a new name: mypy does not narrow `header` through an awaited tuple.
                 global_, received = await asyncio.to_thread(decode, response.content, GlobalStateHeader)
                 header = received
-                await self.run_round(header, global_)
+                await self.until_run_ends(header, self.run_round(header, global_))
             except asyncio.CancelledError:
                 raise
             except RoundAbandoned as exc:
@@ -98,6 +102,49 @@ class EdgeRoundLoop:
                 continue
             run_id, version = header.run_id, header.version
             backoff.reset()
+
+    async def until_run_ends(self, header: GlobalStateHeader, round_: Awaitable[None]) -> None:
+        """Runs the round while watching the cloud's end signal for its run: if the run is stopped (or
+        finishes, or is deleted) meanwhile, the round is dropped at once (its tasks withdrawn, so clients
+        stop training for it) and RoundAbandoned raised; without this the edge waited out the round's
+        deadline, up to a day, before the next run could use it."""
+        round_task = asyncio.ensure_future(round_)
+        end_task = asyncio.create_task(self._run_end(header.run_id))
+        try:
+            await asyncio.wait({round_task, end_task}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: the edge is stopping
+            for task in (round_task, end_task):
+                task.cancel()
+            await asyncio.gather(round_task, end_task, return_exceptions=True)
+            raise
+        if round_task.done():
+            end_task.cancel()
+            await asyncio.gather(end_task, return_exceptions=True)
+            return round_task.result()
+        round_task.cancel()
+        await asyncio.gather(round_task, return_exceptions=True)
+        end = end_task.result()
+        self.current = None
+        raise RoundAbandoned(f"run {end.run_id} was {end.status} during version {header.version}; "
+                             "its round is dropped")
+
+    async def _run_end(self, run_id: str) -> RunEnd:
+        """The cloud's answer once `run_id` no longer trains; waits (long-polls) until then. Failures to ask
+        (the cloud away, a cloud without this route) are retried after a backoff: never a reason to drop
+        a round."""
+        backoff = Backoff(self.retry_backoff_s, self.retry_backoff_max_s, jitter=0.5)
+        while True:
+            try:
+                response = await self.cloud.get(f"/api/v1/edges/{self.edge_id}/runs/{run_id}/end",
+                                                params={"timeout": self.settings.long_poll_max_s})
+                if response.status_code == 200:
+                    return RunEnd.model_validate_json(response.content)
+                if response.status_code == 204:
+                    backoff.reset()
+                    continue
+            except (httpx.HTTPError, ValueError):
+                pass
+            await asyncio.sleep(backoff.next())
 
     async def _poll(self, run_id: str | None, after: int, timeout: float) -> httpx.Response:
         """The cloud's long-poll: 200 with a global state newer than `after` of `run_id` (or of another
@@ -166,6 +213,8 @@ class EdgeRoundLoop:
         # Before any run was known, any client id could register; now the run says which are this edge's.
         self.board.keep_only(set(header.config.clients_of_edge(self.edge_id)))
         algorithm = self.algorithm(header)
+        if self._num_samples is None or self._num_samples[0] != header.run_id:
+            self._num_samples = (header.run_id, await asyncio.to_thread(self._known_num_samples, header))
         failures: list[ClientFailure] = []  # of every edge round
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
@@ -196,7 +245,19 @@ class EdgeRoundLoop:
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
         )
-        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors))
+        known = self._num_samples[1] if self._num_samples else None
+        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors),
+                    num_samples=known[task.client_id] if known else None,
+                    max_samples=self.settings.max_client_samples)
+
+    def _known_num_samples(self, header: GlobalStateHeader) -> list[int] | None:
+        try:
+            return known_num_samples(header.config)
+        except Exception:  # e.g. an unreadable npz file: the cap (max_client_samples) bounds claims instead
+            log.warning("edge %d: cannot derive the clients' sample counts of run %s; claims are capped by "
+                        "max_client_samples=%s", self.edge_id, header.run_id, self.settings.max_client_samples,
+                        exc_info=True)
+            return None
 
     async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy,
                       failures: list[ClientFailure]) -> list[ClientResult]:

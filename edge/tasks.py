@@ -13,6 +13,7 @@ from shared.algorithms.base import ClientResult
 from shared.longpoll import wait_until
 from shared.schemas import ClientFailure, ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.records import Record, encode
+from shared.transport.tensors import InvalidContent
 
 
 class TaskConflict(Exception):
@@ -40,7 +41,19 @@ class Task:
     # What the client reported when it could not train the task; a later result still answers it (the
     # client process restarted with what it lacked).
     failure: str | None = None
+    # The client's training sample count where the edge knows it (shared.federation.known_num_samples): a
+    # result must claim exactly this. Where it does not, `max_samples` (the edge's max_client_samples) caps
+    # what a claim weighs. Unchecked, one device claiming 10^12 samples took 0.999999999 of the weight.
+    num_samples: int | None = None
+    max_samples: int | None = None
     _blob: bytes | None = field(default=None, repr=False)
+
+    def counted_samples(self, claimed: int) -> int:
+        """The sample count the result's weight uses; raises InvalidContent (422) for a wrong claim."""
+        if self.num_samples is not None and claimed != self.num_samples:
+            raise InvalidContent(f"num_samples {claimed} is not client {self.header.client_id}'s: this run gives it "
+                                 f"{self.num_samples} training samples")
+        return claimed if self.max_samples is None else min(claimed, self.max_samples)
 
     def blob(self) -> bytes:
         # Encoded on first fetch, not at dispatch: a hundred idle clients cost no copies.
@@ -127,6 +140,7 @@ class TaskBoard:
         """Checks a result on a worker thread (CPU-bound: it reads every value), then records it on the loop,
         which alone touches the board, if its task is still the open one."""
         task = self.task_for(client_id, header.task_id)
+        task.counted_samples(header.num_samples)  # a wrong claim is refused before the tensors are read
         while True:
             await asyncio.to_thread(task.check, tensors)
             async with self._changed:
@@ -134,7 +148,8 @@ class TaskBoard:
                 # duplicate), the round ended (409 stale), or it was posted again with the same task id.
                 current = self.task_for(client_id, header.task_id)
                 if current is task:
-                    task.result = ClientResult(client_id, header.num_samples, header.loss, tensors, header.metrics)
+                    task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss,
+                                               tensors, header.metrics)
                     self._changed.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import time
 import tomllib
 from datetime import datetime
@@ -23,7 +24,7 @@ from shared.algorithms import registry
 from shared.client_reports import client_reports, group_summary
 from shared.config import DataConfig, ModelConfig, RunConfig
 from shared.schemas import RunInfo
-from shared.transport.wire import client_token
+from shared.transport.wire import client_token, derived_token_id, device_token
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -159,12 +160,54 @@ def watch(run_id: str, cloud: str = CLOUD, token: str = TOKEN,
         finish(api, watch_run(api, run_id), out / run_id)
 
 
+@app.command()
+def delete(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """Delete a run that is not active (stop it first), with its model and history."""
+    with CloudAPI(cloud, token) as api:
+        api.delete_run(run_id)
+        console.print(f"deleted {run_id}")
+
+
+@app.command()
+def audit(limit: int = typer.Option(50, min=1, max=10_000, help="how many of the latest actions"),
+          cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """The audit log: the latest admin actions, newest first, with who made them."""
+    with CloudAPI(cloud, token) as api:
+        for record in api.audit(limit):
+            # One line per record, never wrapped: a log to read with grep and cut.
+            typer.echo(f"{record.at:%Y-%m-%d %H:%M:%S}  {record.actor:12s} {record.address or '-':15s} "
+                       f"{record.action:7s} {record.target}" + (f"  {record.detail}" if record.detail else ""))
+
+
+CLIENT_ID = typer.Argument(..., min=0, help="the client id the device plays")
+SECRET = typer.Option(..., envvar="FL_EDGE_CLIENT_TOKEN", prompt=True, hide_input=True,
+                      help="the edges' client secret")
+
+
 @app.command("client-token")
-def client_token_command(client_id: int = typer.Argument(..., min=0, help="the client id the device plays"),
-                         secret: str = typer.Option(..., envvar="FL_EDGE_CLIENT_TOKEN", prompt=True,
-                                                    hide_input=True, help="the edges' client secret")) -> None:
-    """Print a device's own token: with it, the device can act as that client only."""
+def client_token_command(client_id: int = CLIENT_ID, secret: str = SECRET) -> None:
+    """Print a device's derived token: with it, the device can act as that client only. Its id, to revoke
+    it, is client-<id>; a revoked derived token stays revoked, so prefer issue-token."""
     typer.echo(client_token(secret, client_id))
+
+
+@app.command("issue-token")
+def issue_token(client_id: int = CLIENT_ID, secret: str = SECRET) -> None:
+    """Issue a device a token of its own with a new id (printed on stderr): with it, the device can act as
+    that client only, and `fedctl revoke-token <id>` revokes this device alone."""
+    token_id = secrets.token_hex(8)
+    typer.echo(f"token id: {token_id} (revoke: fedctl revoke-token {token_id})", err=True)
+    typer.echo(device_token(secret, client_id, token_id))
+
+
+@app.command("revoke-token")
+def revoke_token(token_id: str = typer.Argument(..., help=f"the id issue-token printed, or {derived_token_id(0)} "
+                                                           "for client 0's derived token"),
+                 cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """Revoke one device's token: the edges refuse it from their next refresh on (revocation_refresh_s)."""
+    with CloudAPI(cloud, token) as api:
+        revoked = api.revoke_token(token_id)
+        console.print(f"revoked {revoked.token_id} at {revoked.revoked_at:%Y-%m-%d %H:%M:%S}")
 
 
 def main() -> None:

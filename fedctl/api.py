@@ -6,7 +6,7 @@ import time
 import httpx
 
 from shared.config import RunConfig
-from shared.schemas import RoundRecord, RunInfo, RunStatus
+from shared.schemas import AuditRecord, Revocation, RevokedToken, RoundRecord, RunInfo, RunStatus
 from shared.transport.http import env_proxy
 from shared.transport.retry import SyncRetryTransport
 from shared.transport.tensors import Tensors, decode_tensors
@@ -54,6 +54,17 @@ class CloudAPI:
 
     def action(self, run_id: str, action: str) -> RunInfo:
         return RunInfo.model_validate_json(self._ok(self.http.post(f"/api/v1/runs/{run_id}/{action}")).content)
+
+    def delete_run(self, run_id: str) -> None:
+        self._ok(self.http.delete(f"/api/v1/runs/{run_id}"))
+
+    def audit(self, limit: int = 100) -> list[AuditRecord]:
+        return [AuditRecord.model_validate(x) for x in self._get(f"/api/v1/audit?limit={limit}").json()]
+
+    def revoke_token(self, token_id: str) -> RevokedToken:
+        response = self.http.post("/api/v1/tokens/revoked", content=Revocation(token_id=token_id).model_dump_json(),
+                                  headers={"Content-Type": "application/json"})
+        return RevokedToken.model_validate_json(self._ok(response).content)
 
     def history(self, run_id: str) -> list[RoundRecord]:
         return [RoundRecord.model_validate(x) for x in self._get(f"/api/v1/runs/{run_id}/history").json()]

@@ -8,11 +8,12 @@ shared/selection.py; the rounds themselves are shared/edge_round.py and shared/c
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 from torch import nn
 
 from shared.algorithms.base import Algorithm, ClientResult, Contribution, LocalJob
-from shared.config import RunConfig
+from shared.config import RunConfig, is_import_path
 from shared.data.datasets import ClientData, load_federated
 from shared.models import build_model
 from shared.schemas import ClientParticipation, EdgeContributionHeader
@@ -24,6 +25,17 @@ from shared.transport.records import Record
 def model_factory(config: RunConfig) -> partial[nn.Module]:
     data = load_federated(config.data, config.seed)
     return partial(build_model, config.model, data.input_shape, data.num_classes)
+
+
+def known_num_samples(config: RunConfig) -> list[int] | None:
+    """Every client's training sample count, what its results must claim (a client reports the size of its
+    training split), where an edge can derive it from the config and seed alone: the built-in data sets,
+    and an npz file (a `file` partition's client index) readable at the config's path. None for an
+    imported loader, whose code the edge does not run, or an npz file the edge does not hold."""
+    data = config.data
+    if is_import_path(data.dataset) or (data.dataset == "npz" and not (data.path and Path(data.path).is_file())):
+        return None
+    return [len(client.train) for client in load_federated(data, config.seed).clients]
 
 
 def initial_model(config: RunConfig) -> nn.Module:

@@ -85,6 +85,14 @@ class GlobalStateHeader(Message):
     config: RunConfig
 
 
+class RunEnd(Message):
+    """A run that no longer trains, as the cloud tells the edges still running a round of it (the end
+    long-poll): they drop that round at once instead of waiting for its deadline."""
+
+    run_id: str
+    status: Literal["stopped", "finished", "deleted"]
+
+
 class SubmitReceipt(Message):
     accepted: bool
     duplicate: bool = False
@@ -185,6 +193,32 @@ class RunInfo(Message):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_round: RoundRecord | None = None
+
+
+# ---- security (admin <-> cloud, cloud -> edge) -----------------------------------------------------
+# A per-device token's id (shared/transport/wire.py, device_token): what revoking it names.
+TokenId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class Revocation(Message):
+    """What an administrator posts to revoke one device's token."""
+
+    token_id: TokenId
+
+
+class RevokedToken(Revocation):
+    revoked_at: datetime
+
+
+class AuditRecord(Message):
+    """One administrative action, kept in the cloud's audit log (a capped Redis stream)."""
+
+    at: datetime
+    actor: str  # who: the name of the admin token used ("admin", or one of admin_tokens), or "retention"
+    address: str | None = None  # the caller's network address, as the cloud saw it
+    action: str  # create | start | pause | resume | stop | delete | revoke
+    target: str  # the run id, or the token id
+    detail: str | None = None
 
 
 # ---- health (anyone) --------------------------------------------------------------------------

@@ -5,11 +5,15 @@ FL_CLOUD_REDIS_URL; FL_CLOUD_CONFIG_FILE names an optional TOML file with the sa
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+from pathlib import Path
+from typing import Any, TypeVar
 
 import limits
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError, TomlConfigSettingsSource
 
 from shared.log import LogFormat
 
@@ -34,16 +38,65 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         prefix = settings_cls.model_config.get("env_prefix", "")
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, SettingFiles(settings_cls)]
         config_file = os.environ.get(f"{prefix}CONFIG_FILE")
         if config_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
         return tuple(sources)
 
 
+class SettingFiles(PydanticBaseSettingsSource):
+    """`<PREFIX><NAME>_FILE=path` (e.g. FL_CLOUD_ADMIN_TOKEN_FILE=/run/secrets/admin_token): the setting is that
+    file's content, its final newline dropped. Docker secrets arrive as such files, so a token need not
+    sit in an environment variable (visible to `docker inspect` and every process of the container) nor
+    in a compose file. The variable itself (FL_CLOUD_ADMIN_TOKEN) wins where both are set."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads every field at once
+
+    def __call__(self) -> dict[str, Any]:
+        prefix = self.settings_cls.model_config.get("env_prefix", "")
+        values: dict[str, Any] = {}
+        for name, field in self.settings_cls.model_fields.items():
+            variable = f"{prefix}{name.upper()}_FILE"
+            path = os.environ.get(variable)
+            if not path:
+                continue
+            try:
+                text = Path(path).read_text().removesuffix("\n").removesuffix("\r")
+                # A dict or list setting (e.g. the cloud's admin_tokens) is JSON, as in its variable.
+                values[name] = self.decode_complex_value(name, field, text) if self.field_is_complex(field) else text
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                raise SettingsError(f"{variable}={path}: cannot read it: {exc}") from exc
+        return values
+
+
+# The tokens the settings default to, and the placeholders docker-compose used to fill in: anyone who has read
+# this repository knows them.
+DEVELOPMENT_TOKENS = frozenset({"dev-admin-token", "dev-edge-token", "dev-client-token"})
+
+
+def is_development_token(token: str) -> bool:
+    return token in DEVELOPMENT_TOKENS or token.startswith("change-me")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a server bound to `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # another host name: it may resolve to anything
+        return False
+
+
 class ServerSettings(ServiceSettings):
-    """What the two servers (cloud and edge) hold besides: their limits against load and abuse, and their
-    Prometheus metrics."""
+    """What the two servers (cloud and edge) hold besides: their limits against load and abuse, their
+    Prometheus metrics, and whether they may listen beyond loopback with the built-in development tokens."""
+
+    # A server bound beyond loopback (e.g. 0.0.0.0) refuses to start while a token it checks is a built-in
+    # development token (DEVELOPMENT_TOKENS, change-me-*): true allows it (a throwaway test network only).
+    allow_default_tokens: bool = False
 
     # Connections served at once (uvicorn's limit_concurrency): past it a request is answered 503, which
     # edges and clients retry. Every long-polling edge or client holds one: room for 1,000 of them and more.
@@ -77,3 +130,35 @@ class ServerSettings(ServiceSettings):
         # `FL_CLOUD_METRICS_TOKEN=` (an env file's empty line) means unset: as a token it would refuse
         # every scrape, since no request can carry an empty bearer token.
         return token or None
+
+    def refuse_development_tokens(self, host: str, tokens: dict[str, str]) -> None:
+        """Raises ValueError (the settings are invalid: the service does not start) if the server listens
+        beyond loopback with a development token among `tokens` (field name -> the token it checks)."""
+        if self.allow_default_tokens or is_loopback(host):
+            return
+        prefix = self.model_config.get("env_prefix", "")
+        known = [name for name, token in tokens.items() if is_development_token(token)]
+        if known:
+            variables = ", ".join(f"{prefix}{name.upper()}" for name in known)
+            raise ValueError(
+                f"{variables}: a built-in development token, and the service listens on {host}, beyond loopback, "
+                f"where anyone who has read this repository could use it. Set a secret (the variable, or "
+                f"{prefix}<NAME>_FILE naming a file that holds it), listen on 127.0.0.1, or set "
+                f"{prefix}ALLOW_DEFAULT_TOKENS=true on a throwaway network")
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(settings_cls: type[S]) -> S:
+    """The service's settings, or exit with one line per problem (status 2). Never pydantic's own report:
+    it repeats the input, tokens included."""
+    try:
+        return settings_cls()
+    except ValidationError as exc:
+        prefix = settings_cls.model_config.get("env_prefix", "")
+        problems = [f"{prefix}{str(e['loc'][0]).upper()}: {e['msg']}" if e["loc"] else e["msg"].removeprefix(
+            "Value error, ") for e in exc.errors(include_url=False, include_input=False)]
+        raise SystemExit("invalid settings: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        raise SystemExit(f"invalid settings: {exc}") from None

@@ -39,6 +39,15 @@ def one_torch_thread() -> Iterator[None]:
 
 
 @pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No FL_CLOUD_/FL_EDGE_/FL_CLIENT_ variable of the caller's environment reaches the settings classes."""
+    for key in list(os.environ):
+        if key.startswith(("FL_CLOUD_", "FL_EDGE_", "FL_CLIENT_")):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+@pytest.fixture
 def anyio_backend() -> str:
     """The services run on asyncio; anyio tests need not try trio."""
     return "asyncio"

@@ -340,7 +340,7 @@ def test_environment_variables_are_settings_fields(name):
         assert owner is not None, f"{name}: {key} has no known FL_<SERVICE>_ prefix"
         # The prefix must be the one of the package this image runs: FL_EDGE_* on a cloud is ignored.
         assert owner == prefix, f"{name} runs {pkg} but sets {key}"
-        field = key[len(prefix):].lower()
+        field = key[len(prefix):].lower().removesuffix("_file")  # <field>_FILE: the field, from a file
         assert field in settings_cls.model_fields, f"{name}: {key} is not a field of {settings_cls.__name__}"
 
 
@@ -352,57 +352,68 @@ def test_services_bind_all_interfaces(name):
         assert environment(SERVICES[name]).get(f"{prefix}HOST") == "0.0.0.0"
 
 
-@pytest.fixture
-def clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("FL_CLOUD_", "FL_EDGE_", "FL_CLIENT_")):
-            monkeypatch.delenv(key)
-    return monkeypatch
+# What each Docker secret holds in these tests: a file per secret, as Docker mounts it under /run/secrets.
+SECRET_VALUES = {name: f"{name}-{os.urandom(8).hex()}" for name in COMPOSE.get("secrets") or {}}
+RUN_SECRETS = "/run/secrets/"
 
 
-def settings_from_compose(monkeypatch, name: str):
+def settings_from_compose(monkeypatch, name: str, secrets_dir: Path | None = None):
+    """The service's settings from its compose environment; its secrets from files in `secrets_dir`."""
     prefix, settings_cls = SETTINGS[package_of(name)]
     env = {key: interpolate(value) for key, value in environment(SERVICES[name]).items()}
     for key, value in env.items():
+        if key.endswith("_FILE") and value.startswith(RUN_SECRETS):
+            assert secrets_dir is not None, f"{name}: {key} needs the secrets"
+            secret = value.removeprefix(RUN_SECRETS)
+            assert secret in SERVICES[name].get("secrets", []), f"{name} reads secret {secret} it is not given"
+            (secrets_dir / secret).write_text(SECRET_VALUES[secret] + "\n")
+            value = str(secrets_dir / secret)
         monkeypatch.setenv(key, value)
     return settings_cls(), env, prefix
 
 
+def setting_of(settings, prefix: str, key: str):
+    return getattr(settings, key[len(prefix):].lower().removesuffix("_file"))
+
+
 @pytest.mark.parametrize("name", BUILT)
-def test_settings_round_trip(clean_env, name):
-    settings, env, prefix = settings_from_compose(clean_env, name)
+def test_settings_round_trip(clean_env, tmp_path, name):
+    settings, env, prefix = settings_from_compose(clean_env, name, tmp_path)
     for key, raw in env.items():
-        value = getattr(settings, key[len(prefix):].lower())
+        value = setting_of(settings, prefix, key)
+        if key.endswith("_FILE"):
+            raw = SECRET_VALUES[raw.removeprefix(RUN_SECRETS)]
         assert value == type(value)(raw), f"{key}={raw!r} became {value!r}"
 
 
-def test_cloud_settings_from_compose(clean_env):
-    cloud, _, _ = settings_from_compose(clean_env, "cloud")
+def test_cloud_settings_from_compose(clean_env, tmp_path):
+    cloud, _, _ = settings_from_compose(clean_env, "cloud", tmp_path)
     assert cloud.redis_url == "redis://redis:6379/0"
     assert (cloud.host, cloud.port) == ("0.0.0.0", 8000)
-    assert cloud.admin_token == "change-me-admin"
-    assert cloud.edge_token == "change-me-edge"
+    assert cloud.admin_token == SECRET_VALUES["admin_token"]
+    assert cloud.edge_token == SECRET_VALUES["edge_token"]
     assert urlsplit(cloud.redis_url).hostname in SERVICES
 
 
-def test_edges_reach_the_cloud_with_its_token(clean_env):
+def test_edges_reach_the_cloud_with_its_token(clean_env, tmp_path):
     cloud_env = environment(SERVICES["cloud"])
     edges = services_running("edge")
     ids = []
     for name in edges:
         edge_env = environment(SERVICES[name])
-        assert edge_env["FL_EDGE_EDGE_TOKEN"] == cloud_env["FL_CLOUD_EDGE_TOKEN"]
+        assert edge_env["FL_EDGE_EDGE_TOKEN_FILE"] == cloud_env["FL_CLOUD_EDGE_TOKEN_FILE"]
         url = urlsplit(interpolate(edge_env["FL_EDGE_CLOUD_URL"]))
         assert (url.hostname, url.port) == ("cloud", int(cloud_env["FL_CLOUD_PORT"]))
         public = urlsplit(edge_env["FL_EDGE_PUBLIC_URL"])
         assert (public.hostname, public.port) == (name, int(edge_env["FL_EDGE_PORT"]))
         ids.append(int(edge_env["FL_EDGE_EDGE_ID"]))
     assert sorted(ids) == list(range(len(edges))), "edge ids must be 0..L-1"
-    edge1, _, _ = settings_from_compose(clean_env, "edge1")
-    assert (edge1.edge_id, edge1.cloud_url, edge1.client_token) == (1, "http://cloud:8000", "change-me-client")
+    edge1, _, _ = settings_from_compose(clean_env, "edge1", tmp_path)
+    assert (edge1.edge_id, edge1.cloud_url, edge1.client_token) == (1, "http://cloud:8000",
+                                                                     SECRET_VALUES["client_token"])
 
 
-def test_clients_cover_each_id_once_on_the_edge_that_serves_it(clean_env):
+def test_clients_cover_each_id_once_on_the_edge_that_serves_it(clean_env, tmp_path):
     """Client k is served by edge k mod L (fedctl/launch.py, RunConfig.clients_of_edge)."""
     edges = {name: environment(SERVICES[name]) for name in services_running("edge")}
     num_edges = len(edges)
@@ -413,7 +424,7 @@ def test_clients_cover_each_id_once_on_the_edge_that_serves_it(clean_env):
         assert url.hostname in edges, f"{name} dials unknown edge {url.hostname}"
         edge_env = edges[url.hostname]
         assert url.port == int(edge_env["FL_EDGE_PORT"])
-        assert env["FL_CLIENT_CLIENT_TOKEN"] == edge_env["FL_EDGE_CLIENT_TOKEN"]
+        assert env["FL_CLIENT_CLIENT_TOKEN_FILE"] == edge_env["FL_EDGE_CLIENT_TOKEN_FILE"]
         assert url.hostname in SERVICES[name]["depends_on"]
         edge_id = int(edge_env["FL_EDGE_EDGE_ID"])
         ids = parse_ids(env["FL_CLIENT_CLIENTS"])
@@ -423,7 +434,7 @@ def test_clients_cover_each_id_once_on_the_edge_that_serves_it(clean_env):
         state = env["FL_CLIENT_STATE_DIR"]
         assert any(isinstance(v, str) and v.split(":")[1] == state for v in SERVICES[name].get("volumes") or [])
     assert sorted(seen) == list(range(len(seen))), f"logical client ids overlap or have gaps: {sorted(seen)}"
-    client0, _, _ = settings_from_compose(clean_env, services_running("client")[0])
+    client0, _, _ = settings_from_compose(clean_env, services_running("client")[0], tmp_path)
     assert str(client0.state_dir) == "/state" and client0.torch_threads == 1
 
 
@@ -450,3 +461,65 @@ def test_the_documented_compose_run_config_fits_the_compose_topology():
 def test_built_services_run_under_an_init():
     """SIGTERM reaches the Python process (a PID 1 without a handler ignores it) and stops it at once."""
     assert all(SERVICES[name].get("init") is True for name in BUILT), {n: SERVICES[n].get("init") for n in BUILT}
+
+
+
+# --- exposure: ports, secrets, networks (README, Security) ------------------------------------
+
+def published(service: dict) -> list[dict]:
+    """The service's published ports in the long syntax's terms (host_ip, published, target)."""
+    out = []
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            out.append(port)
+            continue
+        parts = str(port).split(":")
+        host_ip = parts[0] if len(parts) == 3 else ""
+        out.append({"host_ip": host_ip, "published": parts[-2] if len(parts) > 1 else "", "target": parts[-1]})
+    return out
+
+
+def test_published_ports_listen_on_the_hosts_loopback_only():
+    """A published port without an address listens on every interface of the host: the cloud's admin API,
+    the edges and the monitoring would be reachable from anywhere the host is."""
+    ports = {name: published(service) for name, service in SERVICES.items() if service.get("ports")}
+    assert {"cloud", "edge0", "edge1"} <= set(ports)
+    for name, entries in ports.items():
+        for entry in entries:
+            assert entry["host_ip"] == "127.0.0.1", f"{name} publishes {entry} beyond loopback"
+
+
+def test_no_token_or_password_has_a_default_or_sits_in_the_environment():
+    secret_like = re.compile(r"TOKEN|PASSWORD|SECRET", re.IGNORECASE)
+    for name, service in SERVICES.items():
+        for key, value in environment(service).items():
+            if not secret_like.search(key):
+                continue
+            # Only a file's name: the value itself is a Docker secret, mounted under /run/secrets.
+            assert key.endswith("_FILE") and value.startswith(RUN_SECRETS), f"{name}: {key}={value!r}"
+            assert value.removeprefix(RUN_SECRETS) in service.get("secrets", []), f"{name}: {key} is not given"
+    for secret, spec in (COMPOSE.get("secrets") or {}).items():
+        assert set(spec) == {"file"} and "${" in spec["file"] and spec["file"].endswith(f"/{secret}"), spec
+    assert "change-me" not in COMPOSE_FILE.read_text()
+
+
+def networks_of(name: str) -> set[str]:
+    networks = SERVICES[name].get("networks")
+    assert networks, f"{name} names no network: it would join the default one, which every service shares"
+    return set(networks)
+
+
+def test_redis_shares_no_network_with_the_clients_and_each_hop_has_one():
+    for name in SERVICES:
+        assert networks_of(name) <= set(COMPOSE.get("networks") or {}), name
+    redis = networks_of("redis")
+    for name in services_running("client"):
+        assert not redis & networks_of(name), f"{name} can reach Redis"
+    for name in services_running("edge"):
+        assert not redis & networks_of(name), f"{name} can reach Redis"
+        assert networks_of(name) & networks_of("cloud"), f"{name} cannot reach the cloud"
+    assert redis & networks_of("cloud")
+    for client in services_running("client"):
+        edge = urlsplit(environment(SERVICES[client])["FL_CLIENT_EDGE_URL"]).hostname
+        assert networks_of(edge) & networks_of(client), f"{client} cannot reach {edge}"
+    assert not networks_of("cloud") & set().union(*(networks_of(n) for n in services_running("client")))

@@ -1,13 +1,14 @@
-"""Control API: create, inspect, start/pause/resume/stop runs; history; model download."""
+"""Control API: create, inspect, start/pause/resume/stop and delete runs; history; model download. Every
+change is recorded in the audit log with the caller's identity."""
 from __future__ import annotations
 
 import asyncio
 from typing import Literal
 
-from fastapi import Request, status
+from fastapi import Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
+from cloud.deps import AuditDep, OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
 from cloud.initial_state import checked_initial_global
 from cloud.ui.view import LiveRun, read_edges
 from shared.algorithms import registry
@@ -22,12 +23,13 @@ router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 
 @router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 408, 413, 422),
              openapi_extra=json_body_doc(RunConfig))
-async def create_run(request: Request, store: StoreDep, settings: SettingsDep) -> RunInfo:
+async def create_run(request: Request, store: StoreDep, settings: SettingsDep, audit: AuditDep) -> RunInfo:
     config = await read_json(request, RunConfig, registry.parse_config)  # after the token check
     run_id = store.new_run_id()
     blob = await checked_initial_global(run_id, config, settings.max_state_bytes, settings.max_payload_bytes,
                                         settings.allowed_import_prefixes, settings.create_timeout_s)
     await store.create_run(run_id, config, blob)
+    await audit("create", run_id, f"{config.algorithm} {config.name!r}")
     return await store.info(run_id)
 
 
@@ -43,12 +45,24 @@ async def get_run(run_id: str, store: StoreDep) -> RunInfo:
 
 @router.post("/{run_id}/{action}", responses=error_responses(404, 409, 422))
 async def control(
-    run_id: str, action: Literal["start", "pause", "resume", "stop"], store: StoreDep, orchestrator: OrchestratorDep
+    run_id: str, action: Literal["start", "pause", "resume", "stop"], store: StoreDep, orchestrator: OrchestratorDep,
+    audit: AuditDep,
 ) -> RunInfo:
     await store.transition(run_id, action)
     orchestrator.notify()
-    await orchestrator.announce()
+    await orchestrator.announce()  # wakes the edges' long-polls: a stop releases them (their end signal)
+    await audit(action, run_id)
     return await store.info(run_id)
+
+
+@router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404, 409))
+async def delete_run(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, audit: AuditDep) -> Response:
+    """Deletes a run that is not active (created, stopped or finished) with everything kept of it: its
+    model, history and buffer. A running or paused run is 409: stop it first."""
+    await store.delete_run(run_id)
+    await orchestrator.announce()
+    await audit("delete", run_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("/{run_id}/history", responses=error_responses(404))

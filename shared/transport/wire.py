@@ -14,3 +14,29 @@ def client_token(secret: str, client_id: int) -> str:
     that client only, where the secret itself would let it answer any client's tasks. The edge derives it
     to check a request; fedctl derives it to hand to a device."""
     return hmac.new(secret.encode(), f"fl-client:{client_id}".encode(), hashlib.sha256).hexdigest()
+
+
+# A device token issued with an id (`fedctl issue-token`): "fl1.<client id>.<token id>.<mac>". The id is what
+# an administrator revokes (POST /api/v1/tokens/revoked at the cloud), one device at a time: the edges refuse
+# the ids the cloud lists. A derived token (client_token above) has the fixed id client-<k>.
+DEVICE_TOKEN = "fl1"
+
+
+def derived_token_id(client_id: int) -> str:
+    return f"client-{client_id}"
+
+
+def device_token(secret: str, client_id: int, token_id: str) -> str:
+    mac = hmac.new(secret.encode(), f"fl-device:{client_id}:{token_id}".encode(), hashlib.sha256).hexdigest()
+    return f"{DEVICE_TOKEN}.{client_id}.{token_id}.{mac}"
+
+
+def device_token_id(secret: str, token: str, client_id: int) -> str | None:
+    """The id of `token` if it is client `client_id`'s own token (issued or derived), else None."""
+    if hmac.compare_digest(token.encode(), client_token(secret, client_id).encode()):
+        return derived_token_id(client_id)
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != DEVICE_TOKEN or parts[1] != str(client_id):
+        return None
+    expected = device_token(secret, client_id, parts[2])
+    return parts[2] if hmac.compare_digest(token.encode(), expected.encode()) else None

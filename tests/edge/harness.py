@@ -19,7 +19,7 @@ from edge.tasks import Task
 from fedctl.redis_server import free_port
 from shared.algorithms import registry
 from shared.config import RunConfig
-from shared.federation import initial_model
+from shared.federation import initial_model, known_num_samples
 from shared.schemas import (
     ClientResultHeader,
     ClientTaskHeader,
@@ -190,11 +190,18 @@ async def serve_tasks(edge: Edge, client_ids: Iterable[int],
 async def answer_tasks(edge: Edge, client_ids: Iterable[int]) -> None:
     """Clients that register, then answer every task they fetch with zeros of its shapes (until cancelled)."""
     async def answer(k: int, tensors: Tensors, header: ClientTaskHeader) -> None:
-        result = ClientResultHeader(task_id=header.task_id, client_id=k, num_samples=10, loss=0.5)
+        result = ClientResultHeader(task_id=header.task_id, client_id=k, num_samples=true_samples(header.config, k),
+                                    loss=0.5)
         r = await edge.send_result(k, encode(zeros_like(tensors), result))
         assert r.status_code in (202, 409), r.text
 
     await serve_tasks(edge, client_ids, answer)
+
+
+def true_samples(config: RunConfig, client_id: int) -> int:
+    """What client `client_id` truly holds where the edge knows it (it refuses another claim), else 10."""
+    known = known_num_samples(config)
+    return known[client_id] if known else 10
 
 
 async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:

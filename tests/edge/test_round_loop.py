@@ -35,6 +35,7 @@ from tests.edge.harness import (
     running_edge,
     task_id,
     task_tensors,
+    true_samples,
     until,
 )
 from tests.web import detail_of
@@ -115,7 +116,8 @@ async def test_a_failed_round_leaves_the_edge_state_it_started_with(tmp_path) ->
                 for k in mine:
                     task = await board.fetch(k, timeout=0.05)
                     if task is not None:
-                        answer = ClientResultHeader(task_id=task.header.task_id, client_id=k, num_samples=5, loss=0.1)
+                        answer = ClientResultHeader(task_id=task.header.task_id, client_id=k,
+                                                    num_samples=true_samples(hfpl.CONFIG, k), loss=0.1)
                         await board.accept(k, answer, unflatten(hfpl.answer()))
 
         answering = asyncio.create_task(clients())

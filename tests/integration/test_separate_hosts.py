@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import shutil
 import subprocess
 import time
@@ -83,7 +84,9 @@ def test_clients_on_another_host_survive_a_cut_link_and_give_the_reference_model
     config = RunConfig(name="remote", model={"name": "logreg"}, rounds=5, data={"dataset": "digits", "num_clients": 4},
                        local={"lr": 0.1}, policy={"deadline_s": 120})
     with LocalTopology(num_clients=4, procs_per_edge=2, workdir=tmp_path, redis_url=os.environ.get("REDIS_URL"),
-                       edge_host=client_host.edge_address, client_prefix=client_host.exec_prefix()) as topo, \
+                       edge_host=client_host.edge_address, client_prefix=client_host.exec_prefix(),
+                       # beyond loopback, an edge refuses the built-in development token
+                       client_token=secrets.token_hex(16)) as topo, \
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         assert {c.proc.pid for c in topo.clients} <= client_host.pids()  # the clients run over there
         info = api.create_run(config)

@@ -1,0 +1,23 @@
+"""The audit log of admin actions: who (which admin token, from which address) did what to which run or
+token. Kept in Redis as a capped stream (cloud/keys.py, `audit`), read with GET /api/v1/audit."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cloud.store import Store, now
+from shared.schemas import AuditRecord
+
+
+@dataclass(frozen=True)
+class Auditor:
+    """Records the actions of one caller (a request's, or the retention task's)."""
+
+    store: Store
+    actor: str
+    max_entries: int
+    address: str | None = None
+
+    async def __call__(self, action: str, target: str, detail: str | None = None) -> None:
+        record = AuditRecord(at=now(), actor=self.actor, address=self.address, action=action, target=target,
+                             detail=detail)
+        await self.store.audit(record, self.max_entries)

@@ -1,0 +1,32 @@
+"""Operations API (admin token): the audit log, and revoking one device's token."""
+from __future__ import annotations
+
+from fastapi import Query, Request, status
+
+from cloud.deps import AuditDep, StoreDep, require_admin
+from shared.schemas import AuditRecord, Revocation, RevokedToken
+from shared.web import error_responses, guarded_router, json_body_doc, read_json
+
+router = guarded_router(require_admin, prefix="/api/v1", tags=["operations"])
+
+
+@router.get("/audit", responses=error_responses(422))
+async def audit_log(store: StoreDep, limit: int = Query(100, ge=1, le=10_000)) -> list[AuditRecord]:
+    """The latest admin actions, newest first: who (the admin token's name, the address) did what to what."""
+    return await store.audit_log(limit)
+
+
+@router.post("/tokens/revoked", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413, 422),
+             openapi_extra=json_body_doc(Revocation))
+async def revoke_token(request: Request, store: StoreDep, audit: AuditDep) -> RevokedToken:
+    """Revokes one device token by its id (what `fedctl issue-token` printed with it; a token derived by
+    `fedctl client-token` has the id client-<k>): the edges refuse it from their next refresh on."""
+    revocation = await read_json(request, Revocation)  # after the token check
+    revoked = await store.revoke_token(revocation.token_id)
+    await audit("revoke", revocation.token_id)
+    return revoked
+
+
+@router.get("/tokens/revoked")
+async def revoked_tokens(store: StoreDep) -> list[RevokedToken]:
+    return await store.revoked_tokens()

@@ -1,0 +1,51 @@
+"""Per-device tokens: one issued with an id acts for its client alone, and the edge refuses it once the cloud
+lists its id as revoked (as it refuses a derived token by its id client-<k>), while every other device and the
+edge's secret keep working."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from edge.revocations import Revocations
+from shared.transport.wire import client_token, device_token, device_token_id
+from tests.edge.harness import CLIENT_TOKEN, Edge, auth
+from tests.web import detail_of
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_device_token_names_its_client_and_id() -> None:
+    token = device_token("s3cret", 4, "0123abcd4567")
+    assert device_token_id("s3cret", token, 4) == "0123abcd4567"
+    assert device_token_id("s3cret", token, 5) is None  # another client
+    assert device_token_id("other", token, 4) is None  # another edge secret
+    forged = token.replace("0123abcd4567", "0123abcd4568")  # another id, the same mac
+    assert device_token_id("s3cret", forged, 4) is None
+    assert device_token_id("s3cret", client_token("s3cret", 4), 4) == "client-4"
+    assert device_token_id("s3cret", "fl1.4", 4) is None
+
+
+async def register(edge: Edge, client_id: int, token: str) -> httpx.Response:
+    return await edge.http.post("/api/v1/clients", json={"client_id": client_id}, headers=auth(token))
+
+
+async def test_the_edge_refuses_a_revoked_device_token_only(edge: Edge) -> None:
+    mine, yours = device_token(CLIENT_TOKEN, 1, "aaaabbbbcccc"), device_token(CLIENT_TOKEN, 1, "ddddeeeeffff")
+    derived = client_token(CLIENT_TOKEN, 2)
+    for client_id, token in ((1, mine), (1, yours), (2, derived), (3, CLIENT_TOKEN)):
+        assert (await register(edge, client_id, token)).status_code == 200
+    detail_of(await register(edge, 2, mine), 401)  # client 1's token only
+    revocations: Revocations = edge.app.state.revocations
+
+    async def listed(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/edges/revoked-tokens"
+        return httpx.Response(200, json=["aaaabbbbcccc", "client-2"])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(listed), base_url="http://cloud") as cloud:
+        await revocations.refresh(cloud)
+    detail_of(await register(edge, 1, mine), 401, "aaaabbbbcccc", "revoked")
+    detail_of(await register(edge, 2, derived), 401, "client-2", "revoked")
+    r = await edge.http.get("/api/v1/clients/1/task", params={"timeout": 0}, headers=auth(mine))
+    detail_of(r, 401, "revoked")
+    assert (await register(edge, 1, yours)).status_code == 200
+    assert (await register(edge, 2, CLIENT_TOKEN)).status_code == 200  # the secret is not a device's
