@@ -33,7 +33,11 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         torch.set_num_threads(settings.torch_threads)
-        redis = aioredis.Redis.from_url(settings.redis_url, **settings.redis_options())
+        # Blocking: over max_connections a command waits for a connection (up to the timeout, then a
+        # ConnectionError: 503) instead of failing at once, as redis-py's default pool does.
+        redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_s, **settings.redis_options()))
         store = RedisStore(redis, Keys(settings.key_prefix))
         orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s)
         metrics.watch_store(store)
@@ -57,7 +61,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     routers = [health.router, runs.router, edges.router, admin.router]
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, routers,
                       errors={NotFound: 404, Conflict: 409, InvalidRun: 422, **dict.fromkeys(UNAVAILABLE, 503)},
-                      metrics=metrics, metrics_token=settings.metrics_token)
+                      metrics=metrics, metrics_token=settings.metrics_token, server=settings)
     ui.mount(app)
     return app
 
@@ -79,7 +83,7 @@ def main() -> None:
     except RedisRefused as exc:
         log.critical("%s; not starting", exc)
         raise SystemExit(1) from None
-    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings.tls_options())
+    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 
 
 if __name__ == "__main__":

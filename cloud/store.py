@@ -194,6 +194,8 @@ class Store(Protocol):
         """Brings keys written by an older version to today's layout (idempotent)."""
     async def transition(self, run_id: str, action: str) -> RunStatus: ...
     async def global_blob(self, run_id: str) -> bytes: ...
+    async def versioned_global(self, run_id: str) -> tuple[int, bytes]:
+        """The current version and its global state, read together."""
     async def cloud_state_blob(self, run_id: str) -> bytes | None: ...
     async def history(self, run_id: str) -> list[RoundRecord]: ...
     async def register_edge(self, reg: EdgeRegistration) -> None: ...
@@ -338,6 +340,15 @@ class RedisStore(Store):
         if blob is None:
             raise NotFound(f"unknown run {run_id!r}")
         return blob
+
+    async def versioned_global(self, run_id: str) -> tuple[int, bytes]:
+        async with self.r.pipeline(transaction=True) as p:  # MULTI: both from one moment
+            p.hget(self.k.meta(run_id), Meta.version)
+            p.get(self.k.global_state(run_id))
+            version, blob = await p.execute()
+        if version is None or blob is None:
+            raise NotFound(f"unknown run {run_id!r}")
+        return int(_text(version)), _bytes(blob)
 
     async def cloud_state_blob(self, run_id: str) -> bytes | None:
         return _blob(await self.r.get(self.k.cloud_state(run_id)))

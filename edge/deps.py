@@ -10,8 +10,9 @@ from fastapi import Depends, Request
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import TaskBoard
+from shared.schemas import ClientRegistration
 from shared.transport.wire import device_token_id
-from shared.web import app_state, bearer_token, same_token, unauthorized
+from shared.web import app_state, bearer_token, read_body, same_token, unauthorized
 
 SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
 BoardDep = Annotated[TaskBoard, Depends(app_state("board"))]
@@ -46,9 +47,10 @@ async def client_auth(request: Request) -> ClientAuth:
     auth = ClientAuth(await bearer_token(request), state.settings.client_token, state.revocations.ids)
     if "client_id" in request.path_params:
         auth.check(_client_id(request.path_params["client_id"]))
-    else:  # registration: the id is in the body (already read and kept by FastAPI)
+    elif not same_token(auth.token, auth.secret):  # a device registering: its id is in the body
         try:
-            claimed = json.loads(await request.body()).get("client_id")
+            # At most a registration's few KiB are read (413 beyond; the route then reads the same bytes).
+            claimed = json.loads(await read_body(request, ClientRegistration.max_body_bytes)).get("client_id")
         except (ValueError, AttributeError, RecursionError):  # not a JSON object: only the secret gets its 4xx
             claimed = None
         auth.check(claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else None)

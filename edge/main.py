@@ -54,7 +54,7 @@ def create_app(settings: EdgeSettings | None = None,
 
     return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router],
                        errors={UnknownClient: 404, TaskConflict: 409, ForeignClient: 409},
-                       metrics=metrics, metrics_token=settings.metrics_token)
+                       metrics=metrics, metrics_token=settings.metrics_token, server=settings)
 
 
 async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
@@ -65,7 +65,7 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
 def main() -> None:
     settings = load_settings(EdgeSettings)
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
-    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings.tls_options())
+    serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
@@ -269,6 +269,9 @@ class PrivacyConfig(Strict):
 
 
 class RunConfig(Strict):
+    # The largest JSON body POST /runs reads (413 beyond): a config is a few KiB; user code's options
+    # and params have room, a data set does not.
+    max_body_bytes: ClassVar[int] = 2**20
     name: str = Field("run", min_length=1, max_length=200)
     seed: int = Field(0, ge=0, lt=2**31)
     # The algorithm and its params are checked by shared.algorithms.registry (`parse_config`, `check`),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +17,10 @@ from shared.config import RunConfig
 class Message(BaseModel):
     # NaN stays NaN in JSON (a round nobody evaluated), instead of a null that would not read back.
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    # The largest JSON body a route reading this message accepts (shared.web.read_json; 413 beyond): every
+    # field is bounded, and this is far above their sum even with every character \u-escaped. Messages
+    # that travel inside safetensors are bounded by the service's max_payload_bytes instead.
+    max_body_bytes: ClassVar[int] = 64 * 2**10
 
 
 Id = Field(ge=0, le=2**31 - 1)
@@ -34,6 +38,7 @@ class RunStatus(str, Enum):
 
 # ---- edge -> cloud ----------------------------------------------------------------------------
 class EdgeRegistration(Message):
+    max_body_bytes: ClassVar[int] = 4 * 2**10
     edge_id: int = Id
     url: str | None = Field(None, max_length=500)
 

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+import limits
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError, TomlConfigSettingsSource
@@ -91,8 +92,9 @@ def is_loopback(host: str) -> bool:
 
 
 class ServerSettings(ServiceSettings):
-    """What the two servers (cloud and edge) hold besides: HTTPS (README, Security), their Prometheus metrics,
-    and whether they may listen beyond loopback with the built-in development tokens."""
+    """What the two servers (cloud and edge) hold besides: HTTPS (README, Security), their limits against load
+    and abuse, their Prometheus metrics, and whether they may listen beyond loopback with the built-in
+    development tokens."""
 
     # Serve HTTPS with this certificate (chain, PEM) and its key (unset: the key is in the same file);
     # unset: plain HTTP.
@@ -106,10 +108,31 @@ class ServerSettings(ServiceSettings):
     # development token (DEVELOPMENT_TOKENS, change-me-*): true allows it (a throwaway test network only).
     allow_default_tokens: bool = False
 
+    # Connections served at once (uvicorn's limit_concurrency): past it a request is answered 503, which
+    # edges and clients retry. Every long-polling edge or client holds one: room for 1,000 of them and more.
+    max_connections: int = Field(4096, ge=16)
+    # Slowloris: a request's head must arrive within header_timeout_s of its connection opening (else the
+    # connection is closed), and its body within body_timeout_s of the request starting (else 408). The
+    # body's deadline leaves a 64 MiB upload 0.5 MiB/s.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(120.0, gt=0)
+    # Requests per caller on the routes a caller repeats (registration, results; the cloud: contributions),
+    # in the `limits` package's notation ("20/second", "100 per minute"): past it, 429 with Retry-After.
+    # The caller is the client (at an edge) or the edge (at the cloud) the request acts for, so a device
+    # with its own token can flood only its own allowance, and the many clients behind one operator's
+    # secret each have theirs.
+    rate_limit: str = "20/second"
+
     # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
     metrics: bool = True
     # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
     metrics_token: str | None = None
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _a_rate(cls, rate: str) -> str:
+        limits.parse(rate)  # ValueError: not a rate
+        return rate
 
     @field_validator("metrics_token")
     @classmethod

@@ -6,23 +6,33 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import reprlib
+import resource
 import secrets
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+import limits
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.deadlines import h11_with_deadlines
 from shared.metrics import RequestMetrics, ServiceMetrics, metrics_router, note_outcome
+from shared.settings import ServerSettings
 from shared.transport.records import Record, decode
 from shared.transport.tensors import InvalidContent, M, PayloadError
 from shared.transport.wire import SAFETENSORS
@@ -68,39 +78,69 @@ def bearer_guard(expected: Callable[[Request], str]):
 class _TooLarge(HTTPException):
     # An HTTPException, so FastAPI's body parsing re-raises it (rather than answering 400) and its
     # exception handler turns it into the 413 response.
-    def __init__(self, limit: int):
-        super().__init__(status.HTTP_413_CONTENT_TOO_LARGE, f"payload exceeds the limit of {limit} bytes")
+    def __init__(self, limit: int, declared: int | None = None):
+        super().__init__(status.HTTP_413_CONTENT_TOO_LARGE,
+                         f"payload exceeds the limit of {limit} bytes" if declared is None
+                         else f"payload of {declared} bytes exceeds the limit of {limit}")
+
+
+def _declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length (None: not given); ValueError if it is not a number."""
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is None:
+        return None
+    if not declared.isdigit():
+        raise ValueError("invalid Content-Length")
+    return int(declared)
+
+
+class _TooSlow(HTTPException):
+    def __init__(self, timeout_s: float):
+        super().__init__(status.HTTP_408_REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_s:g} s")
 
 
 class BodyLimit:
-    """ASGI middleware: any request body over `limit` bytes gets 413 before it is all in memory.
+    """ASGI middleware: any request body over `limit` bytes gets 413 before it is all in memory, and one
+    that has not all arrived `timeout_s` after the request began gets 408 (a client trickling its body a
+    byte at a time holds a connection no longer than that).
 
     It checks the declared Content-Length first and then counts what actually arrives, so a chunked
-    or lying upload is cut off as well; JSON and binary routes are covered alike.
+    or lying upload is cut off as well; JSON and binary routes are covered alike. (Routes read less:
+    `read_body`. The request head's deadline is the server's: shared/deadlines.py.)
     """
 
-    def __init__(self, app: ASGIApp, limit: int):
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float = math.inf):
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and not declared.isdigit():
-            return await _answer(scope, receive, send, 400, "invalid Content-Length")
-        if declared is not None and int(declared) > self.limit:
-            return await _answer(scope, receive, send, 413,
-                                 f"payload of {int(declared)} bytes exceeds the limit of {self.limit}")
-        received, started = 0, False
+        try:
+            declared = _declared_length(scope)
+        except ValueError as exc:
+            return await _answer(scope, receive, send, 400, str(exc))
+        if declared is not None and declared > self.limit:
+            too_large = _TooLarge(self.limit, declared)
+            return await _answer(scope, receive, send, too_large.status_code, too_large.detail)
+        received, started, complete = 0, False, False
+        deadline = time.monotonic() + self.timeout_s
 
         async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:  # what comes now is the disconnect a streaming response listens for: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    message = await receive()
+            except TimeoutError:
+                raise _TooSlow(self.timeout_s) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
                     raise _TooLarge(self.limit)
+                complete = not message.get("more_body", False)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -110,7 +150,7 @@ class BodyLimit:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge as exc:  # raised where no exception handler runs (e.g. in another middleware)
+        except (_TooLarge, _TooSlow) as exc:  # raised where no exception handler runs (e.g. in another middleware)
             if not started:
                 await _answer(scope, receive, send, exc.status_code, exc.detail)
 
@@ -119,10 +159,30 @@ async def _answer(scope: Scope, receive: Receive, send: Send, code: int, detail:
     await JSONResponse({"detail": detail}, status_code=code)(scope, receive, send)
 
 
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) as soon as it is known to exceed `limit` bytes: from its
+    Content-Length before anything is read, else once that much has arrived. Read once: later calls
+    (the route after its token check) get the same bytes."""
+    kept: bytes | None = getattr(request.state, "body", None)
+    if kept is not None:
+        return kept
+    declared = _declared_length(request.scope)  # a non-number was answered 400 by BodyLimit
+    if declared is not None and declared > limit:
+        raise _TooLarge(limit, declared)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(limit)
+        chunks.append(chunk)
+    request.state.body = body = b"".join(chunks)
+    return body
+
+
 async def read_message(request: Request, message_type: type[M]) -> tuple[Record, M, bytes]:
     """A binary message from the body: 400 if unreadable, 422 if the header is invalid (413: BodyLimit).
     Decoding copies every tensor: on a worker thread, so the loop keeps answering long-polls meanwhile."""
-    blob = await request.body()
+    blob = await read_body(request, request.app.state.max_payload_bytes)
     try:
         tensors, header = await asyncio.to_thread(decode, blob, message_type)
     except InvalidContent as exc:
@@ -132,12 +192,44 @@ async def read_message(request: Request, message_type: type[M]) -> tuple[Record,
     return tensors, header, blob
 
 
+class RateLimit:
+    """Requests per caller and route group, in a moving window (the `limits` package, kept in memory: each
+    service process counts its own callers). Past the rate: 429 with Retry-After."""
+
+    def __init__(self, rate: str):
+        self.rate = limits.parse(rate)
+        self._window = MovingWindowRateLimiter(MemoryStorage())
+
+    async def check(self, group: str, caller: int | str) -> None:
+        if not await self._window.hit(self.rate, group, str(caller)):
+            reset_at = (await self._window.get_window_stats(self.rate, group, str(caller))).reset_time
+            retry_s = max(1, math.ceil(reset_at - time.time()))
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                                f"more than {self.rate} {group} requests for {caller}; retry in {retry_s} s",
+                                headers={"Retry-After": str(retry_s)})
+
+
+async def rate_limited(request: Request, group: str, caller: int | str) -> None:
+    """429 if `caller` (the client or edge the request acts for) exceeds the service's rate in `group`."""
+    await request.app.state.rate_limit.check(group, caller)
+
+
+# JSON bodies larger than this are parsed on a worker thread: the loop keeps answering long-polls meanwhile.
+_PARSE_ON_LOOP_BYTES = 64 * 2**10
+
+
 async def read_json(request: Request, model: type[M], parse: Callable[[Any], M] | None = None) -> M:
     """A JSON body read by the route itself, after its dependencies (the token check) have run: FastAPI
-    parses a declared body first, so a bad token with a malformed body answered 422, not 401. `parse`
-    replaces `model.model_validate` where a model needs checks it cannot make itself (a RunConfig's
-    algorithm); its ValidationError is a 422 all the same."""
-    body = await request.body()
+    parses a declared body first, so a bad token with a malformed body answered 422, not 401. At most
+    `model.max_body_bytes` are read (413 beyond). `parse` replaces `model.model_validate` where a model
+    needs checks it cannot make itself (a RunConfig's algorithm); its ValidationError is a 422 all the same."""
+    body = await read_body(request, getattr(model, "max_body_bytes", _PARSE_ON_LOOP_BYTES))
+    if len(body) > _PARSE_ON_LOOP_BYTES:
+        return await asyncio.to_thread(_parse_json, body, parse or model.model_validate)
+    return _parse_json(body, parse or model.model_validate)
+
+
+def _parse_json(body: bytes, parse: Callable[[Any], M]) -> M:
     try:
         data = json.loads(body)
     except RecursionError as exc:
@@ -147,7 +239,7 @@ async def read_json(request: Request, model: type[M], parse: Callable[[Any], M] 
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(exc, "pos", 0)),
                                        "msg": "JSON decode error", "input": {}, "ctx": {"error": error}}]) from exc
     try:
-        return (parse or model.model_validate)(data)
+        return parse(data)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
                                       for e in exc.errors(include_url=False)]) from exc
@@ -163,8 +255,10 @@ _ERRORS = {
     401: "missing or invalid bearer token",
     404: "unknown run, edge or client",
     409: "conflicts with the current state (e.g. a run's status, a stale or duplicate result)",
-    413: "body over the service's max_payload_bytes",
+    408: "the request body did not arrive within the service's body_timeout_s",
+    413: "body over the route's limit: the service's max_payload_bytes for tensors, a few KiB for a registration",
     422: "invalid input: the body, header or parameters fail validation",
+    429: "more requests from this client (or edge) than the service's rate_limit; see Retry-After",
 }
 
 
@@ -274,8 +368,9 @@ def offline_docs(app: FastAPI) -> None:
 
 def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
                 errors: dict[type[Exception], int], metrics: ServiceMetrics | None = None,
-                metrics_token: str | None = None) -> FastAPI:
-    """A service's FastAPI app: bounded bodies, its routers, its domain errors answered with their status
+                metrics_token: str | None = None, server: ServerSettings | None = None) -> FastAPI:
+    """A service's FastAPI app: bounded bodies (and `server`'s body deadline and rate limit, defaults
+    without), its routers, its domain errors answered with their status
     and the message as `detail`, API docs that work offline, and `app.state.stopping` for its long-polls
     (see `serve`). With `metrics`: every request measured and `GET /metrics`, open unless `metrics_token`
     is set (then a bearer token)."""
@@ -289,7 +384,10 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
     app = FastAPI(title=title, version="0.1.0", lifespan=bound, docs_url=None, redoc_url=None)
     offline_docs(app)
     app.state.stopping = Stopping()
-    app.add_middleware(BodyLimit, limit=max_payload_bytes)
+    server = server or ServerSettings()
+    app.state.max_payload_bytes = max_payload_bytes  # what read_message reads at most
+    app.state.rate_limit = RateLimit(server.rate_limit)
+    app.add_middleware(BodyLimit, limit=max_payload_bytes, timeout_s=server.body_timeout_s)
     for router in routers:
         app.include_router(router)
     if metrics is not None:
@@ -305,14 +403,50 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
     # Starlette's stub wants a handler of any Exception, though it calls this one with the class it is
     # registered for only.
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     return app
 
 
+# What a 4xx says back at most: this many of a 422's errors, this many characters of any text or input.
+_MAX_ERRORS = 20
+_MAX_ECHO = 200
+_echo = reprlib.Repr()  # (its keyword arguments are Python 3.12's)
+_echo.maxlevel, _echo.maxdict, _echo.maxlist, _echo.maxtuple, _echo.maxset = 2, 4, 4, 4, 4
+_echo.maxstring = _echo.maxother = _MAX_ECHO
+
+
 async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422, made safe to render: its errors echo the input, and an input such as 1e400 (inf) or a
-    lone surrogate could not be written as JSON, so the 422 became a 500 and the connection was dropped."""
-    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))},
+    """FastAPI's 422, made small and safe to render. Its errors echo the input: a 60 MB body took a minute
+    to be written back whole, so each error quotes at most a short excerpt, and only the first few errors
+    are listed. An input such as 1e400 (inf) or a lone surrogate could not be written as JSON at all (the
+    422 became a 500 and the connection was dropped)."""
+    errors = list(exc.errors())
+    shown = [{key: _brief(value) for key, value in error.items()} for error in errors[:_MAX_ERRORS]]
+    if len(errors) > _MAX_ERRORS:
+        shown.append({"type": "too_many_errors", "loc": [], "msg": f"{len(errors) - _MAX_ERRORS} more not shown"})
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(shown))},
                         status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def _brief(value: Any) -> Any:
+    """A value an error quotes back, cut short: scalars as they are (a long text truncated), a container
+    as a short excerpt of its repr (reprlib looks at only the first few items)."""
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_ECHO else value[:_MAX_ECHO] + f"… ({len(value)} characters)"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) for v in value[:_MAX_ERRORS]) \
+            and len(value) <= _MAX_ERRORS:  # a location: its parts, each cut short
+        return [_brief(v) for v in value]
+    if isinstance(value, (dict, list, tuple, set, bytes)):
+        return _echo.repr(value)
+    return value
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """Starlette's answer to an HTTPException, with a text detail cut short: details quote what was wrong
+    (a header's validation errors, a parser's message), which may be large."""
+    if isinstance(exc.detail, str) and len(exc.detail) > 4 * _MAX_ECHO:
+        exc.detail = exc.detail[:4 * _MAX_ECHO] + f"… ({len(exc.detail)} characters)"
+    return await http_exception_handler(request, exc)
 
 
 def _json_safe(value: Any) -> Any:
@@ -332,14 +466,14 @@ def _answer_with(status_code: int):
         reason = getattr(exc, "reason", None)  # a refusal's own name (e.g. "stale"), for the metrics
         if reason is not None:
             note_outcome(request, reason)
-        return JSONResponse({"detail": str(exc)}, status_code=status_code)
+        return JSONResponse({"detail": _brief(str(exc))}, status_code=status_code)
 
     return handler
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str, tls: dict[str, Any] | None = None) -> None:
+def serve(app: FastAPI, host: str, port: int, log_level: str, server: ServerSettings | None = None) -> None:
     """`uvicorn.run`, except that a stop signal sets `app.state.stopping` before the shutdown begins.
-    `tls`: uvicorn's TLS options (`ServerSettings.tls_options`), for HTTPS.
+    `server`: its limits (connections, header deadline) and TLS options (`ServerSettings`).
     (Under a bare `uvicorn ... --factory` the long-polls run to their timeout: pass
     `--timeout-graceful-shutdown 1` there.)"""
     stopping: Stopping = app.state.stopping
@@ -349,5 +483,19 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, tls: dict[str, Any
             stopping.set()
             super().handle_exit(sig, frame)
 
+    server = server or ServerSettings()
+    _allow_open_files(server.max_connections + 256)  # each connection is a file; Redis, logs, data besides
     # log_config=None: uvicorn's loggers go through the process's one setup (shared.log), not their own.
-    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, **(tls or {}))).run()
+    # The h11 protocol (uvicorn's pure-Python one; its request heads are capped at 16 KiB) with deadlines.
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None,
+                          http=h11_with_deadlines(server.header_timeout_s),
+                          limit_concurrency=server.max_connections, **server.tls_options())).run()
+
+
+def _allow_open_files(wanted: int) -> None:
+    """Raises this process's soft limit of open files towards `wanted` (as far as the hard limit allows):
+    the common default of 1,024 would refuse the 1,000 long-polling edges or clients a service must hold."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard),
+                                                    hard))

@@ -82,6 +82,12 @@ def test_the_served_document_is_valid_openapi_and_declares_auth_errors_and_binar
                 content = op["requestBody"]["content"]
                 assert content["application/vnd.safetensors"]["schema"]["format"] == "binary"
                 assert {"400", "404", "409", "413", "422"} <= set(op["responses"]), (method, path)
+            if "requestBody" in op:  # every body is bounded in size and in time
+                assert {"408", "413"} <= set(op["responses"]), (method, path)
+            if guarded and "{" in path:  # an id that may name nothing
+                assert "404" in op["responses"], (method, path)
+            if method == "post" and path.endswith(("/edges", "/clients", "/contributions", "/results", "/failures")):
+                assert "429" in op["responses"], (method, path)  # rate limited per caller
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -129,4 +135,6 @@ def test_the_fuzzer_gets_no_server_error(topology, known_ids, service):
             failures.append(f"{operation.label}: {exc}")
     assert operations >= 4
     assert failures == [], "\n\n".join(failures)
-    assert time.monotonic() - started < 60
+    # ~17 s for both services on an idle machine; on a 2-core machine shared with other work, up to 120 s
+    # were measured for one.
+    assert time.monotonic() - started < 240

@@ -16,7 +16,7 @@ async def audit_log(store: StoreDep, limit: int = Query(100, ge=1, le=10_000)) -
     return await store.audit_log(limit)
 
 
-@router.post("/tokens/revoked", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413, 422),
+@router.post("/tokens/revoked", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 408, 413, 422),
              openapi_extra=json_body_doc(Revocation))
 async def revoke_token(request: Request, store: StoreDep, audit: AuditDep) -> RevokedToken:
     """Revokes one device token by its id (what `fedctl issue-token` printed with it; a token derived by

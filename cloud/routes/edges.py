@@ -11,26 +11,20 @@ from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, requ
 from cloud.store import NotFound, Store
 from shared import web
 from shared.metrics import note_outcome
-from shared.schemas import (
-    EdgeContributionHeader,
-    EdgeRegistration,
-    GlobalStateHeader,
-    RunEnd,
-    RunStatus,
-    SubmitReceipt,
-)
+from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunEnd, RunStatus, SubmitReceipt
 from shared.transport.records import decode
 from shared.transport.tensors import InvalidContent
 from shared.transport.wire import LIVE_RUNS
-from shared.web import binary, read_json, read_message, reject
+from shared.web import binary, rate_limited, read_json, read_message, reject
 
 router = web.guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
 
 
-@router.post("/edges", responses=web.error_responses(400, 413, 422),
+@router.post("/edges", responses=web.error_responses(400, 408, 413, 422, 429),
              openapi_extra=web.json_body_doc(EdgeRegistration))
 async def register(request: Request, store: StoreDep) -> EdgeRegistration:
     reg = await read_json(request, EdgeRegistration)  # after the token check
+    await rate_limited(request, "registration", reg.edge_id)
     await store.register_edge(reg)
     return reg
 
@@ -174,11 +168,12 @@ async def run_end(
 
 
 @router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED,
-             responses=web.error_responses(400, 404, 409, 413, 422), openapi_extra=web.binary_body_doc())
+             responses=web.error_responses(400, 404, 408, 409, 413, 422, 429), openapi_extra=web.binary_body_doc())
 async def submit(
     edge_id: int, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
 ) -> SubmitReceipt:
     """Accepts an edge's contribution into the run's buffer (idempotent per idempotency key)."""
+    await rate_limited(request, "contribution", edge_id)  # before its body is read
     tensors, header, blob = await read_message(request, EdgeContributionHeader)
     if header.edge_id != edge_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
@@ -187,8 +182,10 @@ async def submit(
         raise NotFound(f"unknown edge {edge_id}; register first")
     run_id = header.run_id
     algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
-    global_, _ = decode(await store.global_blob(run_id), GlobalStateHeader)
-    try:  # reads every value: on a worker thread, so long-polls are answered meanwhile
+    # Decoding copies the whole model: on a worker thread, as the check (which reads every value), so
+    # long-polls are answered meanwhile.
+    global_, _ = await asyncio.to_thread(decode, await store.global_blob(run_id), GlobalStateHeader)
+    try:
         await asyncio.to_thread(check_contribution, algorithm, global_, header, tensors)
     except InvalidContent as exc:
         raise reject(exc) from exc

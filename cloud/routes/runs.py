@@ -2,6 +2,7 @@
 change is recorded in the audit log with the caller's identity."""
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 from fastapi import Request, Response, status
@@ -20,7 +21,7 @@ from shared.web import binary, error_responses, guarded_router, json_body_doc, r
 router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 413, 422),
+@router.post("", status_code=status.HTTP_201_CREATED, responses=error_responses(400, 408, 413, 422),
              openapi_extra=json_body_doc(RunConfig))
 async def create_run(request: Request, store: StoreDep, settings: SettingsDep, audit: AuditDep) -> RunInfo:
     config = await read_json(request, RunConfig, registry.parse_config)  # after the token check
@@ -72,10 +73,15 @@ async def history(run_id: str, store: StoreDep) -> list[RoundRecord]:
 @router.get("/{run_id}/model", responses=error_responses(404))
 async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
     """The global model at the current version as safetensors (X-FL-Version says which)."""
-    config = await store.config(run_id)
-    tensors, header = decode(await store.global_blob(run_id), GlobalStateHeader)
-    params = orchestrator.algorithm(run_id, config).model_parameters(tensors)
-    return binary(encode(params, header), headers={"X-FL-Version": str(header.version)})
+    algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
+    blob = await store.global_blob(run_id)
+
+    def model_blob() -> tuple[bytes, int]:  # copies the whole model twice: off the loop
+        tensors, header = decode(blob, GlobalStateHeader)
+        return encode(algorithm.model_parameters(tensors), header), header.version
+
+    body, version = await asyncio.to_thread(model_blob)
+    return binary(body, headers={"X-FL-Version": str(version)})
 
 
 @router.get("/{run_id}/edges", responses=error_responses(404))

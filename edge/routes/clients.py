@@ -9,17 +9,18 @@ from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
 from shared import web
 from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt
 from shared.transport.tensors import InvalidContent
-from shared.web import binary, read_json, read_message, reject
+from shared.web import binary, rate_limited, read_json, read_message, reject
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
 router = web.guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["clients"])
 
 
-@router.post("", responses=web.error_responses(400, 409, 413, 422),
+@router.post("", responses=web.error_responses(400, 408, 409, 413, 422, 429),
              openapi_extra=web.json_body_doc(ClientRegistration))
 async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
     reg = await read_json(request, ClientRegistration)  # after the token check
+    await rate_limited(request, "registration", reg.client_id)
     loop.check_own_client(reg.client_id)
     board.register(reg)
     return reg
@@ -35,8 +36,9 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED,
-             responses=web.error_responses(400, 404, 409, 413, 422), openapi_extra=web.binary_body_doc())
+             responses=web.error_responses(400, 404, 408, 409, 413, 422, 429), openapi_extra=web.binary_body_doc())
 async def result(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
+    await rate_limited(request, "result", client_id)  # before its body is read
     tensors, header, _ = await read_message(request, ClientResultHeader)
     if header.client_id != client_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
@@ -50,9 +52,11 @@ async def result(client_id: int, request: Request, board: BoardDep) -> ResultRec
 
 
 @router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
-             responses=web.error_responses(400, 409, 413, 422), openapi_extra=web.json_body_doc(ClientFailureReport))
+             responses=web.error_responses(400, 404, 408, 409, 413, 422, 429),
+             openapi_extra=web.json_body_doc(ClientFailureReport))
 async def failure(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
     """A task the client could not train: the round stops waiting for it and its record says why."""
+    await rate_limited(request, "result", client_id)  # a failure answers a task as a result does
     report = await read_json(request, ClientFailureReport)  # after the token check
     if report.client_id != client_id:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,

@@ -3,7 +3,8 @@
 A request is retried through a passing fault (a transport error such as a refused or dropped connection,
 or a 5xx answer: a restarting server) only when sending it twice is harmless: a read (GET, HEAD), or a
 write the server deduplicates, which its caller marks with `extensions=DEDUPLICATED`. Any other write is
-sent once, and its fault reaches the caller. 4xx answers are final. Waits follow `Backoff`.
+sent once, and its fault reaches the caller. 4xx answers are final, but for 429 (rate limited: the server
+did not act on it), which is re-sent after the Retry-After it names. Waits follow `Backoff`.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class _Retrying:
         safe = request.method in _READS or bool(request.extensions.get("deduplicated"))
         backoff = self.backoff()
         while True:
+            limited = False
             try:
                 response = await attempt(request)
             except httpx.TransportError as exc:
@@ -50,15 +52,34 @@ class _Retrying:
                     raise
                 fault = repr(exc)
             else:
-                if response.status_code < 500 or not safe or self._exhausted(backoff):
+                # 429: the server refused to act on it (rate limit), so any request may be sent again.
+                limited = response.status_code == TOO_MANY_REQUESTS
+                if (response.status_code < 500 or not safe) and not limited or self._exhausted(backoff):
                     return response
                 fault = f"HTTP {response.status_code}: {response.text[:200]}"
-            delay = backoff.next()
+            delay = max(backoff.next(), _retry_after(response) if limited else 0.0)
             log.warning("%s %s failed (%s); retrying in %.1fs", request.method, request.url, fault, delay)
             await pause(delay)
 
     def _exhausted(self, backoff: Backoff) -> bool:
         return self.attempts is not None and backoff.failures + 1 >= self.attempts
+
+
+TOO_MANY_REQUESTS = 429
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The seconds a 429's Retry-After asks for (a number; 0 if absent or a date), at most a minute."""
+    try:
+        return min(max(float(response.headers.get("Retry-After", 0)), 0.0), 60.0)
+    except ValueError:
+        return 0.0
+
+
+def _read_whole(response: httpx.Response) -> bool:
+    """Whether an attempt's answer is read at once: one that will be retried (a 5xx, a 429), so that it can
+    be logged and its connection freed for the next attempt."""
+    return response.status_code >= 500 or response.status_code == TOO_MANY_REQUESTS
 
 
 class RetryTransport(_Retrying, httpx.AsyncBaseTransport):
@@ -71,8 +92,8 @@ class RetryTransport(_Retrying, httpx.AsyncBaseTransport):
 
     async def _attempt(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
-        if response.status_code >= 500:
-            await response.aread()  # which also closes it, freeing its connection for the next attempt
+        if _read_whole(response):
+            await response.aread()  # which also closes it
         return response
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -92,8 +113,8 @@ class SyncRetryTransport(_Retrying, httpx.BaseTransport):
 
     def _attempt(self, request: httpx.Request) -> httpx.Response:
         response = self.inner.handle_request(request)
-        if response.status_code >= 500:
-            response.read()  # which also closes it, freeing its connection for the next attempt
+        if _read_whole(response):
+            response.read()  # which also closes it
         return response
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:

@@ -23,7 +23,8 @@ import torch
 from safetensors.torch import save as st_save
 
 from shared.algorithms import registry
-from shared.schemas import ClientParticipation
+from shared.config import RunConfig
+from shared.schemas import ClientParticipation, EdgeRegistration
 from shared.transport.tensors import Tensors, encode
 from shared.transport.wire import SAFETENSORS
 from tests.cloud.harness import (
@@ -87,7 +88,7 @@ async def test_control_api_refuses_non_bearer_scheme(cloud: Cloud) -> None:
     assert await cloud.snapshot() == before
 
 
-NESTED = b"[" * 5000 + b"]" * 5000
+NESTED = b"[" * 2000 + b"]" * 2000  # past json's recursion limit, within a registration's 4 KiB
 
 
 @pytest.mark.parametrize("body", [b"{not json", b'{"rounds": -1}', NESTED], ids=["not-json", "invalid", "nested"])
@@ -632,9 +633,9 @@ async def test_json_body_oversized(redis_url: str, endpoint: str, length: str) -
     async with running_cloud(redis_url, max_payload_bytes=PAYLOAD_LIMIT) as cloud:
         run_id = await cloud.create_run()
         before = await cloud.snapshot(run_id)
-        path, body, token = {
-            "create-run": ("/api/v1/runs", small_config(), ADMIN_TOKEN),
-            "register-edge": ("/api/v1/edges", {"edge_id": 3}, EDGE_TOKEN),
+        path, body, token, model = {
+            "create-run": ("/api/v1/runs", small_config(), ADMIN_TOKEN, RunConfig),
+            "register-edge": ("/api/v1/edges", {"edge_id": 3}, EDGE_TOKEN, EdgeRegistration),
         }[endpoint]
         blob = json.dumps(body).encode() + b" " * PAYLOAD_LIMIT
 
@@ -642,7 +643,7 @@ async def test_json_body_oversized(redis_url: str, endpoint: str, length: str) -
             return cloud.http.post(path, content=content, headers={
                 **bearer(token), "Content-Type": "application/json", **(headers or {})})
 
-        await assert_refuses_oversized(post, blob, length, PAYLOAD_LIMIT)
+        await assert_refuses_oversized(post, blob, length, PAYLOAD_LIMIT, min(PAYLOAD_LIMIT, model.max_body_bytes))
         assert await cloud.snapshot(run_id) == before
 
 
@@ -802,3 +803,35 @@ async def test_a_loader_that_never_returns_is_refused_in_time_and_holds_nothing(
             assert (await asyncio.wait_for(cloud.submit(0, contribution(global_, run_id)), 20)).status_code == 202
     finally:
         user_factories.RELEASE.set()
+
+
+# =================================================================================================
+# Large inputs: refused by what the route needs, and never echoed back whole
+# =================================================================================================
+@pytest.mark.parametrize("endpoint", ["create-run", "register-edge"])
+async def test_a_json_body_is_refused_past_what_its_route_needs(cloud: Cloud, endpoint: str) -> None:
+    path, body, token, limit = {
+        "create-run": ("/api/v1/runs", small_config(), ADMIN_TOKEN, RunConfig.max_body_bytes),
+        "register-edge": ("/api/v1/edges", {"edge_id": 3}, EDGE_TOKEN, EdgeRegistration.max_body_bytes),
+    }[endpoint]
+    blob = json.dumps(body).encode() + b" " * limit
+    r = await cloud.http.post(path, content=blob, headers={**bearer(token), "Content-Type": "application/json"})
+    assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of {limit}"
+    assert (await cloud.admin("GET", "/api/v1/runs")).json() == []
+
+
+async def test_a_422_quotes_a_large_run_config_only_briefly(cloud: Cloud) -> None:
+    """A 900 kB config with a field it should not have, and many more: the 422 names the first few
+    without echoing the config (a 60 MB one took 59 s to be written back)."""
+    config = {**small_config(), "notes": "x" * 900_000, **{f"also{i}": i for i in range(100)}}
+    r = await cloud.admin("POST", "/api/v1/runs", json=config)
+    detail = detail_of(r, 422, "notes", "Extra inputs are not permitted", "more not shown")
+    assert len(r.content) < 6000, len(r.content)
+    assert len(detail) == 21
+
+
+async def test_contributions_past_the_rate_limit_get_429_per_edge(redis_url: str) -> None:
+    async with running_cloud(redis_url, rate_limit="2/minute") as cloud:
+        statuses = [(await cloud.submit(0, b"not safetensors")).status_code for _ in range(3)]
+        assert statuses == [400, 400, 429]
+        assert (await cloud.submit(1, b"not safetensors")).status_code == 400  # another edge: its own allowance

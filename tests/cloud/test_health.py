@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from fedctl.redis_server import free_port
@@ -24,3 +26,21 @@ async def test_without_redis_the_cloud_answers_503_not_500() -> None:
             assert "connect" in r.json()["detail"].lower()
         r = await cloud.http.get("/metrics")  # the counters still, without the gauges Redis would give
         assert r.status_code == 200 and "fl_http_request_duration_seconds" in r.text
+
+
+async def test_every_redis_connection_busy_waits_then_answers_503_not_500(redis_url: str) -> None:
+    # redis-py's default pool raised at once past its 100 connections: 500s above ~100 concurrent requests.
+    async with running_cloud(redis_url, redis_max_connections=2, redis_pool_timeout_s=0.5) as cloud:
+        pool = cloud.app.state.store.r.connection_pool
+        held = [await pool.get_connection() for _ in range(2)]
+        try:
+            r = await cloud.http.get("/health")
+            assert r.status_code == 503, r.text
+            assert "no connection available" in r.json()["detail"].lower()
+            waiting = asyncio.ensure_future(cloud.http.get("/health"))  # waits for a connection...
+            await asyncio.sleep(0.1)
+            await pool.release(held.pop())  # ...and gets the one given back
+            assert (await waiting).status_code == 200
+        finally:
+            for connection in held:
+                await pool.release(connection)

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import torch
 
+from shared.schemas import ClientRegistration
 from shared.transport.tensors import Tensors, encode
 from shared.transport.wire import SAFETENSORS, client_token
 from tests.edge.harness import (
@@ -362,3 +363,49 @@ async def test_result_duplicate(edge: Edge) -> None:
     assert await edge.snapshot(0) == before
     (kept,) = edge.board.results()
     assert (kept.num_samples, kept.loss) == (10, 0.5)
+
+
+# =================================================================================================
+# Large inputs: refused by what the route needs, and never echoed back whole
+# =================================================================================================
+async def test_a_registration_is_refused_past_a_few_kib_though_tensors_may_take_mib(edge: Edge) -> None:
+    body = json.dumps({"client_id": 1, "num_samples": 3}).encode() + b" " * 100_000
+    r = await edge.http.post("/api/v1/clients", content=body, headers={**auth(), "Content-Type": "application/json"})
+    assert detail_of(r, 413) == f"payload of {len(body)} bytes exceeds the limit of {ClientRegistration.max_body_bytes}"
+    assert 1 not in edge.board.clients
+
+
+@pytest.mark.parametrize("token", ["secret", "own"])
+async def test_a_422_quotes_a_large_input_only_briefly(edge: Edge, token: str) -> None:
+    """A registration with a 50 kB field it should not have: the 422 names it without echoing it (it
+    echoed all of it back: 20 MB took 12 s)."""
+    body = {"client_id": 1, "extra": "x" * 50_000, **{f"also{i}": i for i in range(100)}}
+    headers = auth(CLIENT_TOKEN if token == "secret" else client_token(CLIENT_TOKEN, 1))
+    r = await edge.http.post("/api/v1/clients", json=body, headers=headers)
+    detail = detail_of(r, 422, "extra", "Extra inputs are not permitted", "more not shown")
+    assert len(r.content) < 6000, len(r.content)
+    assert len(detail) == 21  # 20 errors shown, and how many more there are
+
+
+async def test_a_422_of_a_tensor_header_does_not_echo_it(edge: Edge) -> None:
+    await edge.open_tasks(0)
+    header = {**result_header(0).model_dump(mode="json"), "padding": "x" * 1_000_000}
+    r = await edge.send_result(0, raw_message(zeros_like(task_tensors(0)), header))
+    detail_of(r, 422, "invalid ClientResultHeader", "padding")
+    assert len(r.content) < 2000, len(r.content)
+
+
+async def test_registrations_and_results_past_the_rate_limit_get_429_per_client() -> None:
+    async with running_edge(rate_limit="3/minute") as edge:
+        statuses = [(await edge.http.post("/api/v1/clients", json={"client_id": 5}, headers=auth())).status_code
+                    for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]
+        r = await edge.http.post("/api/v1/clients", json={"client_id": 5}, headers=auth())
+        assert detail_of(r, 429, "more than 3 per 1 minute") and 1 <= int(r.headers["Retry-After"]) <= 60
+        # Another client, even behind the same secret, has its own allowance; results count apart.
+        assert (await edge.http.post("/api/v1/clients", json={"client_id": 6}, headers=auth())).status_code == 200
+        await edge.open_tasks(0)
+        for _ in range(3):
+            await edge.send_result(0, b"not safetensors")
+        detail_of(await edge.send_result(0, result(0)), 429)
+        assert edge.board.results() == []

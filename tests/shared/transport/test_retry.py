@@ -71,6 +71,22 @@ async def test_a_deduplicated_write_is_retried_with_its_body():
     assert response.status_code == 202 and bodies == [b"contribution"] * 3
 
 
+async def test_a_rate_limited_request_of_any_kind_is_sent_again_after_its_retry_after(caplog):
+    # 429: the server refused to act on it, so even a write that is not deduplicated may be sent again.
+    caplog.set_level(logging.WARNING)
+    answers = [httpx.Response(429, headers={"Retry-After": "0.01"}), httpx.Response(429), httpx.Response(202)]
+    seen = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.read())
+        return answers.pop(0)
+
+    async with client(httpx.MockTransport(handle)) as http:
+        assert (await http.post("/x", content=b"result")).status_code == 202
+    assert seen == [b"result"] * 3
+    assert waits(caplog)[0] >= 0.01  # Retry-After, over the backoff's first 0.001 s
+
+
 async def test_client_errors_are_final():
     inner, seen = server(404)
     async with client(inner) as http:

@@ -1,5 +1,11 @@
+import json
+import re
+import struct
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.schemas import ClientResultHeader
 from shared.transport.tensors import InvalidContent, PayloadError, check_tensors, decode, encode, spec_of
@@ -53,3 +59,42 @@ def test_check_tensors_names_each_violation(tensors, match):
     expected = spec_of({"w": torch.zeros(2, 2), "b": torch.zeros(2)})
     with pytest.raises(InvalidContent, match=match):
         check_tensors(tensors, expected)
+
+
+# ---- malformed safetensors headers: always a PayloadError (a 4xx), never anything else (a 500) ----------
+_scalars = st.one_of(st.none(), st.booleans(), st.floats(), st.text(max_size=20),
+                     st.integers(-(2**70), 2**70), st.sampled_from(["F32", "U8", "I64", "F8_E8M0", "BOOL"]))
+_json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                     max_leaves=12)
+# A number token JSON writes as-is but Python refuses to read: more digits than int() converts (4,300).
+_long_number = st.integers(4301, 6000).map(lambda n: "9" * n)
+
+
+@st.composite
+def malformed_headers(draw) -> bytes:
+    """A safetensors document with a header that is close to valid where it matters: the tensor entry's
+    fields, the metadata and the message take arbitrary JSON values, or an overlong integer anywhere."""
+    entry = {"dtype": draw(st.one_of(st.just("F32"), _json)), "shape": draw(st.one_of(st.just([2]), _json)),
+             "data_offsets": draw(st.one_of(st.just([0, 8]), _json))}
+    metadata = draw(st.one_of(st.just({"message": header().model_dump_json()}), _json,
+                              st.dictionaries(st.just("message"), _json.map(json.dumps))))
+    document = {"w": draw(st.one_of(st.just(entry), _json)), "__metadata__": metadata}
+    text = json.dumps(draw(st.one_of(st.just(document), _json)))
+    if draw(st.booleans()):  # an overlong integer in place of one of the numbers (or appended to the text)
+        numbers = re.findall(r"-?\d+", text) or [""]
+        text = text.replace(draw(st.sampled_from(numbers)) or text, draw(_long_number), 1)
+    raw = text.encode()
+    if draw(st.booleans()):  # or the bytes themselves broken
+        raw = draw(st.binary(max_size=16)) + raw[draw(st.integers(0, len(raw))):]
+    data = draw(st.binary(max_size=16))
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(blob=malformed_headers())
+def test_any_malformed_header_is_a_payload_error(blob):
+    try:
+        decode(blob, ClientResultHeader)
+    except PayloadError:  # 400 (422 for InvalidContent): what the services answer
+        pass
