@@ -27,8 +27,9 @@ class CloudSettings(ServerSettings):
     redis_ca_file: Path | None = None
     redis_cert_file: Path | None = None
     redis_key_file: Path | None = None
-    # The Redis connections this process opens at most; a request that finds them all busy waits up to
-    # redis_pool_timeout_s for one, then answers 503 (edges retry). Long-polls hold none while they wait.
+    # The Redis connections this process's requests and loop open at most (its event channel has one of its
+    # own besides); a request that finds them all busy waits up to redis_pool_timeout_s for one, then answers
+    # 503 (edges retry). Long-polls hold none while they wait.
     redis_max_connections: int = Field(64, ge=1)
     redis_pool_timeout_s: float = Field(30.0, gt=0)
     # Every key lives under this prefix, so several clouds (or test sessions) can share one Redis.

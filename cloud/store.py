@@ -458,13 +458,20 @@ class RedisStore(Store):
         await self.r.publish(self.k.events, message)
 
     async def listen(self, subscribed: Callable[[], Awaitable[None]], heard: Callable[[str], Awaitable[None]]) -> None:
-        # One connection for the whole process, whatever the number of waiters it wakes.
-        async with self.r.pubsub(ignore_subscribe_messages=True) as pubsub:
-            await pubsub.subscribe(self.k.events)
-            await subscribed()
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    await heard(_text(message["data"]))
+        # One connection for the whole process, whatever the number of waiters it wakes; its own, outside the
+        # bounded pool, so that requests holding every pooled connection can never keep the wake-ups waiting.
+        pool = self.r.connection_pool
+        own = aioredis.ConnectionPool(connection_class=pool.connection_class, max_connections=1,
+                                      **pool.connection_kwargs)
+        try:
+            async with aioredis.Redis(connection_pool=own).pubsub(ignore_subscribe_messages=True) as pubsub:
+                await pubsub.subscribe(self.k.events)
+                await subscribed()
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        await heard(_text(message["data"]))
+        finally:
+            await own.disconnect()
 
     # ---- dashboard reads -----------------------------------------------------------------------
     async def history_since(self, run_id: str, start: int) -> list[RoundRecord]:
