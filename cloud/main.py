@@ -52,8 +52,14 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             yield
         finally:
             orchestrator.stop()
+            # On Python 3.11 a cancel that lands while redis-py's own wait_for completes can be lost (the event
+            # channel's listener then reads on for ever): cancel what is still running until all have ended.
+            pending = set(tasks)
+            while pending:
+                for task in pending:
+                    task.cancel()
+                _, pending = await asyncio.wait(pending, timeout=0.5)
             for task in tasks:
-                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await redis.aclose()
