@@ -25,7 +25,7 @@ MAX_SYNTHETIC_DEVICES = 1000
 
 
 BUILTIN_DATASETS = ("mnist5k", "digits", "npz", "synthetic", "mnist1d")
-BUILTIN_MODELS = ("logreg", "mlp", "cnn")
+BUILTIN_MODELS = ("logreg", "mlp", "cnn", "flower_cnn")
 # "package.module:attribute": user code the services import (see shared.user_code).
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -106,7 +106,8 @@ class DataConfig(_HashableOptions):
 
 
 class ModelConfig(_HashableOptions):
-    name: str = Field("cnn", description="logreg | mlp | cnn, or 'package.module:factory', a function called as "
+    name: str = Field("cnn", description="logreg | mlp | cnn | flower_cnn (Flower's quickstart CNN), or "
+                      "'package.module:factory', a function called as "
                       "factory(input_shape, num_classes, **options) that returns a torch nn.Module")
     hidden: tuple[int, ...] = Field(
         (200, 200), min_length=1, max_length=16, description="the mlp's hidden layer sizes (McMahan's 2NN: 200, 200)")
@@ -297,8 +298,9 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
         _check_finite(self.params, "params")
-        if self.model.name == "cnn" and self.data.dataset in ("synthetic", "mnist1d"):
-            raise ValueError(f"the cnn needs images; {self.data.dataset} has 1-D features (use logreg or mlp)")
+        if self.model.name in ("cnn", "flower_cnn") and self.data.dataset in ("synthetic", "mnist1d"):
+            raise ValueError(f"the {self.model.name} needs images; {self.data.dataset} has 1-D features "
+                             "(use logreg or mlp)")
         if self.data.num_clients < self.topology.num_edges:
             raise ValueError("every edge needs at least one client")
         strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)

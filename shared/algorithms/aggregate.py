@@ -22,19 +22,40 @@ class Partial:
     weight: float  # sum_k weight_k
 
 
+# Elements per step of the in-place accumulate: a float64 scratch of 512 KiB stays in the core's cache.
+_CHUNK = 65_536
+
+
 def reduce(items: Iterable[tuple[float, Record]]) -> Partial:
+    """Σ weight·x in float64, in place, a cache-sized chunk at a time: per chunk the same three roundings
+    as `sum + x.double() * weight` (cast, multiply, add; never a fused multiply-add), so bit-identical to
+    it, without two new float64 tensors per client and name (the memory traffic that made an edge's
+    aggregate of a hundred updates run at a twentieth of a plain copy's speed)."""
     sums: Record = {}
+    scratch = torch.empty(_CHUNK, dtype=torch.float64)
     total = 0.0
     for weight, record in items:
         total += weight
         for group, tensors in record.items():
             into = sums.setdefault(group, {})
             for name, t in tensors.items():
-                term = t.to(torch.float64) * weight
-                into[name] = into[name] + term if name in into else term
+                if name not in into:
+                    into[name] = (t.to(torch.float64) * weight).contiguous()  # `.to` keeps a transpose's strides
+                    continue
+                _accumulate(into[name].view(-1), t.reshape(-1), weight, scratch)
     if total <= 0:
         raise ValueError("cannot reduce an empty or zero-weight set")
     return Partial(sums, total)
+
+
+def _accumulate(into: torch.Tensor, x: torch.Tensor, weight: float, scratch: torch.Tensor) -> None:
+    """into += x.double() * weight, in place, both flat."""
+    if into.shape != x.shape:
+        raise ValueError(f"cannot add a tensor of {x.numel()} elements to a sum of {into.numel()}")
+    for start in range(0, x.numel(), _CHUNK):
+        part = x[start : start + _CHUNK]
+        term = scratch[: part.numel()].copy_(part)
+        into[start : start + _CHUNK].add_(term.mul_(weight))
 
 
 def combine(partials: Iterable[Partial]) -> Partial:

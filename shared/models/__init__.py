@@ -6,6 +6,9 @@ Parameters (name: shape for MNIST 1x28x28, 10 classes):
   fc3.bias; with model.hidden = [h1, ..., hn]: fc1 ... fc(n+1), fc(i).weight [h_i, h_(i-1)]
 - cnn: conv1.weight [16, 1, 3, 3], conv1.bias, conv2.weight [32, 16, 3, 3], conv2.bias, fc1.weight [64, 32*7*7],
   fc1.bias, fc2.weight [10, 64], fc2.bias
+- flower_cnn (the CNN of Flower's PyTorch quickstart, for 1-channel 28x28 inputs): conv1.weight [6, 1, 5, 5],
+  conv1.bias, conv2.weight [16, 6, 5, 5], conv2.bias, fc1.weight [120, 16*4*4], fc1.bias, fc2.weight [84, 120],
+  fc2.bias, fc3.weight [10, 84], fc3.bias
 - "package.module:factory": whatever the researcher's nn.Module names its parameters. The contract:
   `factory(input_shape: tuple[int, ...], num_classes: int, **model.options) -> nn.Module`, where input_shape
   is one sample's shape (e.g. (1, 28, 28)); the module maps a float32 batch (N, *input_shape) to logits
@@ -15,6 +18,8 @@ Parameters (name: shape for MNIST 1x28x28, 10 classes):
 """
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Sequence
 
@@ -76,6 +81,30 @@ class CNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+class FlowerCNN(nn.Module):
+    """The CNN of Flower's PyTorch quickstart (two 5x5 conv + max-pool blocks, dense 120 and 84), with the
+    flattened size computed from the input, so runs can be compared with Flower's simulation one to one."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__()
+        channels, height, width = input_shape
+        if min(height, width) < 16:
+            raise ValueError(f"flower_cnn needs inputs of at least 16x16 pixels, got {height}x{width}")
+        self.conv1 = nn.Conv2d(channels, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        def pooled(size: int) -> int:  # after conv 5x5, pool 2, conv 5x5, pool 2
+            return ((size - 4) // 2 - 4) // 2
+
+        self.fc1 = nn.Linear(16 * pooled(height) * pooled(width), 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int = 0,
                 **widths: int) -> nn.Module:
     """Builds the model with weights drawn from a generator seeded by `seed` (the caller's RNG untouched).
@@ -93,16 +122,27 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
             raise UserCodeError(f"the model factory {cfg.name!r} returned a {type(model).__name__}, not a torch "
                                 "nn.Module")
         return model
-    if cfg.name == "cnn" and len(input_shape) != 3:
-        raise ValueError(f"cnn needs (channels, height, width) inputs, got {input_shape}")
+    # A copy of the one built for these arguments: seeding and drawing the initial weights cost more than
+    # the local update of a small client, which overwrites them anyway (built-in models only: an imported
+    # factory may not be copyable, or may mean to be called each time).
+    return copy.deepcopy(_builtin(cfg, tuple(input_shape), num_classes, seed, tuple(sorted(widths.items()))))
+
+
+@functools.lru_cache(maxsize=32)
+def _builtin(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, seed: int,
+             widths: tuple[tuple[str, int], ...]) -> nn.Module:
+    """A built-in model as `build_model` describes it; shared through the cache: never handed out itself."""
+    if cfg.name in ("cnn", "flower_cnn") and len(input_shape) != 3:
+        raise ValueError(f"{cfg.name} needs (channels, height, width) inputs, got {input_shape}")
+    narrowed = dict(widths)
     with seeded_default_generator(seed):
         if cfg.name == "mlp":
-            hidden = [widths.pop(f"hidden{i + 1}", size) for i, size in enumerate(cfg.hidden)]
-            if widths:
-                raise TypeError(f"the mlp has no widths {sorted(widths)}")
+            hidden = [narrowed.pop(f"hidden{i + 1}", size) for i, size in enumerate(cfg.hidden)]
+            if narrowed:
+                raise TypeError(f"the mlp has no widths {sorted(narrowed)}")
             return MLP(input_shape, num_classes, hidden)
-        cls = {"logreg": LogReg, "cnn": CNN}[cfg.name]
-        return cls(input_shape, num_classes, **widths)
+        cls = {"logreg": LogReg, "cnn": CNN, "flower_cnn": FlowerCNN}[cfg.name]
+        return cls(input_shape, num_classes, **narrowed)
 
 
 # ---- feature extractors f_i: x -> R^d, for prototype learning with heterogeneous clients ------------

@@ -32,3 +32,23 @@ def test_add_scaled_keeps_dtype():
     base = {"w": torch.ones(2)}
     out = aggregate.add_scaled(base, {"w": torch.tensor([2.0, 4.0], dtype=torch.float64)}, 0.5)
     assert out["w"].dtype == torch.float32 and torch.equal(out["w"], torch.tensor([2.0, 3.0]))
+
+
+def test_reduce_in_place_is_bit_identical_to_the_plain_sum_of_float64_products():
+    """The in-place, chunked accumulate rounds as `sum + x.double() * w` does, across chunk boundaries and
+    for any shape and dtype of x (here a tensor larger than one chunk and a non-contiguous one)."""
+    generator = torch.Generator().manual_seed(0)
+    big = aggregate._CHUNK * 2 + 17
+    items = [(float(w), {"m": {"big": torch.randn(big, generator=generator),
+                               "t": torch.randn(5, 3, generator=generator).T,
+                               "h": torch.randn(7, generator=generator).half()}})
+             for w in (3.0, 0.1, 7.25, 1e-3)]
+    expected: dict[str, torch.Tensor] = {}
+    for w, record in items:
+        for name, x in record["m"].items():
+            term = x.to(torch.float64) * w
+            expected[name] = expected[name] + term if name in expected else term
+    got = aggregate.reduce(items)
+    assert got.weight == sum(w for w, _ in items)
+    for name, value in expected.items():
+        assert got.sums["m"][name].dtype == torch.float64 and torch.equal(got.sums["m"][name], value), name

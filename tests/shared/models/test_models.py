@@ -6,7 +6,7 @@ from torch import nn
 from shared.algorithms import registry
 from shared.algorithms.submodel import architecture_of, embed, extract, layer_windows
 from shared.config import ModelConfig, RunConfig
-from shared.models import build_model
+from shared.models import CNN, build_model
 from shared.user_code import UserCodeError
 
 FACTORIES = "tests.shared.user_factories"
@@ -21,6 +21,33 @@ def test_default_mlp_is_mcmahans_2nn_drawn_in_layer_order():
     for name, layer in zip(names, expected, strict=True):
         assert torch.equal(getattr(model, name).weight, layer.weight)
         assert torch.equal(getattr(model, name).bias, layer.bias)
+
+
+def test_flower_cnn_is_flowers_quickstart_net():
+    """Flower's PyTorch quickstart CNN: 62,006 parameters on CIFAR's 3x32x32, 44,426 on MNIST's 1x28x28."""
+    mnist = build_model(ModelConfig(name="flower_cnn"), (1, 28, 28), 10)
+    shapes = {n: tuple(p.shape) for n, p in mnist.named_parameters()}
+    assert shapes == {"conv1.weight": (6, 1, 5, 5), "conv1.bias": (6,), "conv2.weight": (16, 6, 5, 5),
+                      "conv2.bias": (16,), "fc1.weight": (120, 256), "fc1.bias": (120,), "fc2.weight": (84, 120),
+                      "fc2.bias": (84,), "fc3.weight": (10, 84), "fc3.bias": (10,)}
+    cifar = build_model(ModelConfig(name="flower_cnn"), (3, 32, 32), 10)
+    assert sum(p.numel() for p in cifar.parameters()) == 62_006 and cifar(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="16x16"):
+        build_model(ModelConfig(name="flower_cnn"), (1, 8, 8), 10)
+
+
+def test_each_build_is_a_model_of_its_own_with_the_seeded_weights():
+    """Built-in models are copies of one built per process: training one never changes the next."""
+    first = build_model(ModelConfig(name="cnn"), (1, 28, 28), 10, seed=5)
+    with torch.no_grad():
+        for p in first.parameters():
+            p.add_(1.0)
+    second = build_model(ModelConfig(name="cnn"), (1, 28, 28), 10, seed=5)
+    torch.manual_seed(5)
+    fresh = CNN((1, 28, 28), 10)
+    for (name, got), (_, want) in zip(second.named_parameters(), fresh.named_parameters(), strict=True):
+        assert torch.equal(got, want), name
+    assert not torch.equal(first.conv1.weight, second.conv1.weight)
 
 
 def test_mlp_hidden_sizes_are_configurable():
@@ -74,7 +101,7 @@ def test_an_imported_model_is_not_narrowed_and_sub_model_algorithms_refuse_it(al
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"name": "resnet"}, "model.name must be one of logreg, mlp, cnn or an import path"),
+    ({"name": "resnet"}, "model.name must be one of logreg, mlp, cnn, flower_cnn or an import path"),
     ({"name": "pkg.models"}, "import path"),
     ({"name": "cnn", "options": {"width": 3}}, "model.options are the keyword arguments of an imported factory"),
     ({"name": "cnn", "hidden": [100]}, "model.hidden sets the mlp's hidden layers"),
