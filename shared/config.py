@@ -160,6 +160,11 @@ class RoundPolicy(Strict):
     max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
 
 
+# 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
+# (1e9 s at 1e-300 Mbit/s), and the clients failed every task of the run.
+MIN_LINK_MBPS = 0.01
+
+
 class DeviceOverride(Strict):
     """One client's device: a named profile and/or any of its figures replaced."""
 
@@ -168,7 +173,7 @@ class DeviceOverride(Strict):
     cycles_per_sample: float | None = Field(None, gt=0, le=1e12)
     capacitance: float | None = Field(None, gt=0, le=1e-20)
     static_power_w: float | None = Field(None, ge=0, le=1000)
-    link_mbps: float | None = Field(None, gt=0, le=1e6)
+    link_mbps: float | None = Field(None, ge=MIN_LINK_MBPS, le=1e6)
 
     @field_validator("profile")
     @classmethod
@@ -201,7 +206,8 @@ class DvfsConfig(Strict):
     clients: dict[int, DeviceOverride] = Field(
         default_factory=dict, max_length=100_000, description="per-client overrides by client id: profile, "
         "frequencies_ghz, cycles_per_sample, capacitance, static_power_w, link_mbps")
-    link_mbps: float = Field(20.0, gt=0, le=1e6, description="link rate of the modelled communication time, Mbit/s")
+    link_mbps: float = Field(20.0, ge=MIN_LINK_MBPS, le=1e6,
+                             description="link rate of the modelled communication time, Mbit/s")
     time_scale: float = Field(
         0.0, ge=0, le=1000, description="emulated devices (no writable cpufreq): a client's wall time is "
         "stretched to its modelled time × this; 0: not stretched")

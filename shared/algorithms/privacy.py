@@ -28,6 +28,10 @@ from shared.config import PrivacyConfig, RunConfig
 from shared.seeding import PRIVACY_NOISE, torch_generator
 from shared.selection import num_selected
 from shared.transport.records import Record
+from shared.transport.tensors import MAX_ABS
+
+# A noised value this many standard deviations out is never met in practice (1e-15 per coordinate).
+NOISE_SIGMAS = 8
 
 # RDP orders searched for the best conversion to (ε, δ): opacus's default set.
 ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
@@ -130,6 +134,21 @@ def check(config: RunConfig) -> None:
     if p.noise == "edge" and config.aggregation.edge != "mean":
         raise ValueError("privacy.noise 'edge' noises the sum of the clipped client steps: it needs "
                          "aggregation.edge 'mean'")
+    std = p.noise_multiplier * p.clip_norm
+    if p.clip_norm + NOISE_SIGMAS * std > MAX_ABS:
+        # Every noised step (or edge sum) then held values the edges and the cloud refuse: no round could end.
+        raise ValueError(f"privacy noise of standard deviation noise_multiplier * clip_norm = {std:g} carries "
+                         f"updates beyond the ±{MAX_ABS:g} that edges and the cloud accept: lower them")
+    try:
+        first, spent = epsilon(config, 1), epsilon(config, config.rounds)
+    except ArithmeticError:  # σ² underflows to 0 inside the accountant (σ below about 1e-160)
+        first = spent = math.inf
+    if first is None or spent is None or not math.isfinite(spent):
+        # Each update's record carries ε: an ε the accountant cannot give failed every update of the run, for good.
+        raise ValueError(f"privacy.noise_multiplier {p.noise_multiplier:g} is too small to account for: epsilon "
+                         f"after {config.rounds} rounds is not a finite number")
+    if first < 0:  # the conversion from RDP at a δ near 1: a meaningless ε (-2.8 at δ = 1 - 1e-10)
+        raise ValueError(f"privacy.delta {p.delta:g} is too large: epsilon after one round would be {first:.4g}")
     if rounds_to_run(config) == 0:
         raise ValueError(f"privacy.epsilon_budget {p.epsilon_budget} is spent before the first round "
                          f"(epsilon after one round: {epsilon(config, 1):.4g} at delta = {p.delta})")

@@ -182,11 +182,19 @@ async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
      ({"dvfs": {"clients": {"1": {"frequencies_ghz": [1.0, 40.0]}}}}, "frequencies must lie in [0.01, 10] GHz"),
      ({"dvfs": {"clients": {"1": {"capacitance": -1}}}}, "greater than 0"),
      ({"dvfs": {"clients": {"99": {"cycles_per_sample": 1e6}}}}, "dvfs.clients names clients [99] outside"),
-     ({"dvfs": {"policy": "turbo"}}, "'max', 'deadline' or 'slack'")],
+     ({"dvfs": {"policy": "turbo"}}, "'max', 'deadline' or 'slack'"),
+     # Accepted before, then every client failed every task: its device report (comm_s 4e298 s) was invalid.
+     ({"dvfs": {"link_mbps": 1e-300}}, "greater than or equal to 0.01"),
+     ({"dvfs": {"clients": {"1": {"link_mbps": 1e-300}}}}, "greater than or equal to 0.01"),
+     ({"dvfs": {"clients": {"1": {"cycles_per_sample": 1e12, "capacitance": 1e-20, "frequencies_ghz": [10.0]}}}},
+      "client 1's device (rpi4*, "),
+     # A 40 GB model: the cloud tried to allocate it and answered 500.
+     ({"model": {"name": "mlp", "hidden": [100_000, 100_000]}}, "the run's global state would take 38176 MiB")],
     ids=["algorithm-params", "edges-without-clients", "sync-buffer", "zero-fraction", "npz-without-path",
          "dvfs-unknown-profile", "dvfs-unknown-profile-in-list", "dvfs-unknown-profile-override",
          "dvfs-frequency-out-of-range", "dvfs-negative-capacitance", "dvfs-override-of-a-stranger",
-         "dvfs-unknown-policy"],
+         "dvfs-unknown-policy", "dvfs-link-too-slow", "dvfs-override-link-too-slow", "dvfs-device-beyond-a-report",
+         "mlp-beyond-the-state-limit"],
 )
 async def test_create_run_inconsistent_config(cloud: Cloud, overrides: dict[str, Any], fragment: str) -> None:
     before = await cloud.snapshot()
@@ -218,6 +226,22 @@ ROBUST_OR_PRIVATE = {
     "budget-below-one-round": ({"weighting": "uniform", "privacy": {"noise": "edge", "epsilon_budget": 0.5}},
                                "is spent before the first round"),
     "zero-noise": ({"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 0}}, "greater than 0"),
+    # Accepted before; then every cloud update failed (the accountant divided by σ² = 0, or gave ε = inf).
+    "noise-the-accountant-divides-by": (
+        {"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 1e-200}},
+        "privacy.noise_multiplier 1e-200 is too small to account for"),
+    "noise-of-infinite-epsilon": ({"weighting": "uniform", "privacy": {"noise": "client", "noise_multiplier": 1e-160}},
+                                  "epsilon after 2 rounds is not a finite number"),
+    # Accepted before; then every noised step was beyond ±1e6 and refused (422), and no round could end.
+    "noise-beyond-the-bounds": ({"weighting": "uniform", "privacy": {"noise": "client", "noise_multiplier": 1e4,
+                                                                     "clip_norm": 1e6}},
+                                "noise_multiplier * clip_norm = 1e+10 carries updates beyond the"),
+    # Accepted before, and the history reported epsilon = -2.8.
+    "delta-near-one": ({"weighting": "uniform", "privacy": {"noise": "edge", "delta": 1 - 1e-10}},
+                       "privacy.delta 1 is too large: epsilon after one round would be -2.8"),
+    "noise-the-accountant-divides-by-with-a-budget": (
+        {"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 1e-200, "epsilon_budget": 5}},
+        "is too small to account for"),
 }
 
 
