@@ -28,6 +28,7 @@ from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.deadlines import h11_with_deadlines
@@ -170,11 +171,16 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared > limit:
         raise _TooLarge(limit, declared)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge(limit)
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        # The caller gave up mid-upload (an edge drops its contribution when the run stops): a 4xx no one
+        # reads, where it was a 500 logged with its traceback ("Exception in ASGI application").
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "the connection closed before the whole body arrived") from exc
     request.state.body = body = b"".join(chunks)
     return body
 

@@ -859,3 +859,26 @@ async def test_contributions_past_the_rate_limit_get_429_per_edge(redis_url: str
         statuses = [(await cloud.submit(0, b"not safetensors")).status_code for _ in range(3)]
         assert statuses == [400, 400, 429]
         assert (await cloud.submit(1, b"not safetensors")).status_code == 400  # another edge: its own allowance
+
+
+async def test_an_upload_the_edge_gives_up_is_no_server_error(cloud: Cloud) -> None:
+    """An edge drops its contribution's upload when the run stops (it cancels the round): the cloud answered
+    500 and logged "Exception in ASGI application" with a traceback (starlette's ClientDisconnect)."""
+    await cloud.register_edge(0)
+    received = iter([{"type": "http.request", "body": b"x" * 100, "more_body": True}])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(received, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    path = "/api/v1/edges/0/contributions"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "state": {},
+             "headers": [(b"authorization", f"Bearer {EDGE_TOKEN}".encode()), (b"content-type", SAFETENSORS.encode()),
+                         (b"content-length", b"1000")]}
+    await cloud.app(scope, receive, send)  # raised ClientDisconnect before, after sending a 500
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [400]
