@@ -4,13 +4,15 @@ only: what the client and fedctl share with the servers is in shared/transport/w
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
 import reprlib
 import resource
 import secrets
 import time
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -220,6 +222,37 @@ async def rate_limited(request: Request, group: str, caller: int | str) -> None:
     await request.app.state.rate_limit.check(group, caller)
 
 
+class OpenRequests:
+    """Requests per caller and route group open at once (long-polls, uploads): past `limit`, 429 with
+    Retry-After. Every caller shares the server's connections (max_connections): one device's token holding
+    49 task long-polls on a 50-connection edge answered every other client, and /health, 503."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._open: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    @asynccontextmanager
+    async def hold(self, group: str, caller: int | str) -> AsyncIterator[None]:
+        key = (group, str(caller))
+        if self._open[key] >= self.limit:
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                                f"{self.limit} {group} requests for {caller} are open already; retry in 1 s",
+                                headers={"Retry-After": "1"})
+        self._open[key] += 1
+        try:
+            yield
+        finally:
+            self._open[key] -= 1
+            if not self._open[key]:
+                del self._open[key]
+
+
+def open_request(request: Request, group: str, caller: int | str) -> AbstractAsyncContextManager[None]:
+    """Holds one of `caller`'s open requests in `group` while the route serves (429 past the service's
+    max_open_per_caller)."""
+    return request.app.state.open_requests.hold(group, caller)
+
+
 # JSON bodies larger than this are parsed on a worker thread: the loop keeps answering long-polls meanwhile.
 _PARSE_ON_LOOP_BYTES = 64 * 2**10
 
@@ -393,6 +426,7 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
     server = server or ServerSettings()
     app.state.max_payload_bytes = max_payload_bytes  # what read_message reads at most
     app.state.rate_limit = RateLimit(server.rate_limit)
+    app.state.open_requests = OpenRequests(server.max_open_per_caller)
     app.add_middleware(BodyLimit, limit=max_payload_bytes, timeout_s=server.body_timeout_s)
     for router in routers:
         app.include_router(router)
