@@ -91,13 +91,15 @@ class HFPLParams(BaseModel):
 
     feature_dim: int = Field(64, ge=1, le=4096, description="d: the feature space every client maps into")
     # The squared norm sums over d dimensions, so λ_p is small: at 1 the pull overshoots at lr 0.05.
-    proto_weight: float = Field(0.05, ge=0, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
+    # Bounded (classifier_lr as local.lr is): past float32's range (3.4e38) torch cannot even take the figure,
+    # and a cloud update with classifier_lr = 1e308 failed ("cannot be converted to type float") at every retry.
+    proto_weight: float = Field(0.05, ge=0, le=1e6, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
     families: list[str] = Field(["mlp", "cnn", "cnn_deep"], min_length=1,
                                 description="feature-extractor families, assigned to clients in turn")
     client_families: list[str] | None = Field(None, description="explicit family per client id")
     feature_cap: int = Field(100, ge=1, le=100_000, description="features a client sends (a seeded subsample)")
     classifier_epochs: int = Field(5, ge=1, le=1000)
-    classifier_lr: float = Field(0.1, gt=0)
+    classifier_lr: float = Field(0.1, gt=0, le=1000)
     classifier_batch_size: int = Field(64, ge=1)
     # Levers measured on FedProto's MNIST protocol (bench/fedproto_protocol.py, docs/fedproto-protocol.md).
     proto_distance: Literal["sum", "mean"] = Field(

@@ -188,13 +188,15 @@ async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
      ({"dvfs": {"clients": {"1": {"link_mbps": 1e-300}}}}, "greater than or equal to 0.01"),
      ({"dvfs": {"clients": {"1": {"cycles_per_sample": 1e12, "capacitance": 1e-20, "frequencies_ghz": [10.0]}}}},
       "client 1's device (rpi4*, "),
+     # Accepted before; then every cloud update of the run failed ("cannot be converted to type float").
+     ({"algorithm": "hfpl", "params": {"classifier_lr": 1e308}}, "less than or equal to 1000"),
      # A 40 GB model: the cloud tried to allocate it and answered 500.
      ({"model": {"name": "mlp", "hidden": [100_000, 100_000]}}, "the run's global state would take 38176 MiB")],
     ids=["algorithm-params", "edges-without-clients", "sync-buffer", "zero-fraction", "npz-without-path",
          "dvfs-unknown-profile", "dvfs-unknown-profile-in-list", "dvfs-unknown-profile-override",
          "dvfs-frequency-out-of-range", "dvfs-negative-capacitance", "dvfs-override-of-a-stranger",
          "dvfs-unknown-policy", "dvfs-link-too-slow", "dvfs-override-link-too-slow", "dvfs-device-beyond-a-report",
-         "mlp-beyond-the-state-limit"],
+         "hfpl-classifier-lr-beyond-float32", "mlp-beyond-the-state-limit"],
 )
 async def test_create_run_inconsistent_config(cloud: Cloud, overrides: dict[str, Any], fragment: str) -> None:
     before = await cloud.snapshot()
