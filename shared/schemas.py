@@ -12,6 +12,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.config import RunConfig
+from shared.transport.wire import TOKEN_ID
 
 
 class Message(BaseModel):
@@ -232,7 +233,7 @@ class RunInfo(Message):
 
 # ---- security (admin <-> cloud, cloud -> edge) -----------------------------------------------------
 # A per-device token's id (shared/transport/wire.py, device_token): what revoking it names.
-TokenId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+TokenId = Annotated[str, Field(pattern=f"^{TOKEN_ID.pattern}$")]
 
 
 class Revocation(Message):
