@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from shared.algorithms import registry
+from shared.algorithms import privacy, registry
 from shared.algorithms.base import Algorithm
 from shared.config import RunConfig, is_import_path
 from shared.data.datasets import load_federated
@@ -76,6 +76,10 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_pay
         if is_import_path(path) and not is_allowed(path, allowed_imports):
             raise InvalidRun(f"{what} {path!r} is outside the packages this cloud may import "
                              f"(FL_CLOUD_ALLOWED_IMPORTS: {', '.join(allowed_imports)})")
+    try:
+        privacy.check_accounting(config)
+    except ValueError as exc:
+        raise InvalidRun(str(exc)) from exc
     try:
         data = load_federated(config.data, config.seed)
     except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed

@@ -139,16 +139,27 @@ def check(config: RunConfig) -> None:
         # Every noised step (or edge sum) then held values the edges and the cloud refuse: no round could end.
         raise ValueError(f"privacy noise of standard deviation noise_multiplier * clip_norm = {std:g} carries "
                          f"updates beyond the ±{MAX_ABS:g} that edges and the cloud accept: lower them")
+    if p.epsilon_budget is not None:  # the budget is looked up with the accountant: its figures must be sound
+        check_accounting(config)
+        if rounds_to_run(config) == 0:
+            raise ValueError(f"privacy.epsilon_budget {p.epsilon_budget} is spent before the first round "
+                             f"(epsilon after one round: {epsilon(config, 1):.4g} at delta = {p.delta})")
+
+
+def check_accounting(config: RunConfig) -> None:
+    """Raises ValueError unless the accountant gives every round of the run a finite ε ≥ 0: each update's record
+    carries its ε, and one the accountant cannot give failed every update of the run, for good. Called where
+    runs are created (cloud/initial_state.py), not by every `check`: it imports opacus, seconds that the
+    clients and edges of the run need not spend."""
+    p = config.privacy
+    if p.noise == "off":
+        return
     try:
         first, spent = epsilon(config, 1), epsilon(config, config.rounds)
     except ArithmeticError:  # σ² underflows to 0 inside the accountant (σ below about 1e-160)
         first = spent = math.inf
     if first is None or spent is None or not math.isfinite(spent):
-        # Each update's record carries ε: an ε the accountant cannot give failed every update of the run, for good.
         raise ValueError(f"privacy.noise_multiplier {p.noise_multiplier:g} is too small to account for: epsilon "
                          f"after {config.rounds} rounds is not a finite number")
     if first < 0:  # the conversion from RDP at a δ near 1: a meaningless ε (-2.8 at δ = 1 - 1e-10)
         raise ValueError(f"privacy.delta {p.delta:g} is too large: epsilon after one round would be {first:.4g}")
-    if rounds_to_run(config) == 0:
-        raise ValueError(f"privacy.epsilon_budget {p.epsilon_budget} is spent before the first round "
-                         f"(epsilon after one round: {epsilon(config, 1):.4g} at delta = {p.delta})")
