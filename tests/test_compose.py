@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import jsonschema
 import pytest
 import redis
 import yaml  # noqa: E402  (requirements-dev.txt)
@@ -562,6 +563,20 @@ def certificate_files(tmp_path_factory) -> set[str]:
     directory = tmp_path_factory.mktemp("certs")
     write_deployment(directory, edges=len(services_running("edge")), clients=len(services_running("client")))
     return {p.name for p in directory.iterdir()}
+
+
+# The Compose Specification's JSON schema, schema/compose-spec.json of github.com/compose-spec/compose-spec
+# (Apache-2.0) at commit 170098ba07d9 (2026-06-23): what `docker compose config` checks a file against.
+COMPOSE_SCHEMA = json.loads((ROOT / "tests" / "schemas" / "compose-spec.json").read_text())
+
+
+@pytest.mark.parametrize("variant", ["base", "tls"])
+def test_the_compose_files_are_valid_against_the_compose_specification(variant):
+    """The base file, and the TLS variant as Compose merges it onto the base (its `!reset` and `!override`
+    resolved: the schema describes a file's data, not its tags)."""
+    compose = {"base": COMPOSE, "tls": TLS_COMPOSE}[variant]
+    errors = sorted(jsonschema.Draft7Validator(COMPOSE_SCHEMA).iter_errors(compose), key=str)
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
 
 
 def test_the_tls_variant_overrides_services_of_the_base_file_only():
