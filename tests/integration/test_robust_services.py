@@ -143,6 +143,8 @@ def test_a_robust_aggregator_bounds_the_poisoned_client_and_equals_the_reference
     history, model = run(api, cfg)
     reference = run_reference(cfg, clients=PoisonedClients)
     assert_same_model(model, reference.global_state)
+    # Nothing accepted is lost: every client's result, the poisoned one included, is counted in every round.
+    assert all({c.client_id for c in h.clients} == set(range(CLIENTS)) for h in history)
     assert [h.test_accuracy for h in history] == pytest.approx([h.test_accuracy for h in reference.history], abs=2e-3)
     assert history[-1].test_accuracy >= clean_accuracy - 0.05, (history[-1].test_accuracy, clean_accuracy)
 
