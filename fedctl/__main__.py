@@ -30,7 +30,7 @@ from shared.config import DataConfig, DvfsConfig, ModelConfig, RunConfig
 from shared.files import write_private
 from shared.schemas import RoundRecord, RunInfo
 from shared.transport.tls import client_context
-from shared.transport.wire import client_token, derived_token_id, issue_device_tokens
+from shared.transport.wire import client_token, derived_token_id, issue_device_tokens, tokens_file_text
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -295,7 +295,7 @@ def issue_token(client_ids: str = typer.Argument(..., help='the client id the de
     for client_id, issued in tokens.items():
         token_id = issued.split(".")[2]  # fl1.<client id>.<token id>.<mac>
         typer.echo(f"token id: {token_id} (client {client_id}; revoke: fedctl revoke-token {token_id})", err=True)
-    as_json = json.dumps({str(k): t for k, t in tokens.items()}, indent=1) + "\n"
+    as_json = tokens_file_text(tokens)
     if out is not None:
         write_private(out, as_json.encode())
     elif len(ids) == 1:

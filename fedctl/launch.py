@@ -3,7 +3,6 @@ L edges and client processes hosting logical clients. The demo, the integration 
 use it; docker-compose.yml describes the same topology for a Docker engine."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import ssl
@@ -22,7 +21,7 @@ from fedctl.redis_server import RedisServer, free_port
 from shared.files import write_private
 from shared.schemas import EdgeHealth
 from shared.transport.tls import client_context
-from shared.transport.wire import issue_device_tokens
+from shared.transport.wire import issue_device_tokens, tokens_file_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -218,7 +217,7 @@ class LocalTopology:
         issued = issue_device_tokens(self.client_token, ids)
         self.tokens |= issued
         path = self.workdir / f"{name}.tokens"
-        write_private(path, json.dumps({str(k): t for k, t in issued.items()}).encode())
+        write_private(path, tokens_file_text(issued).encode())
         return {"FL_CLIENT_CLIENT_TOKENS_FILE": str(path)}
 
     def _cloud(self) -> Service:

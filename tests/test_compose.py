@@ -28,7 +28,7 @@ import yaml  # noqa: E402  (requirements-dev.txt)
 from client.config import parse_ids  # noqa: E402
 from fedctl.certs import write_deployment  # noqa: E402
 from fedctl.redis_server import free_port  # noqa: E402
-from shared.transport.wire import device_token_id, issue_device_tokens  # noqa: E402
+from shared.transport.wire import device_token_id, issue_device_tokens, tokens_file_text  # noqa: E402
 from tests.deployment import SETTINGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -437,7 +437,7 @@ def secret_values() -> dict[str, str]:
         tokens = env.get("FL_CLIENT_CLIENT_TOKENS_FILE", "")
         if tokens.startswith(RUN_SECRETS):
             issued = issue_device_tokens(values["client_token"], parse_ids(env["FL_CLIENT_CLIENTS"]))
-            values[tokens.removeprefix(RUN_SECRETS)] = json.dumps({str(k): t for k, t in issued.items()})
+            values[tokens.removeprefix(RUN_SECRETS)] = tokens_file_text(issued)
     return values
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 
 # The media type of every body that is one safetensors document (shared/transport/tensors.py).
@@ -39,6 +40,11 @@ def issue_device_tokens(secret: str, client_ids: list[int]) -> dict[int, str]:
     """A new device token, each with a new random id, for every client in `client_ids` (`fedctl issue-token`;
     a client process holds them in its client_tokens setting)."""
     return {k: device_token(secret, k, secrets.token_hex(8)) for k in client_ids}
+
+
+def tokens_file_text(tokens: dict[int, str]) -> str:
+    """What a client process's client_tokens file holds: JSON from client id to token, one per line."""
+    return json.dumps({str(k): t for k, t in tokens.items()}, indent=1) + "\n"
 
 
 def issued_token_parts(token: str) -> tuple[int, str] | None:

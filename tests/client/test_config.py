@@ -1,9 +1,7 @@
-import json
-
 import pytest
 
 from client.config import ClientSettings, parse_ids
-from shared.transport.wire import issue_device_tokens
+from shared.transport.wire import issue_device_tokens, tokens_file_text
 
 
 @pytest.mark.parametrize("spec, ids", [("3", [3]), ("0-4", [0, 1, 2, 3, 4]), ("0,2,5-7", [0, 2, 5, 6, 7]),
@@ -59,7 +57,7 @@ def test_a_shard_with_no_clients_is_an_error():
 def test_client_tokens_from_a_file_give_each_hosted_client_its_own(tmp_path, monkeypatch):
     tokens = issue_device_tokens("secret", [0, 2])
     path = tmp_path / "tokens"
-    path.write_text(json.dumps({str(k): t for k, t in tokens.items()}) + "\n")
+    path.write_text(tokens_file_text(tokens))
     monkeypatch.setenv("FL_CLIENT_CLIENT_TOKENS_FILE", str(path))
     settings = ClientSettings(clients="0,2")
     assert settings.hosted_ids() == [0, 2]
