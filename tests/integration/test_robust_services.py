@@ -169,3 +169,13 @@ def test_client_noise_equals_the_reference(api):
     history, model = run(api, cfg)
     assert [h.epsilon for h in history] == pytest.approx([privacy.epsilon(cfg, t) for t in (1, 2)])
     assert_same_model(model, run_reference(cfg, clients=PoisonedClients).global_state)
+
+
+def test_dp_sgd_in_local_training_records_its_epsilon_and_equals_the_reference(api):
+    """DP-SGD (opacus) inside each client process's training: the same noise as the reference runner's, from
+    each client's training stream, and ε per training example in every history record."""
+    cfg = config(name="dp-sgd", rounds=2, local={"lr": 0.1, "batch_size": 16},
+                 privacy={"dp_sgd_noise_multiplier": 1.0, "dp_sgd_clip_norm": 1.0})
+    history, model = run(api, cfg)
+    assert [h.dp_sgd_epsilon for h in history] == pytest.approx([privacy.dp_sgd_epsilon(cfg, t) for t in (1, 2)])
+    assert_same_model(model, run_reference(cfg, clients=PoisonedClients).global_state)
