@@ -176,19 +176,17 @@ def check(config: RunConfig) -> None:
 
 
 def check_accounting(config: RunConfig) -> None:
-    """Raises ValueError unless the accountant gives every round of the run a finite ε ≥ 0: each update's record
-    carries its ε, and one the accountant cannot give failed every update of the run, for good. Called where
-    runs are created (cloud/initial_state.py), not by every `check`: it imports opacus, seconds that the
-    clients and edges of the run need not spend."""
-    p = config.privacy
-    if p.noise == "off":
-        return
-    try:
-        first, spent = epsilon(config, 1), epsilon(config, config.rounds)
-    except ArithmeticError:  # σ² underflows to 0 inside the accountant (σ below about 1e-160)
-        first = spent = math.inf
-    if first is None or spent is None or not math.isfinite(spent):
-        raise ValueError(f"privacy.noise_multiplier {p.noise_multiplier:g} is too small to account for: epsilon "
-                         f"after {config.rounds} rounds is not a finite number")
-    if first < 0:  # the conversion from RDP at a δ near 1: a meaningless ε (-2.8 at δ = 1 - 1e-10)
-        raise ValueError(f"privacy.delta {p.delta:g} is too large: epsilon after one round would be {first:.4g}")
+    """Raises ValueError unless each accountant the run uses (DP-FedAvg's, DP-SGD's) gives every round a finite
+    ε ≥ 0: each update's record carries them, and one the accountant cannot give failed every update of the run,
+    for good. Called where runs are created (cloud/initial_state.py), not by every `check`: it imports opacus,
+    seconds that the clients and edges of the run need not spend."""
+    for what, spent in (("privacy.noise_multiplier", epsilon), ("privacy.dp_sgd_noise_multiplier", dp_sgd_epsilon)):
+        first, last = spent(config, 1), spent(config, config.rounds)
+        if first is None or last is None:  # this mechanism is off
+            continue
+        if not math.isfinite(last):
+            raise ValueError(f"{what} is too small to account for: epsilon after {config.rounds} rounds is not a "
+                             "finite number")
+        if first < 0:  # the conversion from RDP at a δ near 1: a meaningless ε (-2.8 at δ = 1 - 1e-10)
+            raise ValueError(f"privacy.delta {config.privacy.delta:g} is too large: epsilon after one round "
+                             f"would be {first:.4g}")

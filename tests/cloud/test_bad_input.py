@@ -227,13 +227,18 @@ ROBUST_OR_PRIVATE = {
     "budget-without-noise": ({"privacy": {"epsilon_budget": 3}}, "epsilon_budget needs noise"),
     "budget-below-one-round": ({"weighting": "uniform", "privacy": {"noise": "edge", "epsilon_budget": 0.5}},
                                "is spent before the first round"),
-    "zero-noise": ({"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 0}}, "greater than 0"),
-    # Accepted before; then every cloud update failed (the accountant divided by σ² = 0, or gave ε = inf).
+    "zero-noise": ({"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 0}},
+                   "greater than or equal to 0.000001"),
+    # Accepted before; then every cloud update failed (the accountant divided by σ² = 0, or gave ε = inf), or
+    # with a sampling rate below 1 the accountant never returned (σ = 1e-160).
     "noise-the-accountant-divides-by": (
         {"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 1e-200}},
-        "privacy.noise_multiplier 1e-200 is too small to account for"),
-    "noise-of-infinite-epsilon": ({"weighting": "uniform", "privacy": {"noise": "client", "noise_multiplier": 1e-160}},
-                                  "epsilon after 2 rounds is not a finite number"),
+        "greater than or equal to 0.000001"),
+    "noise-the-accountant-never-accounts-for": (
+        {"weighting": "uniform", "fraction": 0.5, "privacy": {"noise": "edge", "noise_multiplier": 1e-160}},
+        "greater than or equal to 0.000001"),
+    "dp-sgd-noise-the-accountant-divides-by": ({"privacy": {"dp_sgd_noise_multiplier": 1e-300}},
+                                               "greater than or equal to 0.000001"),
     # Accepted before; then every noised step was beyond ±1e6 and refused (422), and no round could end.
     "noise-beyond-the-bounds": ({"weighting": "uniform", "privacy": {"noise": "client", "noise_multiplier": 1e4,
                                                                      "clip_norm": 1e6}},
@@ -241,9 +246,6 @@ ROBUST_OR_PRIVATE = {
     # Accepted before, and the history reported epsilon = -2.8.
     "delta-near-one": ({"weighting": "uniform", "privacy": {"noise": "edge", "delta": 1 - 1e-10}},
                        "privacy.delta 1 is too large: epsilon after one round would be -2.8"),
-    "noise-the-accountant-divides-by-with-a-budget": (
-        {"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 1e-200, "epsilon_budget": 5}},
-        "is too small to account for"),
 }
 
 
