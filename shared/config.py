@@ -256,7 +256,7 @@ class AggregationConfig(Strict):
                                "averaged (1: Krum)")
 
 
-# Below this, ε is beyond any meaning (about 1e12 at 1e-6), and near 1e-154 the accountant breaks: σ² underflows
+# Below this, ε is beyond any meaning (some 1e14 at 1e-6), and near 1e-154 the accountant breaks: σ² underflows
 # and opacus divides by zero (every cloud update of the run failed) or, with a sampling rate below 1, never
 # returns (a cloud update, or the run's creation, held a thread for good).
 MIN_NOISE_MULTIPLIER = 1e-6
