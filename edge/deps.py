@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import TaskBoard
-from shared.schemas import ClientRegistration
+from shared.schemas import ClientRegistration, TaskPoll
 from shared.transport.wire import device_token_id
 from shared.web import app_state, bearer_token, read_body, same_token, unauthorized
 
@@ -47,13 +47,19 @@ async def client_auth(request: Request) -> ClientAuth:
     auth = ClientAuth(await bearer_token(request), state.settings.client_token, state.revocations.ids)
     if "client_id" in request.path_params:
         auth.check(_client_id(request.path_params["client_id"]))
-    elif not same_token(auth.token, auth.secret):  # a device registering: its id is in the body
+    elif not same_token(auth.token, auth.secret):
+        # A device registering, or polling for its tasks: its ids are in the body. At most the route's own
+        # limit is read (413 beyond; the route then reads the same bytes).
+        polling = request.url.path.endswith("/tasks")
         try:
-            # At most a registration's few KiB are read (413 beyond; the route then reads the same bytes).
-            claimed = json.loads(await read_body(request, ClientRegistration.max_body_bytes)).get("client_id")
+            body = json.loads(await read_body(request, (TaskPoll if polling else ClientRegistration).max_body_bytes))
+            claimed = body.get("client_ids") if polling else [body.get("client_id")]
         except (ValueError, AttributeError, RecursionError):  # not a JSON object: only the secret gets its 4xx
             claimed = None
-        auth.check(claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else None)
+        if not isinstance(claimed, list) or not claimed:
+            claimed = [None]
+        for k in claimed:  # a device token is one client's: a batch of several ids is refused
+            auth.check(k if isinstance(k, int) and not isinstance(k, bool) else None)
     return auth
 
 

@@ -7,8 +7,10 @@ from fastapi import Depends, HTTPException, Query, Request, Response, status
 
 from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
 from shared import web
-from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt
+from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt, TaskPoll
+from shared.transport import bundle
 from shared.transport.tensors import InvalidContent
+from shared.transport.wire import TASK_BUNDLE, UNKNOWN_CLIENTS
 from shared.web import binary, rate_limited, read_json, read_message, reject
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
@@ -33,6 +35,23 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
     if found is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return binary(await asyncio.to_thread(found.blob))  # encoded on first fetch
+
+
+@router.post("/tasks", responses={200: {"content": {TASK_BUNDLE: {}}, "description": "the tasks, as a bundle"},
+                                  204: {"description": "no task before the timeout"},
+                                  **web.error_responses(400, 408, 413, 422)},
+             openapi_extra=web.json_body_doc(TaskPoll))
+async def tasks(request: Request, board: BoardDep, settings: SettingsDep) -> Response:
+    """A client process's one long-poll for all its logical clients: every open task of theirs but those it
+    holds (shared/transport/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients."""
+    poll = await read_json(request, TaskPoll)  # after the token check (each id's token, or the secret)
+    found = await board.fetch_many(poll.client_ids, set(poll.holding), min(poll.timeout, settings.long_poll_max_s))
+    unknown = [k for k in poll.client_ids if k not in board.clients]
+    headers = {UNKNOWN_CLIENTS: ",".join(map(str, unknown))} if unknown else None
+    if not found:
+        return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
+    body = await asyncio.to_thread(bundle.pack, [(t.header.client_id, t.header.task_id, t.blob()) for t in found])
+    return Response(body, media_type=TASK_BUNDLE, headers=headers)
 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED,

@@ -22,14 +22,21 @@ def test_state_survives_a_new_process_and_is_tied_to_its_task(tmp_path):
 def test_no_temporary_files_are_left(tmp_path):
     store = ClientStateStore(tmp_path, "r", 0)
     store.save("t", {}, b"x")
-    assert sorted(p.name for p in store.dir.iterdir()) == ["result.safetensors", "state.safetensors"]
+    assert sorted(p.name for p in store.dir.iterdir()) == ["state.safetensors"]
 
 
-def test_both_files_are_fsynced_before_they_are_renamed(tmp_path, monkeypatch):
-    """The state must not reach the disk without its result, nor as an empty file after a host crash."""
+def test_state_and_result_are_one_file_fsynced_before_it_is_renamed(tmp_path, monkeypatch):
+    """The state must not reach the disk without its result, nor as an empty file after a host crash; one
+    fsync a task (a thousand logical clients each wrote two)."""
     events: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd)))
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b)))
     ClientStateStore(tmp_path, "r", 0).save("t", {"c": {"w": torch.ones(3)}}, b"result")
-    assert events == ["fsync", "replace result.safetensors", "fsync", "replace state.safetensors"]
+    assert events == ["fsync", "replace state.safetensors"]
+
+
+def test_an_empty_result_and_an_empty_state_read_back(tmp_path):
+    store = ClientStateStore(tmp_path, "r", 0)
+    store.save("t", {}, b"")
+    assert store.load() == {} and store.saved_result("t") == b""
