@@ -45,8 +45,10 @@ async def tasks(request: Request, board: BoardDep, settings: SettingsDep) -> Res
     """A client process's one long-poll for all its logical clients: every open task of theirs but those it
     holds (shared/transport/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients."""
     poll = await read_json(request, TaskPoll)  # after the token check (each id's token, or the secret)
-    found = await board.fetch_many(poll.client_ids, set(poll.holding), min(poll.timeout, settings.long_poll_max_s))
     unknown = [k for k in poll.client_ids if k not in board.clients]
+    # With clients to register again (the edge restarted), the process hears of them at once, not after the wait.
+    timeout = 0 if unknown else min(poll.timeout, settings.long_poll_max_s)
+    found = await board.fetch_many(poll.client_ids, set(poll.holding), timeout)
     headers = {UNKNOWN_CLIENTS: ",".join(map(str, unknown))} if unknown else None
     if not found:
         return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
