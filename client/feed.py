@@ -162,7 +162,7 @@ class TaskFeed:
         if response.status_code == 204:
             return
         items = bundle.unpack(response.content)
-        log.debug("received %d tasks", len(items))
+        log.info("received %d tasks", len(items))  # with its time: bench/scale.py's wake-up latency
         for item, blob in items:
             if item.task_id not in self.holding and item.client_id in self.registered:
                 self.holding.add(item.task_id)

@@ -1,0 +1,232 @@
+"""A thousand logical clients on one small host: seconds per round, memory per logical client, wake-up latency.
+
+The task of issue 13's comparison with Flower's simulation engine: Flower's quickstart CNN (`flower_cnn`) on
+mnist5k split IID over N clients, E = 1, B = 32, lr 0.05, synchronous FedAvg; one edge and two client
+processes (N/2 logical clients each) on this host, with a private redis-server. For each N and fraction
+(clients per round), one run of `--rounds` rounds; s/round is the median of the rounds after the first
+(the first loads data and builds models, as Flower's rounds 2+ exclude its start-up).
+- MiB per logical client: the client processes' and the edge's peak RSS (VmHWM) at N against the same at
+  the smallest N, divided by the difference in N: what a logical client adds, data included (mnist5k is
+  ~4 MB in all: the data per client is tiny).
+- wake-up p99: from the edge posting a round's tasks to each task being held by its client process
+  (the edge's and the clients' log times, ms resolution), over every task of the run's rounds.
+- health p99: /health of an edge holding `--polls` concurrent per-client long-polls (devices that host one
+  client each), asked every 20 ms for `--health-s` seconds.
+
+    ./fl python bench/scale.py [--sizes 10 100 500 1000] [--fractions 1 0.1] [--rounds 3] [--out docs]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from fedctl.api import CloudAPI
+from fedctl.launch import LocalTopology, Service
+from shared.config import RunConfig
+from shared.schemas import RunStatus
+
+# Issue 13's Flower 1.41 simulation figures on this machine (s/round, rounds 2+; RSS sum), fraction 1.
+FLOWER = {10: (0.76, 2.0), 50: (1.84, 2.0), 100: (2.31, 2.0), 200: (3.51, 2.0), 500: (8.21, 2.0), 1000: (16.01, 2.1)}
+# Ours before this change (the same issue's table), for the plot.
+BEFORE = {10: 0.74, 50: 1.91, 100: 2.85, 200: 8.05, 500: 15.69, 1000: 23.84}
+
+
+def config(num_clients: int, fraction: float, rounds: int) -> RunConfig:
+    return RunConfig(name=f"scale-{num_clients}-{fraction}", rounds=rounds, model={"name": "flower_cnn"},
+                     data={"dataset": "mnist5k", "num_clients": num_clients},
+                     local={"epochs": 1, "batch_size": 32, "lr": 0.05}, fraction=fraction,
+                     policy={"deadline_s": 600, "min_fraction": 1.0})
+
+
+def peak_rss_mib(services: list[Service]) -> float:
+    total = 0
+    for service in services:
+        assert service.proc is not None
+        for line in Path(f"/proc/{service.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def log_times(path: Path, needle: str) -> list[tuple[float, str]]:
+    """(time, message) of the JSON log lines whose message contains `needle`."""
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if needle in entry.get("message", ""):
+            found.append((datetime.fromisoformat(entry["time"]).timestamp(), entry["message"]))
+    return found
+
+
+def wake_ups(topo: LocalTopology) -> list[float]:
+    """Seconds from each post of tasks to each task's receipt by its client process."""
+    posts = sorted(t for t, _ in log_times(topo.workdir / "edge0.log", "posted"))
+    latencies = []
+    for client in topo.clients:
+        for t, message in log_times(client.log, "received"):
+            post = max((p for p in posts if p <= t + 0.001), default=None)
+            if post is not None:
+                latencies += [max(0.0, t - post)] * int(message.split()[1])
+    return latencies
+
+
+def p99(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
+
+
+def measure(num_clients: int, fractions: list[float], rounds: int, workdir: Path) -> list[dict]:
+    env = {"FL_EDGE_LOG_FORMAT": "json", "FL_CLIENT_LOG_FORMAT": "json", "FL_EDGE_LOG_LEVEL": "info",
+           "FL_CLIENT_LOG_LEVEL": "info"}
+    rows = []
+    with LocalTopology(num_clients=num_clients, num_edges=1, procs_per_edge=2, workdir=workdir / f"n{num_clients}",
+                       extra_env=env) as topo, CloudAPI(topo.cloud_url, topo.admin_token) as api:
+        for fraction in fractions:
+            run_id = api.create_run(config(num_clients, fraction, rounds)).run_id
+            started = time.perf_counter()
+            api.action(run_id, "start")
+            info = api.wait(run_id, timeout_s=3600, poll_s=0.2)
+            wall = time.perf_counter() - started
+            if info.status != RunStatus.finished:
+                raise RuntimeError(f"run {run_id} ended {info.status.value}")
+            history = api.history(run_id)
+            # elapsed_s counts from the run's start: a round is the time between two rounds' ends.
+            ends = [r.elapsed_s for r in history]
+            per_round = [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
+            rows.append({"clients": num_clients, "fraction": fraction, "rounds": rounds,
+                         "s_per_round": statistics.median(per_round[1:] or per_round), "rounds_s": per_round,
+                         "wall_s": wall, "accuracy": history[-1].test_accuracy,
+                         "trained": sum(len(r.clients) for r in history) / len(history)})
+            print(f"N={num_clients} fraction={fraction}: {rows[-1]['s_per_round']:.2f} s/round "
+                  f"(rounds {', '.join(f'{s:.2f}' for s in per_round)}), accuracy {rows[-1]['accuracy']:.3f}",
+                  flush=True)
+        latencies = wake_ups(topo)
+        clients_mib, edge_mib = peak_rss_mib(topo.clients), peak_rss_mib(topo.edges)
+        for row in rows:
+            row.update(clients_rss_mib=clients_mib, edge_rss_mib=edge_mib,
+                       rss_sum_mib=clients_mib + edge_mib + peak_rss_mib(topo.clouds))
+        rows[0]["wake_p99_s"] = p99(latencies)
+        rows[0]["wake_max_s"] = max(latencies, default=float("nan"))
+        print(f"N={num_clients}: wake-up p99 {rows[0]['wake_p99_s'] * 1000:.0f} ms over {len(latencies)} tasks; "
+              f"peak RSS clients {clients_mib:.0f} MiB, edge {edge_mib:.0f} MiB", flush=True)
+    return rows
+
+
+async def health_under_polls(url: str, token: str, polls: int, seconds: float) -> dict:
+    """/health latencies while `polls` per-client long-polls wait at the edge."""
+    limits = httpx.Limits(max_connections=polls + 10, max_keepalive_connections=polls + 10)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
+        for start in range(0, polls, 100):
+            await asyncio.gather(*(http.post("/api/v1/clients", json={"client_id": k})
+                                   for k in range(start, min(polls, start + 100))))
+        waiting = [asyncio.create_task(http.get(f"/api/v1/clients/{k}/task", params={"timeout": seconds + 5}))
+                   for k in range(polls)]
+        await asyncio.sleep(1.0)  # every poll is in
+        latencies = []
+        async with httpx.AsyncClient(base_url=url, timeout=10) as probe:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                began = time.perf_counter()
+                (await probe.get("/health")).raise_for_status()
+                latencies.append(time.perf_counter() - began)
+                await asyncio.sleep(0.02)
+        statuses = [r.status_code for r in await asyncio.gather(*waiting)]
+    return {"polls": polls, "health_p99_s": p99(latencies), "health_max_s": max(latencies),
+            "health_n": len(latencies), "polls_204": statuses.count(204)}
+
+
+def health(polls: int, seconds: float, workdir: Path) -> dict:
+    env = {"FL_EDGE_LONG_POLL_MAX_S": str(seconds + 5)}
+    with LocalTopology(num_clients=0, num_edges=1, workdir=workdir / "health", extra_env=env) as topo:
+        figures = asyncio.run(health_under_polls(topo.edges[0].address(), topo.client_token, polls, seconds))
+    print(f"/health p99 {figures['health_p99_s'] * 1000:.1f} ms (max {figures['health_max_s'] * 1000:.1f} ms, "
+          f"{figures['health_n']} probes) under {polls} long-polls", flush=True)
+    return figures
+
+
+def table(rows: list[dict], figures: dict) -> str:
+    lines = ["| clients | fraction | ours s/round | Flower s/round (issue 13) | ours / Flower | ours before (issue 13) "
+             "| RSS sum (MiB) | wake-up p99 (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        full = r["fraction"] == 1
+        flower = FLOWER[r["clients"]][0] if full and r["clients"] in FLOWER else None
+        before = BEFORE.get(r["clients"]) if full else None
+        cells = [str(r["clients"]), f"{r['fraction']:g}", f"{r['s_per_round']:.2f}",
+                 f"{flower:.2f}" if flower else "–", f"{r['s_per_round'] / flower:.2f}" if flower else "–",
+                 f"{before:.2f}" if before else "–", f"{r['rss_sum_mib']:.0f}",
+                 f"{r['wake_p99_s'] * 1000:.0f}" if "wake_p99_s" in r else ""]
+        lines.append(f"| {' | '.join(cells)} |")
+    lines += ["", f"MiB per logical client beyond the smallest size (client processes + edge, peak RSS): "
+                  f"{figures['mib_per_client']:.2f}"]
+    if "health" in figures:
+        h = figures["health"]
+        lines.append(f"/health p99 under {h['polls']} per-client long-polls: {h['health_p99_s'] * 1000:.1f} ms "
+                     f"(max {h['health_max_s'] * 1000:.1f} ms, {h['health_n']} probes)")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for fraction in sorted({r["fraction"] for r in rows}, reverse=True):
+        chosen = [r for r in rows if r["fraction"] == fraction]
+        ax.plot([r["clients"] for r in chosen], [r["s_per_round"] for r in chosen], "o-",
+                label=f"ours, fraction {fraction:g}")
+    ax.plot(list(FLOWER), [v[0] for v in FLOWER.values()], "s--", label="Flower 1.41 simulation (issue 13)")
+    ax.plot(list(BEFORE), list(BEFORE.values()), "x:", label="ours before (issue 13)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("logical clients (one host, 2 cores)")
+    ax.set_ylabel("seconds per round")
+    ax.set_title("flower_cnn on mnist5k, E=1, B=32: wall time per round")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500, 1000])
+    parser.add_argument("--fractions", type=float, nargs="+", default=[1.0, 0.1])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--polls", type=int, default=1000, help="per-client long-polls at /health (0: skip)")
+    parser.add_argument("--health-s", type=float, default=10.0)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/fl-bench-scale"))
+    parser.add_argument("--out", type=Path, default=None, help="write scale.md, scale.json and scale.png here")
+    args = parser.parse_args()
+
+    rows = [row for n in sorted(args.sizes) for row in measure(n, args.fractions, args.rounds, args.workdir)]
+    figures: dict = {"rounds": args.rounds, "rows": rows}
+    small, large = rows[0], rows[-1]
+    grown = (large["clients_rss_mib"] + large["edge_rss_mib"]) - (small["clients_rss_mib"] + small["edge_rss_mib"])
+    figures["mib_per_client"] = grown / max(1, large["clients"] - small["clients"])
+    if args.polls:
+        figures["health"] = health(args.polls, args.health_s, args.workdir)
+    print(table(rows, figures))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "scale.json").write_text(json.dumps(figures, indent=2))
+        plot(rows, args.out / "scale.png")
+        (args.out / "scale.md").write_text(
+            f"# A thousand logical clients on one host\n\nMade by `bench/scale.py` ({args.rounds} rounds per run; "
+            f"every figure in `scale.json`).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n{table(rows, figures)}\n\n"
+            f"![seconds per round](scale.png)\n")
+        print(f"wrote {args.out}/scale.md, scale.json and scale.png")
+
+
+if __name__ == "__main__":
+    main()
