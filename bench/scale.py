@@ -70,13 +70,14 @@ def log_times(path: Path, needle: str) -> list[tuple[float, str]]:
 
 def wake_ups(topo: LocalTopology) -> list[float]:
     """Seconds from each post of tasks to each task's receipt by its client process."""
-    posts = sorted(t for t, _ in log_times(topo.workdir / "edge0.log", "posted"))
+    posts = sorted(log_times(topo.workdir / "edge0.log", "posted"))
     latencies = []
     for client in topo.clients:
         for t, message in log_times(client.log, "received"):
-            post = max((p for p in posts if p <= t + 0.001), default=None)
-            if post is not None:
-                latencies += [max(0.0, t - post)] * int(message.split()[1])
+            post = max(((p, m) for p, m in posts if p <= t + 0.001), default=None)
+            # A run's first round is left out, as in s/round: its clients are still loading their data.
+            if post is not None and not post[1].endswith("version 0"):
+                latencies += [max(0.0, t - post[0])] * int(message.split()[1])
     return latencies
 
 
@@ -101,7 +102,7 @@ def measure(num_clients: int, fractions: list[float], rounds: int, workdir: Path
             history = api.history(run_id)
             # elapsed_s counts from the run's start: a round is the time between two rounds' ends.
             ends = [r.elapsed_s for r in history]
-            per_round = [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
+            per_round = [ends[0]] + [b - a for a, b in zip(ends, ends[1:], strict=False)]
             rows.append({"clients": num_clients, "fraction": fraction, "rounds": rounds,
                          "s_per_round": statistics.median(per_round[1:] or per_round), "rounds_s": per_round,
                          "wall_s": wall, "accuracy": history[-1].test_accuracy,

@@ -48,7 +48,7 @@ def check(response: httpx.Response, *, unknown_client: bool = True) -> None:
     response.raise_for_status()
 
 
-Deliver = Callable[[BundleItem, bytes], None]
+Deliver = Callable[[BundleItem], None]
 
 
 class TaskFeed:
@@ -163,7 +163,7 @@ class TaskFeed:
             return
         items = bundle.unpack(response.content)
         log.info("received %d tasks", len(items))  # with its time: bench/scale.py's wake-up latency
-        for item, blob in items:
+        for item in items:
             if item.task_id not in self.holding and item.client_id in self.registered:
                 self.holding.add(item.task_id)
-                self.deliver(item, blob)
+                self.deliver(item)

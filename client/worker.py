@@ -153,19 +153,19 @@ class Worker:
             for task in self._handling:
                 task.cancel()
 
-    def _deliver(self, item: BundleItem, blob: bytes) -> None:
-        task = asyncio.create_task(self._handle(item, blob))
+    def _deliver(self, item: BundleItem) -> None:
+        task = asyncio.create_task(self._handle(item))
         self._handling.add(task)
         task.add_done_callback(self._handling.discard)
 
-    async def _handle(self, item: BundleItem, blob: bytes) -> None:
+    async def _handle(self, item: BundleItem) -> None:
         """One task: trained, its result uploaded; the feed holds it until then (or for good if it failed)."""
         client_id = item.client_id
         bind(client_id=client_id)
         release = True
         try:
             try:
-                header = message_of(blob, ClientTaskHeader)
+                header = message_of(item.head, ClientTaskHeader)  # the head alone holds the header
                 if (header.client_id, header.task_id) != (client_id, item.task_id):
                     raise PayloadError(f"the bundle names task {item.task_id!r} of client {client_id}, its "
                                        f"message task {header.task_id!r} of client {header.client_id}")
@@ -178,7 +178,7 @@ class Worker:
             bind(run_id=header.run_id)
             received = time.monotonic()
             try:
-                result = await self.trainer.run(header.run_id, partial(_train, self.settings, header, blob))
+                result = await self.trainer.run(header.run_id, partial(_train, self.settings, header, item))
             except Exception as exc:
                 log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
                 release = False
@@ -238,7 +238,7 @@ class Worker:
         return True
 
 
-def _train(settings: ClientSettings, header: ClientTaskHeader, blob: bytes) -> bytes:
+def _train(settings: ClientSettings, header: ClientTaskHeader, item: BundleItem) -> bytes:
     """The training thread's job: the task's tensors read there, not on the event loop."""
-    task, _ = decode(blob, ClientTaskHeader)
+    task, _ = decode(item.message(), ClientTaskHeader)
     return compute(settings, header, task)

@@ -60,13 +60,18 @@ class Task:
         return claimed if self.max_samples is None else min(claimed, self.max_samples)
 
     def blob(self) -> bytes:
-        """The task message. The tensors are encoded on the first fetch of any task sharing them, not at
-        dispatch, and not kept per task: a thousand tasks of one round cost one encoding and no copies."""
+        """The task message."""
+        return b"".join(self.parts())
+
+    def parts(self) -> tuple[bytes, bytes]:
+        """The task message as its head and its data (SharedEncoding.parts). The tensors are encoded on the
+        first fetch of any task sharing them, not at dispatch, and not kept per task: a thousand tasks of
+        one round cost one encoding and no copies."""
         if self._blob is not None:
-            return self._blob
+            return self._blob, b""
         if self.encoding is None:
             self.encoding = SharedEncoding(flatten(self.tensors))
-        return self.encoding.blob(self.header)
+        return self.encoding.parts(self.header)
 
 
 class TaskBoard:

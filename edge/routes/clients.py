@@ -52,7 +52,8 @@ async def tasks(request: Request, board: BoardDep, settings: SettingsDep) -> Res
     headers = {UNKNOWN_CLIENTS: ",".join(map(str, unknown))} if unknown else None
     if not found:
         return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
-    body = await asyncio.to_thread(bundle.pack, [(t.header.client_id, t.header.task_id, t.blob()) for t in found])
+    body = await asyncio.to_thread(lambda: bundle.pack([(t.header.client_id, t.header.task_id, *t.parts())
+                                                        for t in found]))
     return Response(body, media_type=TASK_BUNDLE, headers=headers)
 
 

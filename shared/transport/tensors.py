@@ -53,6 +53,11 @@ class SharedEncoding:
 
     def blob(self, message: BaseModel) -> bytes:
         """The same document `encode(tensors, message)` makes (its JSON header may be laid out differently)."""
+        return b"".join(self.parts(message))
+
+    def parts(self, message: BaseModel) -> tuple[bytes, bytes]:
+        """The document as its head (length and JSON header, with the message) and its data: the data is the
+        same bytes object for every message."""
         with self._lock:
             if self._tensors is not None:
                 plain = encode(self._tensors)
@@ -63,7 +68,7 @@ class SharedEncoding:
         header = json.dumps({"__metadata__": {_MESSAGE_KEY: message.model_dump_json()}, **self._index},
                             separators=(",", ":")).encode()
         header += b" " * (-len(header) % 8)  # safetensors aligns the data at 8 bytes, as its writer does
-        return b"".join((struct.pack("<Q", len(header)), header, self._data))
+        return struct.pack("<Q", len(header)) + header, self._data
 
 
 def _metadata(blob: bytes) -> dict[str, str]:
