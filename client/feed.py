@@ -49,6 +49,8 @@ def check(response: httpx.Response, *, unknown_client: bool = True) -> None:
 
 
 Deliver = Callable[[BundleItem], None]
+REGISTRATIONS_AT_ONCE = 8
+JOIN_SETTLE_S = 0.2
 
 
 class TaskFeed:
@@ -66,6 +68,8 @@ class TaskFeed:
         self.stopped: dict[int, str] = {}
         self._registering: dict[int, asyncio.Task[None]] = {}
         self._joined = asyncio.Event()  # a client was registered: the poll in flight does not ask for it
+        # A few registrations at a time: 1,000 at once held the edge's loop for seconds (its /health with it).
+        self._registrations = asyncio.Semaphore(REGISTRATIONS_AT_ONCE)
 
     async def run(self) -> None:
         """Serves until cancelled; raises ClientsStopped once every logical client has stopped for good."""
@@ -95,8 +99,10 @@ class TaskFeed:
         try:
             while True:
                 try:
-                    # Re-sent through a passing fault: a registration repeated replaces itself.
-                    response = await self.edge.post("/api/v1/clients", json=reg.model_dump(), extensions=DEDUPLICATED)
+                    async with self._registrations:
+                        # Re-sent through a passing fault: a registration repeated replaces itself.
+                        response = await self.edge.post("/api/v1/clients", json=reg.model_dump(),
+                                                        extensions=DEDUPLICATED)
                     check(response, unknown_client=False)  # a 404 here is a wrong edge URL, not a lost registration
                     break
                 except ClientStopped as exc:
@@ -132,6 +138,8 @@ class TaskFeed:
             if not poll.done():  # a client joined (or stopped): ask again with the clients as they are now
                 poll.cancel()
                 await asyncio.gather(poll, return_exceptions=True)
+                if self._registering:  # more are joining (a start): one new poll for a batch of them
+                    await asyncio.sleep(JOIN_SETTLE_S)
                 continue
             try:
                 self._received(polled, poll.result())

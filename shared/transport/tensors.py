@@ -48,7 +48,7 @@ class SharedEncoding:
     def __init__(self, tensors: Tensors):
         self._tensors: Tensors | None = tensors
         self._lock = threading.Lock()
-        self._index: dict[str, Any] = {}
+        self._index = "}"  # the JSON header's tensor entries, without its opening brace
         self._data = b""
 
     def blob(self, message: BaseModel) -> bytes:
@@ -62,11 +62,13 @@ class SharedEncoding:
             if self._tensors is not None:
                 plain = encode(self._tensors)
                 (length,) = struct.unpack("<Q", plain[:8])
-                self._index = json.loads(plain[8 : 8 + length])
-                self._index.pop("__metadata__", None)
+                index = json.loads(plain[8 : 8 + length])
+                index.pop("__metadata__", None)
+                # The tensors' entries as JSON once: each message only prepends its metadata to them.
+                self._index = json.dumps(index, separators=(",", ":"))[1:]
                 self._data, self._tensors = plain[8 + length :], None  # the tensors are no longer needed
-        header = json.dumps({"__metadata__": {_MESSAGE_KEY: message.model_dump_json()}, **self._index},
-                            separators=(",", ":")).encode()
+        metadata = json.dumps({"__metadata__": {_MESSAGE_KEY: message.model_dump_json()}}, separators=(",", ":"))
+        header = (metadata[:-1] + ("," + self._index if self._index != "}" else "}")).encode()
         header += b" " * (-len(header) % 8)  # safetensors aligns the data at 8 bytes, as its writer does
         return struct.pack("<Q", len(header)) + header, self._data
 

@@ -118,3 +118,9 @@ def test_a_shared_encoding_reads_back_as_encode_writes() -> None:
     assert ours_h == theirs_h and flatten(ours_t).keys() == flatten(theirs_t).keys()
     mine = flatten(ours_t)
     assert all(mine[k].equal(v) and mine[k].dtype == v.dtype for k, v in flatten(theirs_t).items())
+
+
+def test_a_shared_encoding_of_no_tensors_reads_back() -> None:
+    header = task("run", 0).header
+    tensors, message = decode(SharedEncoding({}).blob(header), ClientTaskHeader)
+    assert tensors == {} and message == header
