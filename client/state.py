@@ -25,6 +25,9 @@ class ClientStateStore:
         self.dir = Path(root) / run_id / f"client-{client_id}"
         self._state = self.dir / "state.safetensors"
 
+    def exists(self) -> bool:
+        return self._state.exists()
+
     def last_task_id(self) -> str | None:
         if not self._state.exists():
             return None

@@ -40,3 +40,31 @@ def test_an_empty_result_and_an_empty_state_read_back(tmp_path):
     store = ClientStateStore(tmp_path, "r", 0)
     store.save("t", {}, b"")
     assert store.load() == {} and store.saved_result("t") == b""
+
+
+def _compute(tmp_path, algorithm: str, task_id: str) -> bytes:
+    from client.config import ClientSettings
+    from client.worker import compute
+    from shared.algorithms import registry
+    from shared.config import RunConfig
+    from shared.federation import initial_model
+    from shared.schemas import ClientTaskHeader
+
+    config = RunConfig(algorithm=algorithm, model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4})
+    header = ClientTaskHeader(task_id=task_id, run_id="r", client_id=1, round=0, version=0, config=config)
+    task = registry.create(config).client_task(registry.create(config).init_global(initial_model(config)), 1, 0)
+    return compute(ClientSettings(state_dir=tmp_path, dvfs_backend="emulate"), header, task)
+
+
+def test_a_task_without_client_state_writes_no_file(tmp_path):
+    """FedAvg keeps nothing on the client: a crash retrains to the same tensors, so no fsynced write a task."""
+    _compute(tmp_path, "fedavg", "t0")
+    assert not ClientStateStore(tmp_path, "r", 1).exists()
+
+
+def test_a_task_with_client_state_saves_it_with_its_result(tmp_path):
+    """SCAFFOLD's control variate advances with each task: the task met again re-sends its stored result."""
+    blob = _compute(tmp_path, "scaffold", "t0")
+    store = ClientStateStore(tmp_path, "r", 1)
+    assert store.last_task_id() == "t0" and store.saved_result("t0") == blob and store.load()
+    assert _compute(tmp_path, "scaffold", "t0") == blob  # not trained again on the advanced state
