@@ -43,7 +43,8 @@ BEFORE = {10: 0.74, 50: 1.91, 100: 2.85, 200: 8.05, 500: 15.69, 1000: 23.84}
 READING = """\
 Flower was not run side by side here: the machine was shared with other benchmarks (load average 6-14 on
 2 cores) and its figures come from issue 13's table (Flower 1.41's simulation engine on this machine, medians
-of 3, fraction 1), as do "ours before". Under such load figures move by ±20% from one run to the next.
+of 3, fraction 1), as do "ours before". Under such load figures move by up to 40% between runs (1,000
+clients: 9.84 and 13.96 s/round in two runs of this same code).
 
 What a logical client costs, and what changed for it:
 - one long-poll per client process (`POST /api/v1/clients/tasks`, client/feed.py) instead of one per logical
