@@ -28,10 +28,13 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import numpy as np
+import torch
 
 from fedctl.api import CloudAPI
 from fedctl.launch import LocalTopology, Service
 from shared.config import RunConfig
+from shared.data.datasets import load_federated
 from shared.schemas import RunStatus
 
 # Issue 13's Flower 1.41 simulation figures on this machine (s/round, rounds 2+; RSS sum), fraction 1.
@@ -66,9 +69,37 @@ the upload and the edge's check) dominate, as they do in Flower's simulation (16
 
 def config(num_clients: int, fraction: float, rounds: int) -> RunConfig:
     return RunConfig(name=f"scale-{num_clients}-{fraction}", rounds=rounds, model={"name": "flower_cnn"},
-                     data={"dataset": "mnist5k", "num_clients": num_clients},
+                     data={"dataset": "mnist5k", "num_clients": num_clients, "client_holdout": 0},
                      local={"epochs": 1, "batch_size": 32, "lr": 0.05}, fraction=fraction,
                      policy={"deadline_s": 600, "min_fraction": 1.0})
+
+
+def flower(python: str, num_clients: int, fractions: list[float], rounds: int, workdir: Path) -> list[dict]:
+    """The same task in Flower's simulation engine (bench/flower_sim.py, run by `python` of a Flower venv):
+    the very rows each of our clients trains, and our test set, written to an .npz first."""
+    cfg = config(num_clients, 1.0, rounds)
+    data = load_federated(cfg.data, cfg.seed)
+    shards = workdir / f"shards-{num_clients}.npz"
+    shards.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(shards, x=torch.cat([c.train.x for c in data.clients]).numpy(),
+             y=torch.cat([c.train.y for c in data.clients]).numpy(),
+             client=np.concatenate([np.full(len(c.train.y), k) for k, c in enumerate(data.clients)]),
+             x_test=data.test.x.numpy(), y_test=data.test.y.numpy())
+    rows = []
+    for fraction in fractions:
+        done = subprocess.run([python, str(Path(__file__).with_name("flower_sim.py")), str(shards), "--rounds",
+                               str(rounds), "--fraction", str(fraction), "--lr", str(cfg.local.lr)],
+                              capture_output=True, text=True, timeout=1800, check=True)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        ends = [result["started"], *result["ended"]]
+        per_round = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        rows.append({"clients": num_clients, "fraction": fraction, "s_per_round": statistics.median(per_round[1:]),
+                     "rounds_s": per_round, "accuracy": result["accuracy"][-1],
+                     "peak_rss_mib": result["peak_rss_mib"]})
+        print(f"Flower N={num_clients} fraction={fraction}: {rows[-1]['s_per_round']:.2f} s/round (rounds "
+              f"{', '.join(f'{x:.2f}' for x in per_round)}), accuracy {rows[-1]['accuracy']:.3f}, peak RSS "
+              f"{result['peak_rss_mib']:.0f} MiB", flush=True)
+    return rows
 
 
 def peak_rss_mib(services: list[Service]) -> float:
@@ -202,15 +233,21 @@ def health(polls: int, seconds: float, workdir: Path) -> dict:
 
 
 def table(rows: list[dict], figures: dict) -> str:
-    lines = ["| clients | fraction | ours s/round | Flower s/round (issue 13) | ours / Flower | ours before (issue 13) "
-             "| RSS sum (MiB) | wake-up p99 (ms) |", "|---|---|---|---|---|---|---|---|"]
+    measured = {(r["clients"], r["fraction"]): r for r in figures.get("flower", [])}
+    lines = ["| clients | fraction | ours s/round | Flower s/round (this run) | ours / Flower | ours accuracy | "
+             "Flower accuracy | Flower s/round (issue 13) | ours before (issue 13) | our RSS sum (MiB) | "
+             "Flower RSS (MiB) | wake-up p99 (ms) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         full = r["fraction"] == 1
-        flower = FLOWER[r["clients"]][0] if full and r["clients"] in FLOWER else None
+        theirs = measured.get((r["clients"], r["fraction"]))
+        issue = FLOWER[r["clients"]][0] if full and r["clients"] in FLOWER else None
         before = BEFORE.get(r["clients"]) if full else None
         cells = [str(r["clients"]), f"{r['fraction']:g}", f"{r['s_per_round']:.2f}",
-                 f"{flower:.2f}" if flower else "–", f"{r['s_per_round'] / flower:.2f}" if flower else "–",
-                 f"{before:.2f}" if before else "–", f"{r['rss_sum_mib']:.0f}",
+                 f"{theirs['s_per_round']:.2f}" if theirs else "–",
+                 f"{r['s_per_round'] / theirs['s_per_round']:.2f}" if theirs else "–",
+                 f"{r['accuracy']:.3f}", f"{theirs['accuracy']:.3f}" if theirs else "–",
+                 f"{issue:.2f}" if issue else "–", f"{before:.2f}" if before else "–", f"{r['rss_sum_mib']:.0f}",
+                 f"{theirs['peak_rss_mib']:.0f}" if theirs else "–",
                  f"{r['wake_p99_s'] * 1000:.0f}" if "wake_p99_s" in r else ""]
         lines.append(f"| {' | '.join(cells)} |")
     lines += ["", f"MiB per logical client beyond the smallest size (client processes + edge, peak RSS): "
@@ -223,7 +260,7 @@ def table(rows: list[dict], figures: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], flower_rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -233,14 +270,18 @@ def plot(rows: list[dict], path: Path) -> None:
         chosen = [r for r in rows if r["fraction"] == fraction]
         ax.plot([r["clients"] for r in chosen], [r["s_per_round"] for r in chosen], "o-",
                 label=f"ours, fraction {fraction:g}")
+    for fraction in sorted({r["fraction"] for r in flower_rows}, reverse=True):
+        chosen = [r for r in flower_rows if r["fraction"] == fraction]
+        ax.plot([r["clients"] for r in chosen], [r["s_per_round"] for r in chosen], "s-.",
+                label=f"Flower simulation, fraction {fraction:g} (this run)")
     ax.plot(list(FLOWER), [v[0] for v in FLOWER.values()], "s--", label="Flower 1.41 simulation (issue 13)")
     ax.plot(list(BEFORE), list(BEFORE.values()), "x:", label="ours before (issue 13)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("logical clients (one host, 2 cores)")
     ax.set_ylabel("seconds per round")
-    ax.set_title("flower_cnn on mnist5k, E=1, B=32: wall time per round")
-    ax.legend()
+    ax.set_title("flower_cnn on mnist5k, E=1, B=32: wall time per round", fontsize=10)
+    ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -254,6 +295,8 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=1000, help="per-client long-polls at /health (0: skip)")
     parser.add_argument("--health-s", type=float, default=10.0)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fl-bench-scale"))
+    parser.add_argument("--flower", default=None, metavar="PYTHON",
+                        help="a Flower venv's python: the same task in Flower's simulation engine, side by side")
     parser.add_argument("--out", type=Path, default=None, help="write scale.md, scale.json and scale.png here")
     parser.add_argument("--hold-polls", nargs=4, metavar=("URL", "TOKEN", "POLLS", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -267,13 +310,16 @@ def main() -> None:
     small, large = rows[0], rows[-1]
     grown = (large["clients_rss_mib"] + large["edge_rss_mib"]) - (small["clients_rss_mib"] + small["edge_rss_mib"])
     figures["mib_per_client"] = grown / max(1, large["clients"] - small["clients"])
+    if args.flower:
+        figures["flower"] = [row for n in sorted(args.sizes)
+                             for row in flower(args.flower, n, args.fractions, args.rounds, args.workdir)]
     if args.polls:
         figures["health"] = health(args.polls, args.health_s, args.workdir)
     print(table(rows, figures))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "scale.json").write_text(json.dumps(figures, indent=2))
-        plot(rows, args.out / "scale.png")
+        plot(rows, figures.get("flower", []), args.out / "scale.png")
         (args.out / "scale.md").write_text(
             f"# A thousand logical clients on one host\n\nMade by `bench/scale.py` ({args.rounds} rounds per run; "
             f"every figure in `scale.json`).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n{table(rows, figures)}\n\n"
