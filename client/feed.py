@@ -21,7 +21,7 @@ from shared.schemas import ClientRegistration, TaskPoll
 from shared.transport import bundle
 from shared.transport.bundle import BundleItem
 from shared.transport.retry import DEDUPLICATED
-from shared.transport.wire import UNKNOWN_CLIENTS
+from shared.transport.wire import REFUSED_CLIENTS, UNKNOWN_CLIENTS
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ def check(response: httpx.Response, *, unknown_client: bool = True) -> None:
     """Raises ClientStopped for a refused token, Unregistered for 404, HTTPStatusError for other errors."""
     if response.status_code in (401, 403):
         raise ClientStopped(f"the edge refuses this client's token (HTTP {response.status_code}: "
-                            f"{response.text[:200]}); check FL_CLIENT_CLIENT_TOKEN")
+                            f"{response.text[:200]}); check FL_CLIENT_CLIENT_TOKEN or its entry in "
+                            "FL_CLIENT_CLIENT_TOKENS")
     if response.status_code == 404 and unknown_client:
         raise Unregistered()
     response.raise_for_status()
@@ -70,6 +71,9 @@ class TaskFeed:
         self._joined = asyncio.Event()  # a client was registered: the poll in flight does not ask for it
         # A few registrations at a time: 1,000 at once held the edge's loop for seconds (its /health with it).
         self._registrations = asyncio.Semaphore(REGISTRATIONS_AT_ONCE)
+        # Each logical client speaks with its own token (client_tokens) where it has one: a revoked one ends
+        # that client alone.
+        self.auth = {k: {"Authorization": f"Bearer {settings.token_of(k)}"} for k in client_ids}
 
     async def run(self) -> None:
         """Serves until cancelled; raises ClientsStopped once every logical client has stopped for good."""
@@ -102,7 +106,7 @@ class TaskFeed:
                     async with self._registrations:
                         # Re-sent through a passing fault: a registration repeated replaces itself.
                         response = await self.edge.post("/api/v1/clients", json=reg.model_dump(),
-                                                        extensions=DEDUPLICATED)
+                                                        headers=self.auth[client_id], extensions=DEDUPLICATED)
                     check(response, unknown_client=False)  # a 404 here is a wrong edge URL, not a lost registration
                     break
                 except ClientStopped as exc:
@@ -151,10 +155,13 @@ class TaskFeed:
                 await asyncio.sleep(delay)
 
     async def _poll(self, client_ids: list[int]) -> httpx.Response:
-        poll = TaskPoll(client_ids=client_ids, holding=sorted(self.holding), timeout=self.settings.long_poll_s)
+        own = self.settings.client_tokens
+        poll = TaskPoll(client_ids=client_ids, holding=sorted(self.holding), timeout=self.settings.long_poll_s,
+                        tokens={k: own[k] for k in client_ids if k in own})
         # A read: re-sent through a passing fault, it brings the same tasks.
         return await self.edge.post("/api/v1/clients/tasks", content=poll.model_dump_json(),
-                                    headers={"Content-Type": "application/json"}, extensions=DEDUPLICATED)
+                                    headers={"Content-Type": "application/json", **self.auth[client_ids[0]]},
+                                    extensions=DEDUPLICATED)
 
     def _received(self, polled: list[int], response: httpx.Response) -> None:
         try:
@@ -163,6 +170,10 @@ class TaskFeed:
             for k in polled:
                 self.stop(k, str(exc))
             return
+        for k in filter(None, response.headers.get(REFUSED_CLIENTS, "").split(",")):
+            if int(k) in self.registered:
+                self.stop(int(k), f"the edge refuses client {k}'s token (invalid or revoked); check "
+                                  "FL_CLIENT_CLIENT_TOKEN or its entry in FL_CLIENT_CLIENT_TOKENS")
         for k in filter(None, response.headers.get(UNKNOWN_CLIENTS, "").split(",")):
             if int(k) in self.registered:
                 log.warning("client %s: unknown to the edge (restarted?); registering again", k)

@@ -216,7 +216,7 @@ class Worker:
         report = ClientFailureReport(task_id=task_id, client_id=client_id, error=f"{type(exc).__name__}: {exc}"[:1000])
         # Re-sent through a passing fault: a repeated report of the same task's failure records it again.
         response = await self.edge.post(f"/api/v1/clients/{client_id}/failures", json=report.model_dump(),
-                                        extensions=DEDUPLICATED)
+                                        headers=self.feed.auth[client_id], extensions=DEDUPLICATED)
         if response.status_code >= 400:  # e.g. 409: the round moved on meanwhile; the log above says why
             log.warning("client %d: edge did not take the failure report of task %s: %s %s", client_id,
                         task_id, response.status_code, response.text[:300])
@@ -224,8 +224,8 @@ class Worker:
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> bool:
         """Sends the result; False if the edge refused it for good (the task is not to be fetched again)."""
         # Re-sent through a passing fault: the edge accepts one result per task id and answers a repeat 409.
-        response = await self.edge.post(f"/api/v1/clients/{client_id}/results", **binary_body(blob),
-                                        extensions=DEDUPLICATED)
+        response = await self.edge.post(f"/api/v1/clients/{client_id}/results",
+                                        **binary_body(blob, self.feed.auth[client_id]), extensions=DEDUPLICATED)
         if response.status_code == 409:
             # Already accepted (a retried upload) or the round moved on: nothing left to do either way.
             log.info("client %d: task %s: %s", client_id, header.task_id, _detail(response))

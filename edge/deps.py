@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -31,13 +31,21 @@ class ClientAuth:
 
     def check(self, client_id: int | None) -> None:
         """401 unless the token may act as `client_id` (None: a malformed id, left to the route's 422)."""
-        if same_token(self.token, self.secret):
-            return
-        token_id = None if client_id is None else device_token_id(self.secret, self.token, client_id)
+        reason = self.refusal(client_id)
+        if reason is not None:
+            raise unauthorized(reason)
+
+    def refusal(self, client_id: int | None, token: str | None = None) -> str | None:
+        """Why `token` (default: the bearer token) may not act as `client_id`, or None if it may."""
+        token = self.token if token is None else token
+        if same_token(token, self.secret):
+            return None
+        token_id = None if client_id is None else device_token_id(self.secret, token, client_id)
         if token_id is None:
-            raise unauthorized()
+            return "invalid bearer token"
         if token_id in self.revoked:
-            raise unauthorized(f"this device token ({token_id}) was revoked")
+            return f"this device token ({token_id}) was revoked"
+        return None
 
 
 async def client_auth(request: Request) -> ClientAuth:
@@ -48,18 +56,22 @@ async def client_auth(request: Request) -> ClientAuth:
     if "client_id" in request.path_params:
         auth.check(_client_id(request.path_params["client_id"]))
     elif not same_token(auth.token, auth.secret):
-        # A device registering, or polling for its tasks: its ids are in the body. At most the route's own
-        # limit is read (413 beyond; the route then reads the same bytes).
+        # A device registering, or a process polling for its clients' tasks: the ids (and, polling, each one's
+        # own token) are in the body. At most the route's own limit is read (413 beyond; the route then reads
+        # the same bytes). A poll passes if any of its clients may be served: the route leaves out the others.
         polling = request.url.path.endswith("/tasks")
+        claimed: list[Any] = [None]
+        tokens: dict[str, Any] = {}
         try:
             body = json.loads(await read_body(request, (TaskPoll if polling else ClientRegistration).max_body_bytes))
-            claimed = body.get("client_ids") if polling else [body.get("client_id")]
-        except (ValueError, AttributeError, RecursionError):  # not a JSON object: only the secret gets its 4xx
-            claimed = None
-        if not isinstance(claimed, list) or not claimed:
-            claimed = [None]
-        for k in claimed:  # a device token is one client's: a batch of several ids is refused
-            auth.check(k if isinstance(k, int) and not isinstance(k, bool) else None)
+            claimed = list(body.get("client_ids") or [None]) if polling else [body.get("client_id")]
+            tokens = dict(body.get("tokens") or {}) if polling else {}
+        except (ValueError, TypeError, AttributeError, RecursionError):  # malformed: only the secret gets its 4xx
+            pass
+        reasons = [auth.refusal(k if isinstance(k, int) and not isinstance(k, bool) else None,
+                                t if isinstance(t := tokens.get(str(k)), str) else None) for k in claimed]
+        if None not in reasons:
+            raise unauthorized(reasons[0] or "invalid bearer token")
     return auth
 
 

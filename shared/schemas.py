@@ -158,6 +158,10 @@ class TaskPoll(Message):
     holding: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list,
                                                                              max_length=100_000)
     timeout: float = Field(20.0, ge=0, le=3600)
+    # Each client's own token where the process holds one per client (client_tokens) rather than the secret:
+    # a client whose token is refused (revoked) is left out of the answer, and named, while the others are served.
+    tokens: dict[int, Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=dict,
+                                                                                  max_length=100_000)
 
 # ---- edge -> client ---------------------------------------------------------------------------
 class ClientTaskHeader(Message):
@@ -217,6 +221,9 @@ class RoundRecord(Message):
     energy_j: float = 0.0
     # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.
     epsilon: float | None = None
+    # DP-SGD's ε (privacy.dp_sgd_noise_multiplier) per training example, for the least protected client, as if
+    # every client trained in every round so far; None without DP-SGD.
+    dp_sgd_epsilon: float | None = None
     started_at: datetime
     finished_at: datetime
     elapsed_s: float

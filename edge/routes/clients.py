@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request, Response, status
 
-from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
+from edge.deps import BoardDep, ClientAuth, RoundLoopDep, SettingsDep, client_auth
 from shared import web
 from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt, TaskPoll
 from shared.transport import bundle
 from shared.transport.tensors import InvalidContent
-from shared.transport.wire import TASK_BUNDLE, UNKNOWN_CLIENTS
-from shared.web import binary, rate_limited, read_json, read_message, reject
+from shared.transport.wire import REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS
+from shared.web import binary, rate_limited, read_json, read_message, reject, unauthorized
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
@@ -41,15 +42,22 @@ async def task(client_id: int, board: BoardDep, settings: SettingsDep, timeout: 
                                   204: {"description": "no task before the timeout"},
                                   **web.error_responses(400, 408, 413, 422)},
              openapi_extra=web.json_body_doc(TaskPoll))
-async def tasks(request: Request, board: BoardDep, settings: SettingsDep) -> Response:
+async def tasks(request: Request, board: BoardDep, settings: SettingsDep,
+                auth: Annotated[ClientAuth, Depends(client_auth)]) -> Response:
     """A client process's one long-poll for all its logical clients: every open task of theirs but those it
-    holds (shared/transport/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients."""
+    holds (shared/transport/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients, ids whose
+    token it refuses in X-FL-Refused-Clients (401 if it refuses all)."""
     poll = await read_json(request, TaskPoll)  # after the token check (each id's token, or the secret)
-    unknown = [k for k in poll.client_ids if k not in board.clients]
+    refusals = {k: reason for k in poll.client_ids if (reason := auth.refusal(k, poll.tokens.get(k))) is not None}
+    if len(refusals) == len(poll.client_ids):
+        raise unauthorized(next(iter(refusals.values())))
+    served = [k for k in poll.client_ids if k not in refusals]
+    unknown = [k for k in served if k not in board.clients]
     # With clients to register again (the edge restarted), the process hears of them at once, not after the wait.
-    timeout = 0 if unknown else min(poll.timeout, settings.long_poll_max_s)
-    found = await board.fetch_many(poll.client_ids, set(poll.holding), timeout)
-    headers = {UNKNOWN_CLIENTS: ",".join(map(str, unknown))} if unknown else None
+    timeout = 0 if unknown or refusals else min(poll.timeout, settings.long_poll_max_s)
+    found = await board.fetch_many(served, set(poll.holding), timeout)
+    headers = {name: ",".join(map(str, ids)) for name, ids in ((UNKNOWN_CLIENTS, unknown), (REFUSED_CLIENTS,
+                                                                                            list(refusals))) if ids}
     if not found:
         return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
     body = await asyncio.to_thread(lambda: bundle.pack([(t.header.client_id, t.header.task_id, *t.parts())

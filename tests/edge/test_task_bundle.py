@@ -16,7 +16,7 @@ from shared.schemas import ClientRegistration, ClientTaskHeader, TaskPoll
 from shared.transport import bundle
 from shared.transport.records import decode, encode, flatten
 from shared.transport.tensors import SharedEncoding
-from shared.transport.wire import TASK_BUNDLE, UNKNOWN_CLIENTS, client_token
+from shared.transport.wire import REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS, client_token, issue_device_tokens
 from tests.edge.harness import CLIENT_TOKEN, Edge, auth, task_id, task_record
 from tests.edge.test_runs import task
 
@@ -58,7 +58,9 @@ async def test_a_device_token_polls_for_its_own_client_only(edge: Edge) -> None:
     await edge.open_tasks(0, 1)
     own = client_token(CLIENT_TOKEN, 0)
     assert (await poll(edge, own, client_ids=[0])).status_code == 200
-    assert (await poll(edge, own, client_ids=[0, 1])).status_code == 401
+    r = await poll(edge, own, client_ids=[0, 1])  # client 1 is left out, and named
+    assert r.status_code == 200 and r.headers[REFUSED_CLIENTS] == "1"
+    assert [i.client_id for i in bundle.unpack(r.content)] == [0]
     assert (await poll(edge, own, client_ids=[1])).status_code == 401
     assert (await poll(edge, "wrong", client_ids=[0])).status_code == 401
     assert (await poll(edge, own, client_ids="0")).status_code == 401  # not a list: only the secret gets a 422
@@ -124,3 +126,18 @@ def test_a_shared_encoding_of_no_tensors_reads_back() -> None:
     header = task("run", 0).header
     tensors, message = decode(SharedEncoding({}).blob(header), ClientTaskHeader)
     assert tensors == {} and message == header
+
+
+async def test_each_client_may_bring_its_own_token_and_a_revoked_one_is_left_out(edge: Edge) -> None:
+    """A process holding one token per client (client_tokens) and no secret polls for all of them at once."""
+    await edge.open_tasks(0, 1, 2)
+    tokens = issue_device_tokens(CLIENT_TOKEN, [0, 1, 2])
+    body = {"client_ids": [0, 1, 2], "tokens": {str(k): t for k, t in tokens.items()}}
+    r = await poll(edge, tokens[0], **body)
+    assert r.status_code == 200 and REFUSED_CLIENTS not in r.headers
+    assert [i.client_id for i in bundle.unpack(r.content)] == [0, 1, 2]
+    edge.app.state.revocations.ids = frozenset({tokens[1].split(".")[2]})
+    r = await poll(edge, tokens[0], **body)
+    assert r.headers[REFUSED_CLIENTS] == "1" and [i.client_id for i in bundle.unpack(r.content)] == [0, 2]
+    swapped = {**body, "tokens": {"0": tokens[2], "2": tokens[0]}}  # another client's token is no token
+    assert (await poll(edge, "not-a-token", **swapped)).status_code == 401
