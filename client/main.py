@@ -10,7 +10,8 @@ import torch
 import typer
 
 from client.config import ClientSettings
-from client.worker import ClientsStopped, Worker
+from client.feed import ClientsStopped
+from client.worker import Worker
 from shared.log import configure_logging
 from shared.transport.http import make_client
 from shared.transport.tls import client_context

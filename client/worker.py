@@ -1,9 +1,9 @@
-"""One process, many logical clients: each pulls its tasks by long-poll; training runs one at a time.
+"""One process, many logical clients: their tasks arrive through one long-poll; training runs one at a time.
 
 Local training goes through a single worker thread, so a process never uses more cores than its
 torch thread setting, however many logical clients it hosts; when its clients take part in several runs,
-the runs' tasks take turns on it (`RoundRobin`). Each logical client runs its own loop and
-survives its own failures (see `Worker`); only a refused token ends one.
+the runs' tasks take turns on it (`RoundRobin`). Each task is handled on its own and fails on its own
+(see `Worker`); only a refused token ends a logical client.
 """
 from __future__ import annotations
 
@@ -20,17 +20,19 @@ import httpx
 
 from client.config import ClientSettings
 from client.dvfs import Pacer, backend_for, emulated_hold, record_bytes
+from client.feed import ClientStopped, TaskFeed, Unregistered, check
 from client.state import ClientStateStore
 from shared.algorithms import registry
-from shared.backoff import Backoff
 from shared.config import RunConfig
 from shared.data.datasets import load_client
 from shared.federation import local_job
 from shared.log import bind
-from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
+from shared.schemas import ClientFailureReport, ClientResultHeader, ClientTaskHeader
+from shared.transport.bundle import BundleItem
 from shared.transport.http import binary_body
 from shared.transport.records import Record, decode, encode
 from shared.transport.retry import DEDUPLICATED
+from shared.transport.tensors import PayloadError, message_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,7 +57,12 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
                                 train_seconds=time.perf_counter() - started,
                                 device=pacer.finish(record_bytes(update.tensors)))
     blob = encode(update.tensors, result)
-    store.save(header.task_id, update.state, blob)
+    # Saved where there is state to keep (or an older state to supersede): a crash must then not train
+    # again on state already advanced by this task. Without client state (FedAvg, FedProx, FedSGD) a task
+    # trained again after a crash gives the same tensors, and the edge counts one result per task id; the
+    # fsync this skips was 11 of the 25 ms a CNN task of 5 samples cost (docs/scale.md).
+    if update.state or store.exists():
+        store.save(header.task_id, update.state, blob)
     return blob
 
 
@@ -64,29 +71,6 @@ def _local_config(settings: ClientSettings, config: RunConfig) -> RunConfig:
         data = config.data.model_copy(update={"path": settings.data_path})
         return config.model_copy(update={"data": data})
     return config
-
-
-class ClientStopped(Exception):
-    """A failure that retrying cannot heal (the edge refuses this client's token): ends that logical client."""
-
-
-class ClientsStopped(RuntimeError):
-    """Every logical client of the process stopped for good: what `Worker.run` raises (exit code 1 in main)."""
-
-
-class _Unregistered(Exception):
-    """The edge does not know this client (404: it restarted and lost its registrations)."""
-
-
-def _check(response: httpx.Response, *, unknown_client: bool = True) -> None:
-    """Raises ClientStopped for a refused token, _Unregistered for 404, HTTPStatusError for other errors."""
-    if response.status_code in (401, 403):
-        raise ClientStopped(f"the edge refuses this client's token (HTTP {response.status_code}: "
-                            f"{response.text[:200]}); check FL_CLIENT_CLIENT_TOKEN or its entry in "
-                            "FL_CLIENT_CLIENT_TOKENS")
-    if response.status_code == 404 and unknown_client:
-        raise _Unregistered()
-    response.raise_for_status()
 
 
 def _detail(response: httpx.Response) -> str:
@@ -136,12 +120,14 @@ class RoundRobin:
 
 
 class Worker:
-    """Serves each logical client in its own loop: one client's failure never ends another's.
+    """Serves the process's logical clients: their tasks arrive through one feed (client/feed.py), each is
+    trained on the one training thread (the runs taking turns) and answered on its own, so one task's
+    failure never touches another's.
 
-    A failure (edge unreachable or answering an error, a malformed task, a bug) is logged with the client's
-    id, and that client alone waits (`retry_initial_s` doubling up to `retry_max_s`, reset by a success)
-    and goes on. Only a refused token (401/403) ends a client; `run` raises ClientsStopped once every
-    client of the process has ended. Cancellation (SIGTERM, Ctrl-C) propagates at once.
+    A task that cannot be read or trained (a malformed message, a diverged update) is reported to the edge
+    as failed and not retried: the same inputs would fail again. An upload the edge refuses for good (422)
+    is dropped likewise. Only a refused token (401/403) ends a client; `run` raises ClientsStopped once
+    every client of the process has ended. Cancellation (SIGTERM, Ctrl-C) propagates at once.
     """
 
     def __init__(self, settings: ClientSettings, client_ids: list[int], edge: httpx.AsyncClient):
@@ -151,112 +137,113 @@ class Worker:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         # One training at a time for the whole process, the runs taking turns.
         self.trainer = RoundRobin(self.executor)
+        self.feed = TaskFeed(settings, edge, client_ids, self._deliver)
         self.completed = 0
-        # Tasks whose training raised (e.g. diverged to NaN): the same inputs would fail again, so
-        # they are not retried; the edge treats the client as dropped for that round.
+        # Tasks whose training raised (e.g. diverged to NaN) or whose result was refused: the same inputs
+        # would fail again, so they are not retried (the feed keeps holding them); the edge treats the
+        # client as dropped for that round.
         self.failed: set[str] = set()
-        # Logical clients ended for good, with the reason.
-        self.stopped: dict[int, str] = {}
-        # Each logical client speaks with its own token (client_tokens) where it has one: a revoked one ends
-        # that client alone.
-        self.auth = {k: {"Authorization": f"Bearer {settings.token_of(k)}"} for k in client_ids}
+        self._handling: set[asyncio.Task[None]] = set()
+
+    @property
+    def stopped(self) -> dict[int, str]:
+        """Logical clients ended for good, with the reason."""
+        return self.feed.stopped
 
     async def run(self) -> None:
         """Serves until cancelled; raises ClientsStopped when every logical client has stopped for good."""
-        await asyncio.gather(*(self.serve(k) for k in self.client_ids))
-        reasons = "; ".join(f"client {k}: {why}" for k, why in sorted(self.stopped.items()))
-        raise ClientsStopped(f"every logical client of this process stopped for good ({reasons})")
-
-    async def register(self, client_id: int) -> None:
-        reg = ClientRegistration(client_id=client_id, capabilities={"torch_threads": self.settings.torch_threads})
-        # Re-sent through a passing fault: a registration repeated replaces itself.
-        response = await self.edge.post("/api/v1/clients", json=reg.model_dump(), headers=self.auth[client_id],
-                                        extensions=DEDUPLICATED)
-        _check(response, unknown_client=False)  # a 404 here is a wrong edge URL, not a lost registration
-
-    async def serve(self, client_id: int) -> None:
-        """One logical client's loop; returns only when the client stops for good (see ClientStopped)."""
-        backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
-        registered = False
-        bind(client_id=client_id)  # this logical client's task only
-        while True:
-            try:
-                if not registered:
-                    await self.register(client_id)
-                    registered = True
-                await self.step(client_id)
-                backoff.reset()
-            except ClientStopped as exc:
-                log.error("client %d: stopped for good: %s", client_id, exc)
-                self.stopped[client_id] = str(exc)
-                return
-            except _Unregistered:
-                registered = False
-                first = backoff.failures == 0
-                delay = backoff.next()
-                # Re-register at once the first time; again and again without a success in between: back off.
-                log.warning("client %d: unknown to the edge (restarted?); registering again in %.3gs",
-                            client_id, 0.0 if first else delay)
-                if not first:
-                    await asyncio.sleep(delay)
-            except Exception as exc:  # never CancelledError (a BaseException): a stop still ends every client
-                delay = backoff.next()
-                log.error("client %d: %s: %s; retrying in %.3gs", client_id, type(exc).__name__, exc, delay,
-                          exc_info=backoff.failures == 1)  # the traceback once per run of failures
-                await asyncio.sleep(delay)
-
-    async def step(self, client_id: int) -> None:
-        """One long-poll for a task and, if one came, its local update and upload."""
-        response = await self.edge.get(f"/api/v1/clients/{client_id}/task", headers=self.auth[client_id],
-                                       params={"timeout": self.settings.long_poll_s})
-        _check(response)
-        if response.status_code == 204:
-            return
-        task, header = decode(response.content, ClientTaskHeader)
-        bind(run_id=header.run_id)
-        if header.task_id in self.failed:
-            await asyncio.sleep(1.0)  # still open at the edge until its deadline; do not spin
-            return
-        received = time.monotonic()
         try:
-            blob = await self.trainer.run(header.run_id, partial(compute, self.settings, header, task))
-        except Exception as exc:
-            log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
-            self.failed.add(header.task_id)
-            await self.report_failure(client_id, header, exc)
-            return
-        # An emulated device takes its modelled time (DVFS): waited here, not on the shared training thread.
-        await asyncio.sleep(emulated_hold(header.config, blob, time.monotonic() - received))
-        await self.upload(client_id, header, blob)
-        log.debug("client %d: task %s done", client_id, header.task_id)
+            await self.feed.run()
+        finally:
+            for task in self._handling:
+                task.cancel()
 
-    async def report_failure(self, client_id: int, header: ClientTaskHeader, exc: Exception) -> None:
+    def _deliver(self, item: BundleItem) -> None:
+        task = asyncio.create_task(self._handle(item))
+        self._handling.add(task)
+        task.add_done_callback(self._handling.discard)
+
+    async def _handle(self, item: BundleItem) -> None:
+        """One task: trained, its result uploaded; the feed holds it until then (or for good if it failed)."""
+        client_id = item.client_id
+        bind(client_id=client_id)
+        release = True
+        try:
+            try:
+                header = message_of(item.head, ClientTaskHeader)  # the head alone holds the header
+                if (header.client_id, header.task_id) != (client_id, item.task_id):
+                    raise PayloadError(f"the bundle names task {item.task_id!r} of client {client_id}, its "
+                                       f"message task {header.task_id!r} of client {header.client_id}")
+            except PayloadError as exc:  # a malformed task: reported as failed, not fetched again
+                log.error("client %d: task %s is malformed: %s", client_id, item.task_id, exc)
+                release = False
+                self.failed.add(item.task_id)
+                await self.report_failure(client_id, item.task_id, exc)
+                return
+            bind(run_id=header.run_id)
+            received = time.monotonic()
+            try:
+                result = await self.trainer.run(header.run_id, partial(_train, self.settings, header, item))
+            except Exception as exc:
+                log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
+                release = False
+                self.failed.add(header.task_id)
+                await self.report_failure(client_id, header.task_id, exc)
+                return
+            # An emulated device takes its modelled time (DVFS): waited here, not on the shared training thread.
+            await asyncio.sleep(emulated_hold(header.config, result, time.monotonic() - received))
+            release = await self.upload(client_id, header, result)
+            log.debug("client %d: task %s done", client_id, header.task_id)
+        except ClientStopped as exc:
+            self.feed.stop(client_id, str(exc))
+        except Unregistered:
+            # Registered again, the task comes back and its stored result is sent without retraining.
+            self.feed.unregistered(client_id)
+        except Exception as exc:  # never CancelledError (a BaseException): a stop still ends every task
+            # E.g. the edge away for longer than the retries last: the task is fetched again after a wait
+            # (its stored result re-sent), while the other clients' tasks go on.
+            delay = self.settings.retry_initial_s
+            log.error("client %d: task %s: %s: %s; fetching it again in %.3gs", client_id, item.task_id,
+                      type(exc).__name__, exc, delay)
+            await asyncio.sleep(delay)
+        finally:
+            if release:
+                self.feed.holding.discard(item.task_id)
+
+    async def report_failure(self, client_id: int, task_id: str, exc: Exception) -> None:
         """Tells the edge why the task cannot be trained here (e.g. the run's model package is missing from
         this environment): the round stops waiting for this client and its record shows the reason."""
-        report = ClientFailureReport(task_id=header.task_id, client_id=client_id,
-                                     error=f"{type(exc).__name__}: {exc}"[:1000])
+        report = ClientFailureReport(task_id=task_id, client_id=client_id, error=f"{type(exc).__name__}: {exc}"[:1000])
         # Re-sent through a passing fault: a repeated report of the same task's failure records it again.
         response = await self.edge.post(f"/api/v1/clients/{client_id}/failures", json=report.model_dump(),
-                                        headers=self.auth[client_id], extensions=DEDUPLICATED)
+                                        headers=self.feed.auth[client_id], extensions=DEDUPLICATED)
         if response.status_code >= 400:  # e.g. 409: the round moved on meanwhile; the log above says why
             log.warning("client %d: edge did not take the failure report of task %s: %s %s", client_id,
-                        header.task_id, response.status_code, response.text[:300])
+                        task_id, response.status_code, response.text[:300])
 
-    async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> None:
+    async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> bool:
+        """Sends the result; False if the edge refused it for good (the task is not to be fetched again)."""
         # Re-sent through a passing fault: the edge accepts one result per task id and answers a repeat 409.
         response = await self.edge.post(f"/api/v1/clients/{client_id}/results",
-                                        **binary_body(blob, self.auth[client_id]), extensions=DEDUPLICATED)
+                                        **binary_body(blob, self.feed.auth[client_id]), extensions=DEDUPLICATED)
         if response.status_code == 409:
             # Already accepted (a retried upload) or the round moved on: nothing left to do either way.
             log.info("client %d: task %s: %s", client_id, header.task_id, _detail(response))
         elif response.status_code in (401, 403, 404):
-            # After re-registering, the task comes back and its stored result is sent without retraining.
-            _check(response)
+            check(response)
         elif response.status_code >= 400:
             # E.g. a diverged update beyond the edge's bounds (422): the same result would be refused again,
             # so it is not re-sent (it was, at once and forever); the edge drops the client for that round.
             log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id,
                       response.status_code, response.text[:300])
             self.failed.add(header.task_id)
+            return False
         else:
             self.completed += 1
+        return True
+
+
+def _train(settings: ClientSettings, header: ClientTaskHeader, item: BundleItem) -> bytes:
+    """The training thread's job: the task's tensors read there, not on the event loop."""
+    task, _ = decode(item.message(), ClientTaskHeader)
+    return compute(settings, header, task)

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from edge.config import EdgeSettings
 from edge.round_loop import EdgeRoundLoop
 from edge.tasks import TaskBoard
-from shared.schemas import ClientRegistration
+from shared.schemas import ClientRegistration, TaskPoll
 from shared.transport.wire import device_token_id
 from shared.web import app_state, bearer_token, read_body, same_token, unauthorized
 
@@ -31,13 +31,21 @@ class ClientAuth:
 
     def check(self, client_id: int | None) -> None:
         """401 unless the token may act as `client_id` (None: a malformed id, left to the route's 422)."""
-        if same_token(self.token, self.secret):
-            return
-        token_id = None if client_id is None else device_token_id(self.secret, self.token, client_id)
+        reason = self.refusal(client_id)
+        if reason is not None:
+            raise unauthorized(reason)
+
+    def refusal(self, client_id: int | None, token: str | None = None) -> str | None:
+        """Why `token` (default: the bearer token) may not act as `client_id`, or None if it may."""
+        token = self.token if token is None else token
+        if same_token(token, self.secret):
+            return None
+        token_id = None if client_id is None else device_token_id(self.secret, token, client_id)
         if token_id is None:
-            raise unauthorized()
+            return "invalid bearer token"
         if token_id in self.revoked:
-            raise unauthorized(f"this device token ({token_id}) was revoked")
+            return f"this device token ({token_id}) was revoked"
+        return None
 
 
 async def client_auth(request: Request) -> ClientAuth:
@@ -47,13 +55,23 @@ async def client_auth(request: Request) -> ClientAuth:
     auth = ClientAuth(await bearer_token(request), state.settings.client_token, state.revocations.ids)
     if "client_id" in request.path_params:
         auth.check(_client_id(request.path_params["client_id"]))
-    elif not same_token(auth.token, auth.secret):  # a device registering: its id is in the body
+    elif not same_token(auth.token, auth.secret):
+        # A device registering, or a process polling for its clients' tasks: the ids (and, polling, each one's
+        # own token) are in the body. At most the route's own limit is read (413 beyond; the route then reads
+        # the same bytes). A poll passes if any of its clients may be served: the route leaves out the others.
+        polling = request.url.path.endswith("/tasks")
+        claimed: list[Any] = [None]
+        tokens: dict[str, Any] = {}
         try:
-            # At most a registration's few KiB are read (413 beyond; the route then reads the same bytes).
-            claimed = json.loads(await read_body(request, ClientRegistration.max_body_bytes)).get("client_id")
-        except (ValueError, AttributeError, RecursionError):  # not a JSON object: only the secret gets its 4xx
-            claimed = None
-        auth.check(claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else None)
+            body = json.loads(await read_body(request, (TaskPoll if polling else ClientRegistration).max_body_bytes))
+            claimed = list(body.get("client_ids") or [None]) if polling else [body.get("client_id")]
+            tokens = dict(body.get("tokens") or {}) if polling else {}
+        except (ValueError, TypeError, AttributeError, RecursionError):  # malformed: only the secret gets its 4xx
+            pass
+        reasons = [auth.refusal(k if isinstance(k, int) and not isinstance(k, bool) else None,
+                                t if isinstance(t := tokens.get(str(k)), str) else None) for k in claimed]
+        if None not in reasons:
+            raise unauthorized(reasons[0] or "invalid bearer token")
     return auth
 
 

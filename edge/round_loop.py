@@ -365,6 +365,7 @@ class EdgeRoundLoop:
         run_id = header.run_id
         quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
+        log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)
         try:
             for attempt in range(policy.max_retries + 1):
                 results = await self.board.wait_results(run_id, policy.deadline_s)

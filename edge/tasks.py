@@ -6,14 +6,16 @@ the same task; results are checked against the algorithm's result spec before th
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable
 
 from shared.algorithms.base import ClientResult
 from shared.longpoll import wait_until
 from shared.schemas import ClientFailure, ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
-from shared.transport.records import Record, encode
-from shared.transport.tensors import InvalidContent
+from shared.transport.records import Record, flatten
+from shared.transport.tensors import InvalidContent, SharedEncoding
 
 
 class TaskConflict(Exception):
@@ -46,7 +48,9 @@ class Task:
     # what a claim weighs. Unchecked, one device claiming 10^12 samples took 0.999999999 of the weight.
     num_samples: int | None = None
     max_samples: int | None = None
-    _blob: bytes | None = field(default=None, repr=False)
+    # The tensors' encoding, shared by every task of the round that sends the same tensors (TaskBoard.post).
+    encoding: SharedEncoding | None = field(default=None, repr=False)
+    _blob: bytes | None = field(default=None, repr=False)  # fixed bytes to send instead (tests: a malformed task)
 
     def counted_samples(self, claimed: int) -> int:
         """The sample count the result's weight uses; raises InvalidContent (422) for a wrong claim."""
@@ -56,23 +60,39 @@ class Task:
         return claimed if self.max_samples is None else min(claimed, self.max_samples)
 
     def blob(self) -> bytes:
-        # Encoded on first fetch, not at dispatch: a hundred idle clients cost no copies.
-        if self._blob is None:
-            self._blob = encode(self.tensors, self.header)
-        return self._blob
+        """The task message."""
+        return b"".join(self.parts())
+
+    def parts(self) -> tuple[bytes, bytes]:
+        """The task message as its head and its data (SharedEncoding.parts). The tensors are encoded on the
+        first fetch of any task sharing them, not at dispatch, and not kept per task: a thousand tasks of
+        one round cost one encoding and no copies."""
+        if self._blob is not None:
+            return self._blob, b""
+        if self.encoding is None:
+            self.encoding = SharedEncoding(flatten(self.tensors))
+        return self.encoding.parts(self.header)
 
 
 class TaskBoard:
     """The open tasks of every run the edge serves: a client may hold one task per run at once, and fetches
-    them oldest first, so a client shared by several runs serves them in turn."""
+    them oldest first, so a client shared by several runs serves them in turn.
+
+    Two kinds of waiters, woken separately: fetches (one per long-polling client, or per client process)
+    wait for tasks of their own clients and are woken only when one is posted for them, so posting a
+    round's tasks to 1,000 waiters wakes each once and re-checks nothing else; the rounds wait for
+    answers (`_answered`), which no fetch cares about.
+    """
 
     def __init__(self) -> None:
         self.clients: dict[int, ClientRegistration] = {}
         self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
         self._posted: dict[tuple[str, int], int] = {}  # (run_id, client_id) -> when its task was posted
         self._posts = 0
-        self._changed = asyncio.Condition()
+        self._answered = asyncio.Condition()
+        self._waiting: dict[int, set[asyncio.Event]] = {}  # client_id -> the fetches waiting for its tasks
         self._closing = False
+        self.last_post = 0.0  # time.time() of the last post (bench/scale.py: posting to every client holding)
 
     # ---- clients -------------------------------------------------------------------------------
     def register(self, reg: ClientRegistration) -> None:
@@ -89,18 +109,25 @@ class TaskBoard:
     # ---- round side ----------------------------------------------------------------------------
     async def post(self, tasks: list[Task]) -> None:
         """A round's tasks, replacing the previous ones of their run."""
-        async with self._changed:
+        shared: dict[tuple[tuple[str, int], ...], SharedEncoding] = {}
+        async with self._answered:
             for run_id in {t.header.run_id for t in tasks}:
                 self._drop(run_id)
             for t in tasks:
+                if t.encoding is None:  # the same tensor objects (FedAvg's global state): one encoding
+                    flat = flatten(t.tensors)
+                    key = tuple((name, id(tensor)) for name, tensor in flat.items())
+                    t.encoding = shared.get(key) or shared.setdefault(key, SharedEncoding(flat))
                 self._tasks.setdefault(t.header.run_id, {})[t.header.client_id] = t
                 self._posts += 1
                 self._posted[(t.header.run_id, t.header.client_id)] = self._posts
-            self._changed.notify_all()
+            self.last_post = time.time()
+            self._answered.notify_all()
+        self._wake(t.header.client_id for t in tasks)
 
     async def clear(self, run_id: str | None = None) -> None:
         """Drops the run's tasks (None: every run's)."""
-        async with self._changed:
+        async with self._answered:
             for run in [run_id] if run_id is not None else list(self._tasks):
                 self._drop(run)
 
@@ -115,9 +142,10 @@ class TaskBoard:
 
     async def close(self) -> None:
         """The edge is stopping: every waiting and future fetch answers "no task" at once."""
-        async with self._changed:
+        async with self._answered:
             self._closing = True
-            self._changed.notify_all()
+            self._answered.notify_all()
+        self._wake(list(self._waiting))
 
     def outstanding(self) -> int:
         """Tasks posted and not answered yet, of every run."""
@@ -134,21 +162,64 @@ class TaskBoard:
     async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True) -> list[ClientResult]:
         """Returns when every task of the run is answered (or, if `failures_settle`, reported failed: no point
         waiting for those) or at the deadline, with what has arrived."""
-        await wait_until(self._changed, lambda: all(
+        await wait_until(self._answered, lambda: all(
             t.result is not None or (failures_settle and t.failure is not None) for _, t in self._of(run_id)), timeout)
         return self.results(run_id)
 
     # ---- client side ---------------------------------------------------------------------------
     async def fetch(self, client_id: int, timeout: float) -> Task | None:
+        """The client's open task posted first, whichever its run; waits up to `timeout` for one."""
         self._known(client_id)
-        await wait_until(self._changed, lambda: self._open_task(client_id) is not None or self._closing, timeout)
-        return self._open_task(client_id)
+        found = await self._wait_for_tasks([client_id], lambda: self._open_tasks(client_id)[:1], timeout)
+        return found[0] if found else None
 
-    def _open_task(self, client_id: int) -> Task | None:
-        """The client's open task posted first, whichever its run."""
+    async def fetch_many(self, client_ids: list[int], holding: set[str], timeout: float) -> list[Task]:
+        """Every open task of the known clients among `client_ids` but those in `holding` (a client process's
+        batch long-poll), oldest first; waits up to `timeout` for one."""
+        def ready() -> list[Task]:
+            found = [t for k in client_ids if k in self.clients for t in self._open_tasks(k)
+                     if t.header.task_id not in holding]
+            return sorted(found, key=lambda t: self._posted[(t.header.run_id, t.header.client_id)])
+        return await self._wait_for_tasks(client_ids, ready, timeout)
+
+    async def _wait_for_tasks(self, client_ids: list[int], ready: Callable[[], list[Task]],
+                              timeout: float) -> list[Task]:
+        """`ready()` once it is not empty, or at the deadline (or when the edge closes), re-checked only
+        when a task is posted for one of `client_ids`."""
+        deadline = time.monotonic() + timeout
+        woken = asyncio.Event()
+        for k in client_ids:
+            self._waiting.setdefault(k, set()).add(woken)
+        try:
+            while True:
+                woken.clear()
+                found = ready()
+                remaining = deadline - time.monotonic()
+                if found or self._closing or remaining <= 0:
+                    return found
+                try:
+                    async with asyncio.timeout(remaining):
+                        await woken.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            for k in client_ids:
+                waiters = self._waiting.get(k)
+                if waiters is not None:
+                    waiters.discard(woken)
+                    if not waiters:
+                        del self._waiting[k]
+
+    def _wake(self, client_ids: Iterable[int]) -> None:
+        for k in client_ids:
+            for woken in self._waiting.get(k, ()):
+                woken.set()
+
+    def _open_tasks(self, client_id: int) -> list[Task]:
+        """The client's open tasks, whichever their run, posted first first."""
         open_tasks = [(self._posted[(run_id, client_id)], task) for run_id, tasks in self._tasks.items()
                       if (task := tasks.get(client_id)) is not None and task.result is None]
-        return min(open_tasks, key=lambda x: x[0])[1] if open_tasks else None
+        return [task for _, task in sorted(open_tasks, key=lambda x: x[0])]
 
     def task_for(self, client_id: int, task_id: str) -> Task:
         """The open task a result answers; raises for unknown, stale or duplicate results."""
@@ -168,19 +239,19 @@ class TaskBoard:
         task.counted_samples(header.num_samples)  # a wrong claim is refused before the tensors are read
         while True:
             await asyncio.to_thread(task.check, tensors)
-            async with self._changed:
+            async with self._answered:
                 # Anything may have happened during the check: an identical retry answered the task (409
                 # duplicate), the round ended (409 stale), or it was posted again with the same task id.
                 current = self.task_for(client_id, header.task_id)
                 if current is task:
                     task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss,
                                                tensors, header.metrics, header.device)
-                    self._changed.notify_all()
+                    self._answered.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open
 
     async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:
         """Records that the client could not train its open task (409 if stale or already answered)."""
-        async with self._changed:
+        async with self._answered:
             self.task_for(client_id, report.task_id).failure = report.error
-            self._changed.notify_all()
+            self._answered.notify_all()

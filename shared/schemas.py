@@ -153,6 +153,21 @@ class ClientFailureReport(Message):
     error: str = FailureText
 
 
+class TaskPoll(Message):
+    """A client process's batch long-poll: every open task of these logical clients, except those it holds."""
+
+    max_body_bytes: ClassVar[int] = 2 * 2**20
+    client_ids: list[Annotated[int, Id]] = Field(min_length=1, max_length=100_000)
+    # The task ids the process has already received and not answered yet (queued, training, or given up on):
+    # without them, every poll would bring the same tasks back at once.
+    holding: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list,
+                                                                             max_length=100_000)
+    timeout: float = Field(20.0, ge=0, le=3600)
+    # Each client's own token where the process holds one per client (client_tokens) rather than the secret:
+    # a client whose token is refused (revoked) is left out of the answer, and named, while the others are served.
+    tokens: dict[int, Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=dict,
+                                                                                  max_length=100_000)
+
 # ---- edge -> client ---------------------------------------------------------------------------
 class ClientTaskHeader(Message):
     task_id: str

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request, Response, status
 
-from edge.deps import BoardDep, RoundLoopDep, SettingsDep, client_auth
+from edge.deps import BoardDep, ClientAuth, RoundLoopDep, SettingsDep, client_auth
 from shared import web
-from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt
+from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt, TaskPoll
+from shared.transport import bundle
 from shared.transport.tensors import InvalidContent
-from shared.web import binary, open_request, rate_limited, read_json, read_message, reject
+from shared.transport.wire import REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS
+from shared.web import binary, open_request, rate_limited, read_json, read_message, reject, unauthorized
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
@@ -35,6 +38,36 @@ async def task(client_id: int, request: Request, board: BoardDep, settings: Sett
     if found is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return binary(await asyncio.to_thread(found.blob))  # encoded on first fetch
+
+
+@router.post("/tasks", responses={200: {"content": {TASK_BUNDLE: {}}, "description": "the tasks, as a bundle"},
+                                  204: {"description": "no task before the timeout"},
+                                  **web.error_responses(400, 408, 413, 422, 429)},
+             openapi_extra=web.json_body_doc(TaskPoll))
+async def tasks(request: Request, board: BoardDep, settings: SettingsDep,
+                auth: Annotated[ClientAuth, Depends(client_auth)]) -> Response:
+    """A client process's one long-poll for all its logical clients: every open task of theirs but those it
+    holds (shared/transport/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients, ids whose
+    token it refuses in X-FL-Refused-Clients (401 if it refuses all)."""
+    poll = await read_json(request, TaskPoll)  # after the token check (each id's token, or the secret)
+    refusals = {k: reason for k in poll.client_ids if (reason := auth.refusal(k, poll.tokens.get(k))) is not None}
+    if len(refusals) == len(poll.client_ids):
+        raise unauthorized(next(iter(refusals.values())))
+    served = [k for k in poll.client_ids if k not in refusals]
+    unknown = [k for k in served if k not in board.clients]
+    # With clients to register again (the edge restarted), the process hears of them at once, not after the wait.
+    timeout = 0 if unknown or refusals else min(poll.timeout, settings.long_poll_max_s)
+    # Counted with the per-client long-polls of its first id: a device (its token names one id) holds at most
+    # max_open_per_caller polls by either route; a process of many ids holds one.
+    async with open_request(request, "task", served[0]):
+        found = await board.fetch_many(served, set(poll.holding), timeout)
+    headers = {name: ",".join(map(str, ids)) for name, ids in ((UNKNOWN_CLIENTS, unknown), (REFUSED_CLIENTS,
+                                                                                            list(refusals))) if ids}
+    if not found:
+        return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
+    body = await asyncio.to_thread(lambda: bundle.pack([(t.header.client_id, t.header.task_id, *t.parts())
+                                                        for t in found]))
+    return Response(body, media_type=TASK_BUNDLE, headers=headers)
 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED,

@@ -10,6 +10,13 @@ import secrets
 
 # The media type of every body that is one safetensors document (shared/transport/tensors.py).
 SAFETENSORS = "application/vnd.safetensors"
+# The media type of a task bundle: several task messages in one body (shared/transport/bundle.py).
+TASK_BUNDLE = "application/vnd.fl.task-bundle"
+# The header of a batch long-poll's answer (200 and 204) that lists the asked-for client ids the edge does not
+# know (it restarted, or they are not its clients), comma-separated: the client process registers them again.
+UNKNOWN_CLIENTS = "X-FL-Unknown-Clients"
+# ... and those whose token the edge refuses (invalid, or revoked): the client process stops them.
+REFUSED_CLIENTS = "X-FL-Refused-Clients"
 
 
 def client_token(secret: str, client_id: int) -> str:

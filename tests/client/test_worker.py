@@ -20,6 +20,7 @@ import pytest
 
 from client import worker as worker_module
 from client.config import ClientSettings
+from client.feed import ClientsStopped
 from client.worker import Worker
 from edge.tasks import Task
 from shared.schemas import ClientTaskHeader
@@ -41,8 +42,10 @@ class EdgeDouble(httpx.AsyncBaseTransport):
         self.inner = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         self.fault = fault
         self.answers: list[tuple[str, str, int]] = []
+        self.requests: list[httpx.Request] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
         response = self.fault(request) if self.fault else None
         if response is None:
             response = await self.inner.handle_async_request(request)
@@ -56,7 +59,7 @@ class EdgeDouble(httpx.AsyncBaseTransport):
 def client_of(request: httpx.Request) -> int | None:
     """The logical client a request is for: from the URL, or from a registration's body."""
     parts = request.url.path.split("/")
-    if len(parts) > 4 and parts[3] == "clients":
+    if len(parts) > 4 and parts[3] == "clients" and parts[4].isdigit():
         return int(parts[4])
     if request.method == "POST" and request.url.path == "/api/v1/clients":
         return json.loads(request.content)["client_id"]
@@ -106,12 +109,28 @@ async def until(condition: Callable[[], bool], run: asyncio.Task, timeout: float
 async def test_a_malformed_task_for_one_client_spares_the_other_and_it_recovers(tmp_path):
     async with running_edge() as edge:
         await edge.board.post([make_task(0, blob=b"this is not a safetensors document"), make_task(1)])
-        async with running_worker(edge, [0, 1], tmp_path) as (_, run, double):
-            # Client 1 completes its task; client 0 fetched its malformed task again after failing on it.
-            await until(lambda: answered(edge) == {1} and double.count("GET", "/api/v1/clients/0/task", 200) >= 2,
-                        run)
+        async with running_worker(edge, [0, 1], tmp_path) as (worker, run, double):
+            # Client 1 completes its task; client 0 reports its malformed task as failed, and does not fetch
+            # it again (the same bytes would fail again).
+            await until(lambda: answered(edge) == {1} and edge.board.failures(), run)
+            assert [f.client_id for f in edge.board.failures()] == [0]
+            assert "PayloadError" in edge.board.failures()[0].error
+            assert make_task(0).header.task_id in worker.failed
             await edge.board.post([make_task(0, round_=1), make_task(1, round_=1)])  # the next round: good tasks
             await until(lambda: answered(edge) == {0, 1}, run)
+            assert double.count("POST", "/api/v1/clients/0/failures") == 1
+
+
+async def test_one_long_poll_serves_every_logical_client_of_the_process(tmp_path):
+    ids = list(range(4))
+    async with running_edge() as edge:
+        async with running_worker(edge, ids, tmp_path) as (_, run, double):
+            await until(lambda: len(edge.board.clients) == 4, run)
+            await edge.board.post([make_task(k) for k in ids])
+            await until(lambda: answered(edge) == set(ids), run)
+            assert double.count("GET", "/api/v1/clients/0/task") == 0
+            # One bundle brought the four tasks (the later polls held them, and then had nothing to bring).
+            assert double.count("POST", "/api/v1/clients/tasks", 200) == 1
 
 
 async def test_a_refused_registration_is_retried_while_the_other_client_works(tmp_path):
@@ -162,10 +181,9 @@ async def test_an_edge_that_forgot_its_clients_gets_them_registered_again(tmp_pa
             assert double.count("POST", "/api/v1/clients", 200) == 4
 
 
-@pytest.mark.parametrize("refused", ["POST /api/v1/clients", "GET /api/v1/clients/0/task"])
-async def test_a_refused_token_stops_only_that_client(tmp_path, refused, caplog):
+async def test_a_refused_token_stops_only_that_client(tmp_path, caplog):
     def fault(request: httpx.Request) -> httpx.Response | None:
-        if f"{request.method} {request.url.path}" == refused and client_of(request) == 0:
+        if request.method == "POST" and request.url.path == "/api/v1/clients" and client_of(request) == 0:
             return httpx.Response(401, json={"detail": "invalid bearer token"})
         return None
 
@@ -173,13 +191,26 @@ async def test_a_refused_token_stops_only_that_client(tmp_path, refused, caplog)
         await edge.board.post([make_task(0), make_task(1)])
         async with running_worker(edge, [0, 1], tmp_path, fault=fault) as (worker, run, double):
             await until(lambda: answered(edge) == {1} and set(worker.stopped) == {0}, run)
-            requests_of_0 = sum(1 for _, p, _ in double.answers if "/clients/0/" in p)
             await edge.board.post([make_task(0, round_=1), make_task(1, round_=1)])
             await until(lambda: answered(edge) == {1}, run)  # client 1 goes on serving
             await asyncio.sleep(0.1)
             assert not run.done()
-            assert sum(1 for _, p, _ in double.answers if "/clients/0/" in p) == requests_of_0  # client 0 is gone
+            assert all(0 not in json.loads(r.content)["client_ids"] for r in double.requests
+                       if r.url.path == "/api/v1/clients/tasks")  # client 0 is never polled for
     assert "client 0: stopped for good" in caplog.text and "401" in caplog.text
+
+
+async def test_a_refused_poll_stops_every_client_it_asked_for(tmp_path):
+    def fault(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path == "/api/v1/clients/tasks":
+            return httpx.Response(401, json={"detail": "invalid bearer token"})
+        return None
+
+    async with running_edge() as edge:
+        async with running_worker(edge, [0, 1], tmp_path, fault=fault) as (worker, run, _):
+            with anyio.fail_after(4), pytest.raises(ClientsStopped):
+                await run
+            assert set(worker.stopped) == {0, 1}
 
 
 async def test_when_every_client_is_refused_the_worker_raises(tmp_path):
@@ -187,16 +218,22 @@ async def test_when_every_client_is_refused_the_worker_raises(tmp_path):
         async with running_worker(edge, [0, 1], tmp_path, token="wrong-token") as (worker, run, _):
             with anyio.fail_after(4), pytest.raises(RuntimeError, match="every logical client") as info:
                 await run
-    assert isinstance(info.value, worker_module.ClientsStopped)
+    assert isinstance(info.value, ClientsStopped)
     assert set(worker.stopped) == {0, 1} and "client 0" in str(info.value) and "client 1" in str(info.value)
 
 
 async def test_cancellation_stops_every_client_at_once_even_while_one_backs_off(tmp_path):
+    def fault(request: httpx.Request) -> httpx.Response | None:
+        if request.method == "POST" and request.url.path == "/api/v1/clients" and client_of(request) == 0:
+            return httpx.Response(400, json={"detail": "edge not ready"})
+        return None
+
     async with running_edge() as edge:
-        await edge.board.post([make_task(0, blob=b"garbage")])
-        async with running_worker(edge, [0, 1], tmp_path, retry_initial_s=30, retry_max_s=30) as (_, run, double):
-            # Client 0 sleeps 30 s after its malformed task; client 1 waits in a long-poll.
-            await until(lambda: double.count("GET", "/api/v1/clients/0/task", 200) == 1, run)
+        async with running_worker(edge, [0, 1], tmp_path, fault=fault, retry_initial_s=30, retry_max_s=30
+                                  ) as (_, run, double):
+            # Client 0's registration waits 30 s after its refusal; client 1 waits in a long-poll.
+            await until(lambda: double.count("POST", "/api/v1/clients", 400) == 1
+                        and double.count("POST", "/api/v1/clients", 200) == 1, run)
             await asyncio.sleep(0.1)
             run.cancel()
             with anyio.fail_after(1), pytest.raises(asyncio.CancelledError):
@@ -224,8 +261,13 @@ async def test_a_process_with_a_token_per_client_serves_them_all_and_a_revoked_o
             await edge.board.post([make_task(k, round_=1) for k in (0, 1, 2)])
             await until(lambda: set(worker.stopped) == {1} and worker.completed == 5, run)
             assert "revoked" in worker.stopped[1]
+            # The poll names client 1 as refused (X-FL-Refused-Clients) and serves the others; no request of
+            # clients 0 and 2 is ever refused.
             refused = [path for _, path, status in double.answers if status == 401]
-            assert refused and all(path.startswith("/api/v1/clients/1/") for path in refused), refused
+            assert all(path.startswith("/api/v1/clients/1/") for path in refused), refused
+            polls = [r for r in double.requests if r.url.path == "/api/v1/clients/tasks"]
+            assert all(json.loads(r.content)["tokens"] == {str(k): tokens[k] for k in json.loads(r.content)
+                                                           ["client_ids"]} for r in polls)
             assert not run.done()
 
 

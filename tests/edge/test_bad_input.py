@@ -426,6 +426,10 @@ async def test_long_polls_past_the_open_requests_per_client_get_429_and_spare_th
         await asyncio.sleep(0.3)  # both polls are open
         third = await poll(1)
         assert detail_of(third, 429, "2 task requests for 1 are open already") and third.headers["Retry-After"] == "1"
+        # A batch poll counts with its first id's: it is no way around the cap.
+        batch = await edge.http.post("/api/v1/clients/tasks", json={"client_ids": [1, 2], "timeout": 0},
+                                     headers=auth())
+        assert detail_of(batch, 429, "2 task requests for 1 are open already")
         assert (await poll(2)).status_code == 204  # another client has its own
         assert [r.status_code for r in await asyncio.gather(*held)] == [204, 204]
         assert (await poll(1)).status_code == 204  # released once answered
