@@ -73,6 +73,10 @@ def _local_config(settings: ClientSettings, config: RunConfig) -> RunConfig:
     return config
 
 
+class ResultRefused(Exception):
+    """The edge refused a result for good (a 4xx other than a token's or a stale task's)."""
+
+
 def _detail(response: httpx.Response) -> str:
     try:
         return str(response.json().get("detail"))
@@ -233,10 +237,13 @@ class Worker:
             check(response)
         elif response.status_code >= 400:
             # E.g. a diverged update beyond the edge's bounds (422): the same result would be refused again,
-            # so it is not re-sent (it was, at once and forever); the edge drops the client for that round.
+            # so it is not re-sent (it was, at once and forever). Reported as the task's failure: the round
+            # stops waiting for this client, where it waited until its deadline.
             log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id,
                       response.status_code, response.text[:300])
             self.failed.add(header.task_id)
+            await self.report_failure(client_id, header.task_id, ResultRefused(
+                f"the edge refused the result: {response.status_code} {_detail(response)}"))
             return False
         else:
             self.completed += 1

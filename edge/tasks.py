@@ -216,9 +216,10 @@ class TaskBoard:
                 woken.set()
 
     def _open_tasks(self, client_id: int) -> list[Task]:
-        """The client's open tasks, whichever their run, posted first first."""
+        """The client's open tasks, whichever their run, posted first first. A task it reported failed is not
+        handed out again (it would fail again): as the oldest, it held back the client's other runs' tasks."""
         open_tasks = [(self._posted[(run_id, client_id)], task) for run_id, tasks in self._tasks.items()
-                      if (task := tasks.get(client_id)) is not None and task.result is None]
+                      if (task := tasks.get(client_id)) is not None and task.result is None and task.failure is None]
         return [task for _, task in sorted(open_tasks, key=lambda x: x[0])]
 
     def task_for(self, client_id: int, task_id: str) -> Task:

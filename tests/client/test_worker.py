@@ -121,6 +121,23 @@ async def test_a_malformed_task_for_one_client_spares_the_other_and_it_recovers(
             assert double.count("POST", "/api/v1/clients/0/failures") == 1
 
 
+async def test_a_result_the_edge_refuses_is_reported_as_the_tasks_failure(tmp_path):
+    """The round waited for the client until its deadline: the refused result was only remembered."""
+    def refuse(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path == "/api/v1/clients/0/results":
+            return httpx.Response(422, json={"detail": "update beyond the bounds"})
+        return None
+
+    async with running_edge() as edge:
+        await edge.board.post([make_task(0), make_task(1)])
+        async with running_worker(edge, [0, 1], tmp_path, fault=refuse) as (worker, run, double):
+            await until(lambda: answered(edge) == {1} and edge.board.failures(), run)
+            [failure] = edge.board.failures()
+            assert failure.client_id == 0 and "422 update beyond the bounds" in failure.error
+            assert make_task(0).header.task_id in worker.failed
+            assert double.count("POST", "/api/v1/clients/0/results") == 1  # not re-sent
+
+
 async def test_one_long_poll_serves_every_logical_client_of_the_process(tmp_path):
     ids = list(range(4))
     async with running_edge() as edge:

@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 
 from edge.tasks import Task, TaskBoard
-from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader
+from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
 from shared.transport.records import check, spec_of
 from tests.edge.harness import CONFIG, task_record
 
@@ -45,3 +45,17 @@ async def test_a_client_serves_its_runs_in_turn() -> None:
     assert board.results("b") == [] and [r.client_id for r in board.results("a")] == [0]
     assert await answer(board, 1) == "a"
     assert len(board.results()) == 2 and await board.wait_results("a", timeout=0) == board.results("a")
+
+
+async def test_a_task_reported_failed_does_not_keep_the_clients_other_runs_waiting() -> None:
+    """It stayed the client's oldest open task: every fetch returned it again, and 16 runs at once stalled
+    behind one whose tasks failed (an outside probe), until that run was stopped."""
+    board = TaskBoard()
+    board.register(ClientRegistration(client_id=1))
+    await board.post([task("a", 1)])
+    await board.post([task("b", 1)])
+    await board.report_failure(1, ClientFailureReport(task_id="a-r0-e0-c1", client_id=1, error="boom"))
+    assert await answer(board, 1) == "b"
+    assert await board.fetch(1, timeout=0) is None
+    assert [f.client_id for f in board.failures("a")] == [1]  # the round still hears of the failure
+    assert await board.fetch_many([1], set(), timeout=0) == []  # nor by the batch poll of a restarted process
