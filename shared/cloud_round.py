@@ -42,8 +42,9 @@ class CloudRoundOutcome:
 
 def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[Contribution],
                     cloud_state: Record, version: int) -> CloudRoundOutcome:
-    """The update of global state `version` with `contributions`; raises Diverged rather than return a
-    non-finite global state."""
+    """The update of global state `version` with `contributions` as they arrived (Algorithm.to_wire's
+    dtypes); raises Diverged rather than return a non-finite global state."""
+    contributions = [algorithm.from_wire(global_, c) for c in contributions]
     new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
     broken = non_finite(new_global)
     if broken:

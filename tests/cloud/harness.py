@@ -155,7 +155,8 @@ async def _exit_lifespan(lifespan) -> None:
 
 
 
-def zeros_like(global_: Tensors, dtype: torch.dtype = torch.float64) -> Tensors:
+def zeros_like(global_: Tensors, dtype: torch.dtype = torch.float32) -> Tensors:
+    """A contribution of zeros as it travels: float32 sums (Algorithm.wire_spec)."""
     return {name: torch.zeros(t.shape, dtype=dtype) for name, t in global_.items()}
 
 
