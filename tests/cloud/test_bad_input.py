@@ -541,7 +541,7 @@ INADMISSIBLE = {
     "weight-beyond-its-clients": (dict(weight=11.0), None, "weight 11 is not one its clients give"),
     "client-twice": (dict(clients=_one_client(5) * 2), None,
                      "a client appears at most once per edge round (1); more often: [0]"),
-    "huge-values": ({}, 1e300, "values beyond"),
+    "huge-values": ({}, 1e30, "values beyond"),
     "mean-beyond-bound": ({}, 1e6 * 10 * 1.01, "values beyond"),  # sums / weight 10 just above 1e6
 }
 
