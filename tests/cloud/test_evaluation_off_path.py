@@ -2,13 +2,13 @@
 history record gets the evaluation's figures once they are in (the same as evaluating it first)."""
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 
 import pytest
 
 import cloud.orchestrator as orchestrator_module
+from cloud.ui.view import LiveRun
 from shared.algorithms import registry
 from shared.federation import evaluate_global
 from shared.schemas import GlobalStateHeader
@@ -16,12 +16,6 @@ from shared.transport.records import decode
 from tests.cloud.harness import Cloud, contribution, running_run, small_config
 
 pytestmark = pytest.mark.anyio
-
-
-async def history(cloud: Cloud, run_id: str) -> list[dict]:
-    r = await cloud.admin("GET", f"/api/v1/runs/{run_id}/history")
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 async def submit(cloud: Cloud, run_id: str, version: int) -> None:
@@ -44,14 +38,6 @@ def held_evaluation(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return release
 
 
-async def until(check, timeout_s: float = 20.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not (found := await check()):
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-    return found
-
-
 async def test_a_version_is_served_before_its_evaluation_and_its_record_filled_in_after(
         cloud: Cloud, held_evaluation: threading.Event) -> None:
     run_id, _ = await running_run(cloud, small_config(rounds=3))
@@ -60,20 +46,15 @@ async def test_a_version_is_served_before_its_evaluation_and_its_record_filled_i
     # Version 1 is served while its evaluation is held; its record is there, not evaluated yet.
     _, header = await cloud.global_state()
     assert header.version == 1
-    [record] = await history(cloud, run_id)
+    [record] = await cloud.history(run_id)
     assert record["version"] == 1 and math.isnan(float(record["test_accuracy"]))
     held_evaluation.set()
-    [record] = await until(lambda: _evaluated(cloud, run_id))
+    [record] = await cloud.wait_evaluated(run_id)
     # The figures of evaluating version 1 before publishing it, as the reference runner does.
     r = await cloud.edge("GET", "/api/v1/edges/0/global", params={"timeout": 0})
     served, header = decode(r.content, GlobalStateHeader)
     inline = evaluate_global(header.config, registry.create(header.config), served, {})
     assert (record["test_loss"], record["test_accuracy"]) == (inline.loss, inline.accuracy)
-
-
-async def _evaluated(cloud: Cloud, run_id: str) -> list[dict] | None:
-    records = await history(cloud, run_id)
-    return records if all(not math.isnan(float(r["test_accuracy"])) for r in records) else None
 
 
 async def test_a_finished_run_has_every_record_evaluated(cloud: Cloud) -> None:
@@ -83,7 +64,7 @@ async def test_a_finished_run_has_every_record_evaluated(cloud: Cloud) -> None:
         await submit(cloud, run_id, version)
         info = await cloud.wait_version(run_id, version + 1)
     assert info["status"] == "finished"
-    records = await history(cloud, run_id)
+    records = await cloud.history(run_id)
     assert [r["version"] for r in records] == [1, 2, 3]
     assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in records), records
 
@@ -99,10 +80,27 @@ async def test_an_evaluation_lost_with_its_process_is_done_before_the_next_updat
     run_id, _ = await running_run(cloud, small_config(rounds=3))
     await submit(cloud, run_id, 0)
     await cloud.wait_version(run_id, 1)
-    [record] = await history(cloud, run_id)
+    [record] = await cloud.history(run_id)
     assert math.isnan(float(record["test_accuracy"]))
     await submit(cloud, run_id, 1)
     await cloud.wait_version(run_id, 2)
-    first, second = await history(cloud, run_id)
+    first, second = await cloud.history(run_id)
     assert 0.0 <= first["test_accuracy"] <= 1.0  # filled in before update 2 was computed
     assert math.isnan(float(second["test_accuracy"]))  # lost as well, until update 3
+
+
+async def test_the_dashboard_stream_sends_a_record_again_once_it_is_evaluated(
+        cloud: Cloud, held_evaluation: threading.Event) -> None:
+    run_id, _ = await running_run(cloud, small_config(rounds=3))
+    live = LiveRun(cloud.app.state.store, run_id)
+    assert (await live.update()).rounds == []
+    await submit(cloud, run_id, 0)
+    await cloud.wait_version(run_id, 1)
+    [published] = (await live.update()).rounds
+    assert math.isnan(published.test_accuracy)
+    assert await live.update() is None  # nothing changed meanwhile
+    held_evaluation.set()
+    await cloud.wait_evaluated(run_id)
+    [evaluated] = (await live.update()).rounds
+    assert evaluated.version == 1 and 0.0 <= evaluated.test_accuracy <= 1.0
+    assert live.history == [evaluated] and await live.update() is None
