@@ -6,12 +6,13 @@ Prints, on this machine:
   digits), through a cloud process and its private Redis (AOF on, `appendfsync always`, as deployed);
 - submit: an edge's `POST …/contributions` of a contribution of `--megabytes` on the wire (zeros of the
   algorithm's wire spec: what an edge sends), until the 202; the cloud update it triggers is waited out
-  before the next submit and not counted;
+  before the next submit and not counted; beside it, a plain SET of as many bytes into the same Redis,
+  the floor of a submit that makes the contribution durable there before answering;
 - aggregation: `edge_aggregate` of 100 float32 updates of a 1.6M-parameter model (the CNN's size in the
   issue) against a plain copy of the same 100 updates into one buffer (bytes read per second);
 - evaluation: the cloud's evaluation of the demo's CNN (MNIST 5k test set), and how long an edge waits
-  from submitting the round's last contribution until the next version is served (`update latency`),
-  with that evaluation on the critical path or not.
+  from submitting the round's last contribution until the next version is served (`update latency`):
+  with the evaluation on the critical path, it is in there.
 
     ./fl bench/transfers.py [--megabytes 60] [--repeats 5]
 
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import redis
 import torch
 
 from fedctl.launch import LocalTopology
@@ -127,6 +129,18 @@ class Cloud:
         r.raise_for_status()
         return int(r.json()["version"])
 
+    def wait_evaluated(self, run_id: str, timeout_s: float = 300) -> None:
+        """Until every record of the run's history has its evaluation (NaN until then)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = self.http.get(f"/api/v1/runs/{run_id}/history", headers=self._auth(ADMIN))
+            r.raise_for_status()
+            if not any(math.isnan(float(h["test_accuracy"])) for h in r.json()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run {run_id}: a record stayed unevaluated")
+            time.sleep(0.02)
+
     def wait_version(self, run_id: str, version: int, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
         while self.version(run_id) < version:
@@ -140,6 +154,18 @@ def bytes_per_wire_parameter(config: RunConfig) -> int:
     small = {"model": {"w": torch.zeros(1)}}
     spec = getattr(algorithm, "wire_spec", lambda s: s)(algorithm.contribution_spec(small, [0]))
     return torch.empty(0, dtype=spec["model"]["w"][1]).element_size()
+
+
+def redis_set_seconds(url: str, nbytes: int, repeats: int) -> float:
+    """A plain SET of `nbytes` into the topology's Redis (AOF, appendfsync always): the floor of any submit
+    that stores the contribution there before it answers."""
+    client = redis.Redis.from_url(url, socket_timeout=120)
+    payload = bytes(nbytes)
+    try:
+        return statistics.median(seconds(lambda: client.set("bench:transfers", payload)) for _ in range(repeats))
+    finally:
+        client.delete("bench:transfers")
+        client.close()
 
 
 def transfers(cloud: Cloud, megabytes: float, repeats: int) -> dict[str, float]:
@@ -173,11 +199,14 @@ def seconds(step: Callable[[], object]) -> float:
 
 def update_latency(cloud: Cloud, repeats: int) -> float:
     """From the submit of a round's only contribution (B = 1) to the next version served to the edge:
-    the cloud update with whatever of it lies on the critical path (the demo's CNN on MNIST 5k)."""
+    the cloud update with whatever of it lies on the critical path (the demo's CNN on MNIST 5k). Each
+    submit waits until the previous version's record is evaluated, as a round whose clients train longer
+    than an evaluation takes would (this run's rounds train nothing)."""
     config = RunConfig(name="latency", rounds=1000)
     run_id = cloud.start_run(config)
     times = []
     for version in range(repeats):
+        cloud.wait_evaluated(run_id)
         blob = wire_contribution(config, run_id, version)
         start = time.perf_counter()
         cloud.submit(blob)
@@ -245,11 +274,16 @@ def main() -> None:
         print(f"update latency (submit → next version served), CNN: {latency * 1000:.0f} ms "
               f"(of which evaluation alone takes {evaluation * 1000:.0f} ms)", flush=True)
         f = transfers(cloud, args.megabytes, args.repeats)
+        if topo.redis_url is None:
+            raise RuntimeError("the topology started no Redis")
+        floor = redis_set_seconds(topo.redis_url, int(args.megabytes * 1e6), args.repeats)
     loop_per_mb = loopback / (args.megabytes)
     print(f"fetch of a {f['fetch_mb']:.1f} MB global state: {f['fetch_s'] * 1000:.0f} ms, "
           f"{f['fetch_s'] / (loop_per_mb * f['fetch_mb']):.1f}× loopback")
     print(f"submit of a {f['submit_mb']:.1f} MB contribution: {f['submit_s'] * 1000:.0f} ms, "
           f"{f['submit_s'] / (loop_per_mb * f['submit_mb']):.1f}× loopback")
+    print(f"  of which no less than a plain SET of {args.megabytes:g} MB into this Redis (AOF, fsync always): "
+          f"{floor * 1000:.0f} ms, {floor / loopback:.1f}× loopback")
 
 
 if __name__ == "__main__":
