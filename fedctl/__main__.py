@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import httpx
 import typer
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -83,15 +84,17 @@ def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:
 
 def history_table(history: list[RoundRecord], title: str, last: int | None = None) -> Table:
     """One row per cloud update; energy is the modelled client energy (DVFS) of the update and of the run so far."""
-    table = Table(title=title)
-    for col in ("round", "participants", "edges", "train loss", "test loss", "test acc", "elapsed", "energy",
-                "cumulative"):
+    # Units in the headers and a light box: the nine columns fit an 80-column terminal without wrapping.
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
+    for col in ("round", "clients", "edges", "train loss", "test loss", "test acc", "time", "energy J",
+                "total J"):
         table.add_column(col, justify="right")
     cumulative = list(itertools.accumulate(h.energy_j for h in history))
     for h, total in list(zip(history, cumulative, strict=True))[-last if last else 0:]:
         table.add_row(str(h.version), str(len(h.clients)), ",".join(map(str, h.edges)), f"{h.train_loss:.4f}",
                       f"{h.test_loss:.4f}", f"{100 * h.test_accuracy:.2f}%", f"{h.elapsed_s:.1f}s",
-                      f"{h.energy_j:.1f} J", f"{total:.1f} J")
+                      f"{h.energy_j:.1f}", f"{total:.1f}")
     return table
 
 

@@ -232,6 +232,9 @@ class LocalTopology:
             cloud.start()
         self.cloud = self.clouds[0]
         if self.cloud_front is not None:
+            # The front only once every replica answers: a balancer that finds its upstreams refusing marks
+            # them down (nginx: for fail_timeout), and answered 502 to the run's creation seconds later.
+            self._ready(self.clouds)
             self.front_url = self.cloud_front([c.address() for c in self.clouds])
         for edge_id in range(self.num_edges):
             port = free_port()
@@ -258,16 +261,20 @@ class LocalTopology:
                 }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program)
                 client.start()
                 self.clients.append(client)
+        self._ready(self.clouds + self.edges, registered=True)
+        return self
+
+    def _ready(self, services: list[Service], registered: bool = False) -> None:
+        """Waits for `services` to be healthy (and, with `registered`, for every client to be registered);
+        stops the whole topology when one never is."""
         try:
-            for cloud in self.clouds:
-                cloud.wait_healthy()
-            for edge in self.edges:
-                edge.wait_healthy()
-            self.wait_registered()
+            for service in services:
+                service.wait_healthy()
+            if registered:
+                self.wait_registered()
         except Exception:
             self.stop()
             raise
-        return self
 
     def wait_registered(self, timeout: float = 60.0) -> None:
         """Blocks until every edge sees all of its clients, so round 0 starts with everyone present."""

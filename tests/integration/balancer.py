@@ -74,10 +74,12 @@ class Nginx:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nginx exited: {(self.dir / 'error.log').read_text(errors='replace')}")
             try:
-                httpx.get(self.url + "/health", timeout=2.0)
-                return self.url
+                # 200 only: nginx answers 502 itself while no upstream does.
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return self.url
             except httpx.HTTPError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise RuntimeError("nginx did not answer within 20 s")
 
     def stop(self) -> None:

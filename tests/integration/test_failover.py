@@ -33,8 +33,6 @@ def updates_computed(url: str) -> float:
     return value(samples(httpx.get(f"{url}/metrics", timeout=10).text), "fl_cloud_update_duration_seconds_count")
 
 
-@pytest.mark.xfail(strict=False, reason="nginx answered 502 to the run's creation, before any kill, "
-                   "in 2 of about 6 runs (session 6, undiagnosed)")
 def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(tmp_path):
     balancer = Nginx(tmp_path / "nginx")
     try:
