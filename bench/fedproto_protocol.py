@@ -5,8 +5,10 @@ The split (shared.data.datasets.few_shot_arrays, written as an .npz with a clien
 holding n_i classes with n_i uniform in {2, 3, 4, 5}, and of each of its classes c a disjoint chunk of
 min(50, pool_c / clients holding c) training images (pool_c ≈ 400); every client holds out 20% of its
 images as its own split for the figures it reports during the run, so about 38 shots per class train.
-All clients in every round, one local epoch, mixed families (mlp / cnn / cnn_deep), 50 rounds, seeds 0-2
-(each seed draws the split, the initial weights and the shuffles).
+All clients in every round, one local epoch, mixed families (mlp / cnn / cnn_deep; client k's is the same in
+every run, the families in turn over k // 3: 8 mlp, 6 cnn, 6 cnn_deep), 50 rounds, seeds 0-2 (each seed draws
+the split, the initial weights and the shuffles). The optimiser is FedProto's (momentum 0.5, batch 8, lr 0.02:
+the measured best, LOCAL and PARAMS below).
 
 Runs, with the in-process reference runner (the services compute the same; tests/integration shows it):
   local only  each client's f_i (its family, its initial weights) with a private linear head, trained on its
@@ -37,7 +39,7 @@ import torch
 from hfpl import save_figure
 
 from shared.algorithms import registry
-from shared.algorithms.hfpl import HFPL
+from shared.algorithms.hfpl import HFPL, HFPLParams
 from shared.config import RunConfig
 from shared.data.datasets import few_shot_arrays, load_federated, own_classes_test
 from shared.reference import run_reference
@@ -47,7 +49,10 @@ DATA = Path.home() / ".cache" / "fl-datasets"
 NUM_CLIENTS, SLOW_EDGE, SLOWDOWN = 20, 2, 3.0
 # mode: (edges, buffer, slowdown)
 MODES = {"flat": (1, 1, {}), "sync": (3, 3, {}), "async": (3, 2, {SLOW_EDGE: SLOWDOWN})}
-LOCAL = {"epochs": 1, "batch_size": 32, "lr": 0.1}
+# The protocol's measured best (docs/fedproto-protocol.md, "What each lever gave"): FedProto's optimiser,
+# heavy-ball SGD with momentum 0.5 on batches of 8 (4x the steps of batch 32), at lr 0.02 (0.1 and 0.03 diverged).
+LOCAL = {"epochs": 1, "batch_size": 8, "lr": 0.02}
+PARAMS = {"momentum": 0.5}
 NOTES = "<!-- notes: kept by --render -->"
 
 
@@ -62,9 +67,18 @@ def split_path(seed: int) -> Path:
     return path
 
 
+def pinned_families(params: dict) -> list[str]:
+    """Client k's family in every mode: hfpl's 3-edge assignment (the families in turn over k // 3, so every
+    edge mixes them). Left to hfpl, it depends on the number of edges (flat: k mod 3), and local only would
+    train another family than the 3-edge runs give client k."""
+    families = params.get("families", HFPLParams.model_fields["families"].default)
+    return [families[(k // MODES["sync"][0]) % len(families)] for k in range(NUM_CLIENTS)]
+
+
 def protocol_config(seed: int, mode: str, rounds: int, params: dict | None = None,
                     local: dict | None = None) -> RunConfig:
     edges, buffer, _ = MODES[mode]
+    params = {"client_families": pinned_families(params or {}), **(params or {})}
     return RunConfig.model_validate({
         "name": f"fedproto-{mode}", "algorithm": "hfpl", "rounds": rounds, "seed": seed,
         "data": {"dataset": "npz", "path": str(split_path(seed)), "partition": "file", "num_clients": NUM_CLIENTS},
@@ -282,7 +296,7 @@ def main() -> None:
     torch.set_num_threads(1)
     stored = DOCS / "fedproto-protocol.json"
     if not args.render:
-        params, local = parse_values(args.set), parse_values(args.local)
+        params, local = {**PARAMS, **parse_values(args.set)}, parse_values(args.local)
         for seed in args.seeds:
             split_path(seed)
         with ProcessPoolExecutor(args.workers) as pool:

@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServiceSettings
+from shared.transport.wire import issued_token_parts
 
 
 class ClientSettings(ServiceSettings):
@@ -21,6 +22,11 @@ class ClientSettings(ServiceSettings):
     edge_cert_file: Path | None = None
     edge_key_file: Path | None = None
     client_token: str = "dev-client-token"
+    # One token per logical client (JSON: {"0": "fl1.0.<id>.<mac>", "2": ...}), as `fedctl issue-token 0,2
+    # --out FILE` writes them: given, each hosted client uses its own (and every hosted client needs one),
+    # so the process need not hold the edges' client secret, and revoking one token stops that client alone.
+    # Usually from a file: FL_CLIENT_CLIENT_TOKENS_FILE (a Docker secret).
+    client_tokens: dict[int, str] = Field(default_factory=dict)
     # Logical clients this process hosts: "3", "0-4" or "0,2,5-7". A device usually hosts one.
     clients: str = "0"
     state_dir: Path = Path(".fl-state")
@@ -48,13 +54,30 @@ class ClientSettings(ServiceSettings):
             raise ValueError(f"shard_index {self.shard_index} must be below shard_count {self.shard_count}")
         return self
 
+    @model_validator(mode="after")
+    def _tokens_name_their_clients(self) -> ClientSettings:
+        # An issued token names its client: one filed under another id is a mix-up the edge would refuse
+        # (401, which ends that client), so say so at start-up instead.
+        for client_id, token in self.client_tokens.items():
+            parts = issued_token_parts(token)
+            if parts is not None and parts[0] != client_id:
+                raise ValueError(f"client_tokens: the token given for client {client_id} is client {parts[0]}'s")
+        return self
+
     def hosted_ids(self) -> list[int]:
         """The logical client ids this process hosts: its shard of `clients`."""
         ids = parse_ids(self.clients)[self.shard_index::self.shard_count]
         if not ids:
             raise ValueError(f"shard {self.shard_index} of {self.shard_count} holds none of the clients "
                              f"{self.clients!r}")
+        missing = ", ".join(str(k) for k in ids if self.client_tokens and k not in self.client_tokens)
+        if missing:
+            raise ValueError(f"client_tokens holds no token for client(s) {missing} of those this process hosts")
         return ids
+
+    def token_of(self, client_id: int) -> str:
+        """The bearer token logical client `client_id` sends: its own if client_tokens is given."""
+        return self.client_tokens.get(client_id, self.client_token)
 
 
 def parse_ids(spec: str) -> list[int]:

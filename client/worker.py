@@ -82,7 +82,8 @@ def _check(response: httpx.Response, *, unknown_client: bool = True) -> None:
     """Raises ClientStopped for a refused token, _Unregistered for 404, HTTPStatusError for other errors."""
     if response.status_code in (401, 403):
         raise ClientStopped(f"the edge refuses this client's token (HTTP {response.status_code}: "
-                            f"{response.text[:200]}); check FL_CLIENT_CLIENT_TOKEN")
+                            f"{response.text[:200]}); check FL_CLIENT_CLIENT_TOKEN or its entry in "
+                            "FL_CLIENT_CLIENT_TOKENS")
     if response.status_code == 404 and unknown_client:
         raise _Unregistered()
     response.raise_for_status()
@@ -156,6 +157,9 @@ class Worker:
         self.failed: set[str] = set()
         # Logical clients ended for good, with the reason.
         self.stopped: dict[int, str] = {}
+        # Each logical client speaks with its own token (client_tokens) where it has one: a revoked one ends
+        # that client alone.
+        self.auth = {k: {"Authorization": f"Bearer {settings.token_of(k)}"} for k in client_ids}
 
     async def run(self) -> None:
         """Serves until cancelled; raises ClientsStopped when every logical client has stopped for good."""
@@ -166,7 +170,8 @@ class Worker:
     async def register(self, client_id: int) -> None:
         reg = ClientRegistration(client_id=client_id, capabilities={"torch_threads": self.settings.torch_threads})
         # Re-sent through a passing fault: a registration repeated replaces itself.
-        response = await self.edge.post("/api/v1/clients", json=reg.model_dump(), extensions=DEDUPLICATED)
+        response = await self.edge.post("/api/v1/clients", json=reg.model_dump(), headers=self.auth[client_id],
+                                        extensions=DEDUPLICATED)
         _check(response, unknown_client=False)  # a 404 here is a wrong edge URL, not a lost registration
 
     async def serve(self, client_id: int) -> None:
@@ -202,7 +207,7 @@ class Worker:
 
     async def step(self, client_id: int) -> None:
         """One long-poll for a task and, if one came, its local update and upload."""
-        response = await self.edge.get(f"/api/v1/clients/{client_id}/task",
+        response = await self.edge.get(f"/api/v1/clients/{client_id}/task", headers=self.auth[client_id],
                                        params={"timeout": self.settings.long_poll_s})
         _check(response)
         if response.status_code == 204:
@@ -232,15 +237,15 @@ class Worker:
                                      error=f"{type(exc).__name__}: {exc}"[:1000])
         # Re-sent through a passing fault: a repeated report of the same task's failure records it again.
         response = await self.edge.post(f"/api/v1/clients/{client_id}/failures", json=report.model_dump(),
-                                        extensions=DEDUPLICATED)
+                                        headers=self.auth[client_id], extensions=DEDUPLICATED)
         if response.status_code >= 400:  # e.g. 409: the round moved on meanwhile; the log above says why
             log.warning("client %d: edge did not take the failure report of task %s: %s %s", client_id,
                         header.task_id, response.status_code, response.text[:300])
 
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> None:
         # Re-sent through a passing fault: the edge accepts one result per task id and answers a repeat 409.
-        response = await self.edge.post(f"/api/v1/clients/{client_id}/results", **binary_body(blob),
-                                        extensions=DEDUPLICATED)
+        response = await self.edge.post(f"/api/v1/clients/{client_id}/results",
+                                        **binary_body(blob, self.auth[client_id]), extensions=DEDUPLICATED)
         if response.status_code == 409:
             # Already accepted (a retried upload) or the round moved on: nothing left to do either way.
             log.info("client %d: task %s: %s", client_id, header.task_id, _detail(response))

@@ -24,6 +24,9 @@ class CloudSettings(ServerSettings):
     # rediss:// for TLS, verified against redis_ca_file (unset: the public CAs), presenting redis_cert_file
     # (and its key, unless in the same file) to a Redis that requires client certificates (tls-auth-clients).
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Redis' password (requirepass, or the password of the URL's ACL user) apart from the URL, so that it can
+    # come from a file of its own (FL_CLOUD_REDIS_PASSWORD_FILE: the Docker secret Redis reads too); not both.
+    redis_password: str | None = None
     redis_ca_file: Path | None = None
     redis_cert_file: Path | None = None
     redis_key_file: Path | None = None
@@ -64,11 +67,19 @@ class CloudSettings(ServerSettings):
             raise ValueError(f"{', '.join(given)} given, but redis_url is not rediss:// (Redis over TLS)")
         return self
 
+    @model_validator(mode="after")
+    def _one_redis_password(self) -> Self:
+        if self.redis_password is not None and urlsplit(self.redis_url).password is not None:
+            raise ValueError("redis_password given, but redis_url holds a password too: give one of them")
+        return self
+
     def redis_options(self) -> dict[str, Any]:
-        """redis-py's TLS options for `redis_url` (only a rediss:// connection takes them)."""
+        """redis-py's options besides `redis_url`: its password, and the TLS files (only a rediss:// connection
+        takes them)."""
         files = {"ssl_ca_certs": self.redis_ca_file, "ssl_certfile": self.redis_cert_file,
                  "ssl_keyfile": self.redis_key_file}
-        return {option: str(path) for option, path in files.items() if path is not None}
+        password = {} if self.redis_password is None else {"password": self.redis_password}
+        return {option: str(path) for option, path in files.items() if path is not None} | password
 
     # The audit log (GET /api/v1/audit) keeps about this many of the latest admin actions (a capped stream).
     audit_max_entries: int = Field(10_000, ge=1)

@@ -71,7 +71,8 @@ def check_redis(url: str, options: dict[str, Any]) -> None:
         client.ping()
     except (AuthenticationError, NoPermissionError) as exc:
         raise RedisRefused(f"Redis at {where} refused the cloud's credentials ({exc}): check the password or ACL "
-                           "user in FL_CLOUD_REDIS_URL (redis://USER:PASSWORD@HOST:PORT/DB)") from None
+                           "user in FL_CLOUD_REDIS_URL (redis://USER:PASSWORD@HOST:PORT/DB) or "
+                           "FL_CLOUD_REDIS_PASSWORD") from None
     except RedisConnectionError as exc:
         tls_error = _ssl_error(exc)
         if tls_error is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import secrets
 import time
 import tomllib
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from client.config import parse_ids
 from fedctl.api import CloudAPI
 from fedctl.certs import write_deployment
 from fedctl.launch import LocalTopology
@@ -27,9 +27,10 @@ from fedctl.report import save_results
 from shared.algorithms import registry
 from shared.client_reports import client_reports, group_summary
 from shared.config import DataConfig, DvfsConfig, ModelConfig, RunConfig
+from shared.files import write_private
 from shared.schemas import RoundRecord, RunInfo
 from shared.transport.tls import client_context
-from shared.transport.wire import client_token, derived_token_id, device_token
+from shared.transport.wire import client_token, derived_token_id, issue_device_tokens, tokens_file_text
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()
@@ -274,12 +275,33 @@ def client_token_command(client_id: int = CLIENT_ID, secret: str = SECRET) -> No
 
 
 @app.command("issue-token")
-def issue_token(client_id: int = CLIENT_ID, secret: str = SECRET) -> None:
+def issue_token(client_ids: str = typer.Argument(..., help='the client id the device plays, or several: "0,2,4", '
+                                                           '"0-4" (as a client process\'s FL_CLIENT_CLIENTS)'),
+                out: Optional[Path] = typer.Option(None, help="write the tokens to this file (created readable by "
+                                                              "its owner only; an existing one is kept) as a client "
+                                                              "process's FL_CLIENT_CLIENT_TOKENS_FILE reads them"),
+                secret: str = SECRET) -> None:
     """Issue a device a token of its own with a new id (printed on stderr): with it, the device can act as
-    that client only, and `fedctl revoke-token <id>` revokes this device alone."""
-    token_id = secrets.token_hex(8)
-    typer.echo(f"token id: {token_id} (revoke: fedctl revoke-token {token_id})", err=True)
-    typer.echo(device_token(secret, client_id, token_id))
+    that client only, and `fedctl revoke-token <id>` revokes this device alone. With several clients, one
+    token each (a JSON map from client id to token, as the client setting client_tokens takes)."""
+    try:
+        ids = parse_ids(client_ids)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="CLIENT_IDS") from None
+    if out is not None and out.exists():
+        # Overwriting would lose tokens that stay valid until revoked: the operator removes the file.
+        raise typer.BadParameter(f"{out} exists: it may hold tokens still in use; remove it first", param_hint="--out")
+    tokens = issue_device_tokens(secret, ids)
+    for client_id, issued in tokens.items():
+        token_id = issued.split(".")[2]  # fl1.<client id>.<token id>.<mac>
+        typer.echo(f"token id: {token_id} (client {client_id}; revoke: fedctl revoke-token {token_id})", err=True)
+    as_json = tokens_file_text(tokens)
+    if out is not None:
+        write_private(out, as_json.encode())
+    elif len(ids) == 1:
+        typer.echo(tokens[ids[0]])
+    else:
+        typer.echo(as_json, nl=False)
 
 
 @app.command("revoke-token")

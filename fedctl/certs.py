@@ -14,7 +14,6 @@ Keys are ECDSA P-256: small, and quick to sign and verify in every handshake.
 from __future__ import annotations
 
 import ipaddress
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from shared.files import write_private
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 
@@ -38,10 +39,7 @@ class Issued:
         cert_path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
         key_pem = self.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                          serialization.NoEncryption())
-        key_path.unlink(missing_ok=True)
-        descriptor = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(key_pem)
+        write_private(key_path, key_pem)
         return cert_path, key_path
 
 

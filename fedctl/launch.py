@@ -18,8 +18,10 @@ import httpx
 
 from fedctl.certs import write_deployment
 from fedctl.redis_server import RedisServer, free_port
+from shared.files import write_private
 from shared.schemas import EdgeHealth
 from shared.transport.tls import client_context
+from shared.transport.wire import issue_device_tokens, tokens_file_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,6 +139,9 @@ class LocalTopology:
     # mutual_tls, the cloud and the edges also require a certificate of that CA from every caller.
     tls: bool = False
     mutual_tls: bool = False
+    # Each client process holds a device token per logical client it hosts (`fedctl issue-token --out`, its
+    # client_tokens setting), not the edges' client secret, as the compose TLS variant's containers do.
+    device_tokens: bool = False
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -147,6 +152,8 @@ class LocalTopology:
         self.front_url: str | None = None
         self.edges: list[Service] = []
         self.clients: list[Service] = []
+        # With device_tokens: each logical client's token (its id, to revoke it, is the token's third part).
+        self.tokens: dict[int, str] = {}
 
     @property
     def cloud_url(self) -> str:
@@ -202,6 +209,17 @@ class LocalTopology:
             env |= {f"{prefix}{peer}_CERT_FILE": str(cert), f"{prefix}{peer}_KEY_FILE": str(key)}
         return env
 
+    def _token_env(self, ids: list[int], name: str) -> dict[str, str]:
+        """How a client process hosting `ids` authenticates: with the client secret, or (device_tokens) with a
+        file of tokens issued for those clients, kept beside the process's log."""
+        if not self.device_tokens:
+            return {"FL_CLIENT_CLIENT_TOKEN": self.client_token}
+        issued = issue_device_tokens(self.client_token, ids)
+        self.tokens |= issued
+        path = self.workdir / f"{name}.tokens"
+        write_private(path, tokens_file_text(issued).encode())
+        return {"FL_CLIENT_CLIENT_TOKENS_FILE": str(path)}
+
     def _cloud(self) -> Service:
         if self.cloud is None:
             raise RuntimeError("the topology is not started")
@@ -255,7 +273,7 @@ class LocalTopology:
                 program = self.client_programs.get(len(self.clients))
                 client = Service(f"client{edge_id}.{p}", [] if program else ["-m", "client.main"], {
                     "FL_CLIENT_EDGE_URL": edge.address(), "FL_CLIENT_CLIENTS": ids_spec(ids),
-                    "FL_CLIENT_CLIENT_TOKEN": self.client_token, "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
+                    **self._token_env(ids, f"client{edge_id}.{p}"), "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
                     **self._dial_env("FL_CLIENT_", "EDGE", f"client{len(self.clients)}"), **self.extra_env,
                 }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program)

@@ -39,6 +39,7 @@ class CloudRoundOutcome:
     evaluation: Evaluation
     server_metrics: dict[str, float]
     epsilon: float | None = None  # ε spent once this update is published (None: no privacy noise)
+    dp_sgd_epsilon: float | None = None  # DP-SGD's ε per training example (None: no DP-SGD)
 
 
 # A record's figures before its evaluation is in (NaN reads back from JSON: "nobody evaluated it").
@@ -58,7 +59,8 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
         raise Diverged(version + 1, broken)
     metrics = {name: float(value) for name, value in algorithm.server_metrics(new_global, new_state).items()}
     outcome = CloudRoundOutcome(new_global, new_state, NOT_EVALUATED, metrics,
-                                privacy.epsilon(algorithm.config, version + 1))
+                                privacy.epsilon(algorithm.config, version + 1),
+                                privacy.dp_sgd_epsilon(algorithm.config, version + 1))
     return evaluate_outcome(algorithm, outcome) if evaluate else outcome
 
 
@@ -110,6 +112,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         server_metrics=outcome.server_metrics,
         energy_j=sum(c.device.energy_j for c in clients if c.device is not None),
         epsilon=outcome.epsilon,
+        dp_sgd_epsilon=outcome.dp_sgd_epsilon,
         started_at=started,
         finished_at=finished,
         elapsed_s=(finished - run_started).total_seconds(),

@@ -259,6 +259,11 @@ class PrivacyConfig(Strict):
     clip_norm: float = Field(1.0, gt=0, le=1e6, description="S: the L2 bound of one client's update")
     noise_multiplier: float = Field(1.0, gt=0, le=1e4, description="σ: the noise's standard deviation is σ·S")
     delta: float = Field(1e-5, gt=0, lt=1, description="δ at which ε is reported")
+    dp_sgd_noise_multiplier: float | None = Field(
+        None, gt=0, le=1e4, description="DP-SGD inside each client's local training (opacus): σ of the Gaussian "
+        "noise added to each minibatch's sum of per-example gradients clipped to dp_sgd_clip_norm (None: off)")
+    dp_sgd_clip_norm: float = Field(1.0, gt=0, le=1e6, description="C of DP-SGD: the L2 bound of one example's "
+                                    "gradient")
     epsilon_budget: float | None = Field(None, gt=0, description="ε at which the run stops: it ends after the last "
                                          "round whose ε is within the budget (None: runs every round)")
 

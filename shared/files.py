@@ -6,6 +6,16 @@ import threading
 from pathlib import Path
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Writes `path` (replacing it) created readable and writable by its owner only, from the first byte on:
+    keys and tokens, which a chmod after the write would leave readable to others for a moment."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(data)
+
+
 def atomic_write(path: Path, data: bytes, fsync: bool = True) -> None:
     """Replaces `path` by `data` so that a reader, or the disk after a crash, sees the old or the new file.
 

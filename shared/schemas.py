@@ -206,6 +206,9 @@ class RoundRecord(Message):
     energy_j: float = 0.0
     # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.
     epsilon: float | None = None
+    # DP-SGD's ε (privacy.dp_sgd_noise_multiplier) per training example, for the least protected client, as if
+    # every client trained in every round so far; None without DP-SGD.
+    dp_sgd_epsilon: float | None = None
     started_at: datetime
     finished_at: datetime
     elapsed_s: float

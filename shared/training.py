@@ -1,6 +1,7 @@
 """Local optimisation and evaluation, shared by every algorithm's client side and by the cloud."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,6 +17,15 @@ from shared.transport.tensors import Tensors
 # A regulariser adds to the minibatch loss (FedProx's proximal term); a correction is added to each
 # parameter's gradient after backward (SCAFFOLD's c - c_k).
 Regulariser = Callable[[nn.Module], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DpSgd:
+    """DP-SGD (Abadi et al., CCS 2016) through opacus: every example's gradient clipped to L2 norm `clip_norm`,
+    Gaussian noise of std `noise_multiplier`·`clip_norm` added to each minibatch's sum of them."""
+
+    noise_multiplier: float
+    clip_norm: float
 
 
 @dataclass(frozen=True)
@@ -64,11 +74,47 @@ def local_sgd(
     *,
     regulariser: Regulariser | None = None,
     correction: Tensors | None = None,
+    dp_sgd: DpSgd | None = None,
 ) -> LocalStats:
-    """E epochs of minibatch SGD (or Nesterov) on `data`, in place on `model`."""
+    """E epochs of minibatch SGD (or Nesterov) on `data`, in place on `model`; with `dp_sgd`, private SGD (its
+    noise drawn from `generator`, after the batch order: the same seed gives the same model)."""
     model.train()
     named = dict(model.named_parameters())
     opt = make_optimizer(named.values(), cfg)
+    forward: nn.Module = model
+    if dp_sgd is not None:
+        if regulariser is not None or correction is not None:
+            # opacus replaces each gradient by the noised sum of per-example ones: a term added to the loss or
+            # to the gradient would be dropped.
+            raise ValueError("DP-SGD takes neither a regulariser nor a gradient correction")
+        forward, opt = _private(model, opt, dp_sgd, len(data), cfg.batch_size, generator)
+    try:
+        steps, loss_sum = _epochs(forward, named, opt, data, cfg, generator, regulariser, correction)
+    finally:
+        if forward is not model:
+            forward._close()  # type: ignore[operator]  # opacus's hooks off the model
+    return LocalStats(steps, loss_sum / max(steps, 1))
+
+
+def _private(model: nn.Module, opt: torch.optim.Optimizer, dp_sgd: DpSgd, n: int, batch_size: int,
+             generator: torch.Generator) -> tuple[nn.Module, torch.optim.Optimizer]:
+    # Imported here: opacus takes seconds to import, and only runs with DP-SGD need it.
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    # opacus's hooks fire on the first layer although the inputs need no gradient, as they never do here.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                            "respect to module outputs", category=UserWarning)
+
+    expected = batch_size if 0 < batch_size < n else n  # a mean loss over the batch: its sum / expected
+    return GradSampleModule(model), DPOptimizer(opt, noise_multiplier=dp_sgd.noise_multiplier,
+                                                max_grad_norm=dp_sgd.clip_norm, expected_batch_size=expected,
+                                                generator=generator)
+
+
+def _epochs(model: nn.Module, named: dict[str, nn.Parameter], opt: torch.optim.Optimizer, data: ArrayDataset,
+            cfg: LocalTrainingConfig, generator: torch.Generator, regulariser: Regulariser | None,
+            correction: Tensors | None) -> tuple[int, float]:
     steps, loss_sum = 0, 0.0
     for epoch in range(cfg.epochs):
         before_epoch(epoch)  # DVFS: the client picks its frequency (a no-op outside a client process)
@@ -84,7 +130,7 @@ def local_sgd(
                     grad_of(p).add_(correction[name])
             opt.step()
             steps += 1
-    return LocalStats(steps, loss_sum / max(steps, 1))
+    return steps, loss_sum
 
 
 def full_gradient(model: nn.Module, data: ArrayDataset) -> tuple[Tensors, float]:

@@ -12,16 +12,23 @@ import os
 import re
 import shlex
 import ssl
+import subprocess
+import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import jsonschema
 import pytest
+import redis
 import yaml  # noqa: E402  (requirements-dev.txt)
 
 from client.config import parse_ids  # noqa: E402
 from fedctl.certs import write_deployment  # noqa: E402
+from fedctl.redis_server import free_port  # noqa: E402
+from shared.transport.wire import device_token_id, issue_device_tokens, tokens_file_text  # noqa: E402
 from tests.deployment import SETTINGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +49,63 @@ def load_compose() -> dict:
     return yaml.safe_load(COMPOSE_FILE.read_text())
 
 
+class Reset:
+    """Compose's `!reset` (2.24.4 and later): the key is removed from what the files before had set."""
+
+
+@dataclass(frozen=True)
+class Override:
+    """Compose's `!override`: the value replaces what the files before had set instead of merging with it."""
+
+    value: Any
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with Compose's two merge tags."""
+
+
+def _override(loader: yaml.SafeLoader, node: yaml.Node) -> Override:
+    if isinstance(node, yaml.SequenceNode):
+        return Override(loader.construct_sequence(node, deep=True))
+    if isinstance(node, yaml.MappingNode):
+        return Override(loader.construct_mapping(node, deep=True))
+    return Override(loader.construct_scalar(node))  # type: ignore[arg-type]
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: Reset())
+ComposeLoader.add_constructor("!override", _override)
+
+
 COMPOSE = load_compose()
 SERVICES: dict[str, dict] = COMPOSE["services"]
+# The TLS variant, docker/docker-compose.tls.yml, is an override of this file (merged below).
+TLS_FILE = ROOT / "docker" / "docker-compose.tls.yml"
+TLS_OVERRIDE = yaml.load(TLS_FILE.read_text(), Loader=ComposeLoader)  # noqa: S506 (a safe loader)
+
+
+def merge(base: Any, override: Any, key: str = "") -> Any:
+    """`docker compose -f base -f override`, for what these files hold: mappings merge key by key (`!reset`
+    removes one), a service's volumes and secrets by their target, `!override` and any other value (a command,
+    a healthcheck's test) replace."""
+    if isinstance(override, Override):
+        return override.value
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {k: merge(base[k], v, k) if k in base else v for k, v in override.items()
+                if not isinstance(v, Reset)} | {k: v for k, v in base.items() if k not in override}
+    if key in ("volumes", "secrets") and isinstance(base, list) and isinstance(override, list):
+        targets = {merge_target(key, v) for v in override}
+        return [v for v in base if merge_target(key, v) not in targets] + override
+    return override
+
+
+def merge_target(key: str, entry: Any) -> str:
+    """What Compose merges a volume (its container path) or a secret (its name in /run/secrets) by."""
+    if isinstance(entry, dict):
+        return str(entry.get("target") or entry["source"])
+    return str(entry).split(":")[1] if key == "volumes" else str(entry)
+
+
+TLS_COMPOSE: dict[str, Any] = merge(COMPOSE, TLS_OVERRIDE)
 BUILT = sorted(name for name, svc in SERVICES.items() if "build" in svc)
 
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}")
@@ -362,9 +424,24 @@ def test_services_bind_all_interfaces(name):
         assert environment(SERVICES[name]).get(f"{prefix}HOST") == "0.0.0.0"
 
 
-# What each Docker secret holds in these tests: a file per secret, as Docker mounts it under /run/secrets.
-SECRET_VALUES = {name: f"{name}-{os.urandom(8).hex()}" for name in COMPOSE.get("secrets") or {}}
 RUN_SECRETS = "/run/secrets/"
+
+
+def secret_values() -> dict[str, str]:
+    """What each Docker secret of both files holds in these tests (a file per secret, as Docker mounts them
+    under /run/secrets): a client container's tokens are issued from the edges' client secret for the
+    clients it hosts, as `fedctl issue-token --out` writes them."""
+    values = {name: f"{name}-{os.urandom(8).hex()}" for name in TLS_COMPOSE.get("secrets") or {}}
+    for service in TLS_COMPOSE["services"].values():
+        env = environment(service)
+        tokens = env.get("FL_CLIENT_CLIENT_TOKENS_FILE", "")
+        if tokens.startswith(RUN_SECRETS):
+            issued = issue_device_tokens(values["client_token"], parse_ids(env["FL_CLIENT_CLIENTS"]))
+            values[tokens.removeprefix(RUN_SECRETS)] = tokens_file_text(issued)
+    return values
+
+
+SECRET_VALUES = secret_values()
 
 
 def settings_from_compose(monkeypatch, name: str, secrets_dir: Path | None = None,
@@ -477,23 +554,7 @@ def test_built_services_run_under_an_init():
 
 # --- the TLS variant: docker/docker-compose.tls.yml merged onto docker-compose.yml -------------
 
-TLS_FILE = ROOT / "docker" / "docker-compose.tls.yml"
-TLS_OVERRIDE = yaml.safe_load(TLS_FILE.read_text())
-
-
-def merge(base: Any, override: Any, key: str = "") -> Any:
-    """`docker compose -f base -f override`, for what these files hold: mappings merge key by key, a service's
-    volumes by their target, and any other value (a command, a healthcheck's test) is replaced."""
-    if isinstance(base, dict) and isinstance(override, dict):
-        return {k: merge(base[k], v, k) if k in base else v for k, v in override.items()} | \
-            {k: v for k, v in base.items() if k not in override}
-    if key == "volumes" and isinstance(base, list) and isinstance(override, list):
-        targets = {str(v).split(":")[1] for v in override}
-        return [v for v in base if str(v).split(":")[1] not in targets] + override
-    return override
-
-
-TLS_SERVICES: dict[str, dict] = merge(COMPOSE, TLS_OVERRIDE)["services"]
+TLS_SERVICES: dict[str, dict] = TLS_COMPOSE["services"]
 
 
 @pytest.fixture(scope="module")
@@ -502,6 +563,20 @@ def certificate_files(tmp_path_factory) -> set[str]:
     directory = tmp_path_factory.mktemp("certs")
     write_deployment(directory, edges=len(services_running("edge")), clients=len(services_running("client")))
     return {p.name for p in directory.iterdir()}
+
+
+# The Compose Specification's JSON schema, schema/compose-spec.json of github.com/compose-spec/compose-spec
+# (Apache-2.0) at commit 170098ba07d9 (2026-06-23): what `docker compose config` checks a file against.
+COMPOSE_SCHEMA = json.loads((ROOT / "tests" / "schemas" / "compose-spec.json").read_text())
+
+
+@pytest.mark.parametrize("variant", ["base", "tls"])
+def test_the_compose_files_are_valid_against_the_compose_specification(variant):
+    """The base file, and the TLS variant as Compose merges it onto the base (its `!reset` and `!override`
+    resolved: the schema describes a file's data, not its tags)."""
+    compose = {"base": COMPOSE, "tls": TLS_COMPOSE}[variant]
+    errors = sorted(jsonschema.Draft7Validator(COMPOSE_SCHEMA).iter_errors(compose), key=str)
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
 
 
 def test_the_tls_variant_overrides_services_of_the_base_file_only():
@@ -515,8 +590,8 @@ def test_tls_variant_variables_are_settings_fields_and_name_mounted_certificates
     assert_settings_fields(name, TLS_SERVICES[name])
     settings_from_compose(clean_env, name, tmp_path, TLS_SERVICES)  # the validators accept them
     mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in TLS_SERVICES[name].get("volumes") or []}
-    tls_env = environment(TLS_OVERRIDE["services"][name])
-    files = {key: Path(value) for key, value in tls_env.items() if key.endswith("_FILE")}
+    files = {key: Path(value) for key, value in environment(TLS_SERVICES[name]).items()
+             if key.endswith("_FILE") and not value.startswith(RUN_SECRETS)}  # secrets: see the test below
     assert files, f"{name} is given no certificate"
     for key, path in files.items():
         assert mounts.get(str(path.parent)) == "./certs", f"{name}: {key}={path} is not in the mounted ./certs"
@@ -543,17 +618,98 @@ def test_tls_variant_uses_https_and_mutual_tls_on_every_hop(clean_env, name, tmp
         assert settings.edge_url.startswith("https://") and settings.edge_cert_file and settings.edge_ca_file
 
 
-def test_tls_variant_redis_speaks_tls_only_with_the_password_the_cloud_is_given(clean_env, tmp_path):
-    redis = TLS_SERVICES["redis"]
-    args = shlex.split(interpolate(redis["command"]))
+def test_tls_variant_client_containers_hold_a_token_per_client_and_not_the_client_secret(clean_env, tmp_path):
+    """Each client container is given its own tokens secret, one token per logical client it hosts, which its
+    edge accepts for that client only; the edges' client secret, with which any client could be played, is
+    neither mounted in it nor named by its settings."""
+    given = []
+    for name in services_running("client"):
+        service = TLS_SERVICES[name]
+        assert "client_token" not in service.get("secrets", []), f"{name} is given the edges' client secret"
+        assert "FL_CLIENT_CLIENT_TOKEN_FILE" not in environment(service)
+        settings, env, _ = settings_from_compose(clean_env, name, tmp_path, TLS_SERVICES)
+        assert settings.client_token != SECRET_VALUES["client_token"]
+        given.append(env["FL_CLIENT_CLIENT_TOKENS_FILE"])
+        edge = urlsplit(settings.edge_url).hostname
+        edge_settings, _, _ = settings_from_compose(clean_env, edge, tmp_path, TLS_SERVICES)
+        hosted = settings.hosted_ids()  # raises if a hosted client has no token
+        for k in hosted:
+            assert device_token_id(edge_settings.client_token, settings.token_of(k), k) is not None
+            assert all(device_token_id(edge_settings.client_token, settings.token_of(k), other) is None
+                       for other in hosted if other != k)
+    assert len(set(given)) == len(given), f"client containers share a tokens secret: {given}"
+
+
+def substituted(script: str, paths: dict[str, Path]) -> str:
+    """`script` with each container path in `paths` replaced by this machine's (in one pass: the
+    replacements may contain the others, e.g. /tmp/)."""
+    pattern = re.compile("|".join(map(re.escape, paths)))
+    return pattern.sub(lambda m: f"{paths[m.group(0)]}/", script)
+
+
+@pytest.fixture()
+def redis_of_the_tls_variant(clean_env, tmp_path):
+    """Redis started by the TLS variant's own command, with redis-server of this machine: /run/secrets, /certs
+    and /tmp are directories of this test, and the image's entrypoint and `chown redis` stubs (the
+    entrypoint drops to the redis user; here everything runs as this test's user)."""
+    command = TLS_SERVICES["redis"]["command"]
+    assert command[:2] == ["sh", "-c"], command
+    paths = {"/run/secrets/": tmp_path / "secrets", "/certs/": tmp_path / "certs", "/tmp/": tmp_path / "tmp"}
+    for directory in (*paths.values(), tmp_path / "bin", tmp_path / "data"):
+        directory.mkdir()
+    write_deployment(paths["/certs/"], edges=0, clients=0)
+    (paths["/run/secrets/"] / "redis_password").write_text(SECRET_VALUES["redis_password"] + "\n")
+    for stub, body in {"docker-entrypoint.sh": 'exec "$@"', "chown": "exit 0"}.items():
+        (tmp_path / "bin" / stub).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / "bin" / stub).chmod(0o755)
+    port = free_port()
+    script = substituted(interpolate(command[2]), paths).replace("--tls-port 6379", f"--tls-port {port}")
+    env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    process = subprocess.Popen(["sh", "-c", script], cwd=tmp_path / "data", env=env, stdout=subprocess.DEVNULL)
+    try:
+        yield process, port, paths, env
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_tls_variant_redis_starts_from_its_command_with_the_password_secret_the_cloud_reads(
+        clean_env, tmp_path, redis_of_the_tls_variant):
+    """No password in the compose files: Redis and the cloud read the same Docker secret. Redis' start-up script
+    runs here (a shell script in YAML, `$$` escapes included), and the cloud's settings reach it over TLS."""
+    process, port, paths, env = redis_of_the_tls_variant
+    script = TLS_SERVICES["redis"]["command"][2]
+    args = shlex.split(interpolate(script).split("redis-server", 1)[1])
     assert args[args.index("--port") + 1] == "0"  # no plain-text port
     assert args[args.index("--tls-port") + 1] == "6379"
     assert args[args.index("--appendfsync") + 1] == "always"  # what the base file's Redis promises, kept
-    cloud, _, _ = settings_from_compose(clean_env, "cloud", tmp_path, TLS_SERVICES)
-    password = urlsplit(cloud.redis_url).password
-    assert password and args[args.index("--requirepass") + 1] == password
-    assert interpolate(environment(redis)["REDISCLI_AUTH"]) == password
-    assert redis["healthcheck"]["test"][1:3] == ["redis-cli", "--tls"]
+    assert "redis_password" in TLS_SERVICES["redis"]["secrets"]
+    (tmp_path / "cloud-secrets").mkdir()
+    cloud, _, _ = settings_from_compose(clean_env, "cloud", tmp_path / "cloud-secrets", TLS_SERVICES)
+    assert urlsplit(cloud.redis_url).password is None and cloud.redis_password == SECRET_VALUES["redis_password"]
+    options = {key: substituted(value, paths) for key, value in cloud.redis_options().items() if key != "password"}
+    url = f"rediss://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 30
+    while True:
+        assert process.poll() is None, "Redis exited"
+        try:
+            assert redis.Redis.from_url(url, password=cloud.redis_password, socket_timeout=5, **options).ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "Redis did not come up"
+            time.sleep(0.2)
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(url, password="wrong", socket_timeout=5, **options).ping()
+    # The password sits in a file only its owner can read, not on Redis' command line (which `ps` shows).
+    assert (paths["/tmp/"] / "redis-auth.conf").stat().st_mode & 0o077 == 0
+    assert cloud.redis_password not in Path(f"/proc/{process.pid}/cmdline").read_text()
+    # The health check, run as Docker runs it (a shell), with the redis-cli of this machine.
+    test = TLS_SERVICES["redis"]["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL"
+    check = substituted(interpolate(test[1]), paths).replace("redis-cli ", f"redis-cli -p {port} ")
+    assert subprocess.run(["sh", "-c", check], env=env, timeout=30).returncode == 0
+    (paths["/run/secrets/"] / "redis_password").write_text("wrong\n")
+    assert subprocess.run(["sh", "-c", check], env=env, timeout=30).returncode != 0
 
 
 # --- exposure: ports, secrets, networks (README, Security) ------------------------------------
@@ -581,18 +737,23 @@ def test_published_ports_listen_on_the_hosts_loopback_only():
             assert entry["host_ip"] == "127.0.0.1", f"{name} publishes {entry} beyond loopback"
 
 
-def test_no_token_or_password_has_a_default_or_sits_in_the_environment():
+@pytest.mark.parametrize("variant", ["base", "tls"])
+def test_no_token_or_password_has_a_default_or_sits_in_the_environment(variant):
+    compose = {"base": COMPOSE, "tls": TLS_COMPOSE}[variant]
     secret_like = re.compile(r"TOKEN|PASSWORD|SECRET", re.IGNORECASE)
-    for name, service in SERVICES.items():
+    for name, service in compose["services"].items():
         for key, value in environment(service).items():
+            if key.endswith("REDIS_URL"):
+                assert urlsplit(interpolate(value)).password is None, f"{name}: {key} holds a password"
             if not secret_like.search(key):
                 continue
             # Only a file's name: the value itself is a Docker secret, mounted under /run/secrets.
             assert key.endswith("_FILE") and value.startswith(RUN_SECRETS), f"{name}: {key}={value!r}"
             assert value.removeprefix(RUN_SECRETS) in service.get("secrets", []), f"{name}: {key} is not given"
-    for secret, spec in (COMPOSE.get("secrets") or {}).items():
+    for secret, spec in (compose.get("secrets") or {}).items():
         assert set(spec) == {"file"} and "${" in spec["file"] and spec["file"].endswith(f"/{secret}"), spec
-    assert "change-me" not in COMPOSE_FILE.read_text()
+    for path in (COMPOSE_FILE, TLS_FILE):
+        assert "change-me" not in path.read_text() and ":-change" not in path.read_text()
 
 
 def networks_of(name: str) -> set[str]:

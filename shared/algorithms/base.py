@@ -172,6 +172,9 @@ class Algorithm(Generic[P]):
             if config.privacy.noise != "off":
                 raise ValueError(f"{cls.name} does not support differential privacy (privacy.noise must be "
                                  "'off'); fedavg and fedprox do")
+            if config.privacy.dp_sgd_noise_multiplier is not None:
+                raise ValueError(f"{cls.name} does not support DP-SGD (privacy.dp_sgd_noise_multiplier must be "
+                                 "unset); fedavg does")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Record:

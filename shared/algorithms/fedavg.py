@@ -49,6 +49,9 @@ class FedAvg(Algorithm[P]):
         if cls.robust_aggregation:
             robust.check(config)
             privacy.check(config)
+        if config.privacy.dp_sgd_noise_multiplier is not None and cls.regulariser is not FedAvg.regulariser:
+            raise ValueError(f"{cls.name} adds a term to the local loss, which DP-SGD would drop: "
+                             "privacy.dp_sgd_noise_multiplier needs fedavg")
 
     def regulariser(self, global_: Tensors) -> Regulariser | None:
         """Extra term of the local objective; FedProx overrides this."""
@@ -58,7 +61,8 @@ class FedAvg(Algorithm[P]):
         w = task[MODEL]
         model = load_parameters(job.model_factory(), w)
         stats = local_sgd(
-            model, job.data.train, self.config.local, job.generator, regulariser=self.regulariser(w)
+            model, job.data.train, self.config.local, job.generator, regulariser=self.regulariser(w),
+            dp_sgd=privacy.dp_sgd(self.config.privacy),
         )
         trained = parameters_of(model)
         update: Record = {MODEL: {name: trained[name] - w[name] for name in w}}

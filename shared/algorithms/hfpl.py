@@ -103,6 +103,8 @@ class HFPLParams(BaseModel):
     proto_distance: Literal["sum", "mean"] = Field(
         "sum", description="‖f_i(x) − C̄_y‖² summed over the d features, or their mean (FedProto's MSE: the same "
         "pull at a d× larger λ_p)")
+    # Measured best on FedProto's protocol: 0.5 with local batch 8 and lr 0.02 (the bench's defaults). It stays 0
+    # here because it belongs to the run's lr: with 0.5 the protocol diverged at lr 0.1, and runs default to 0.2.
     momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum of the client's SGD (FedProto: 0.5); "
                             "0 leaves the run's local optimiser")
     classifier: Literal["linear", "cosine"] = Field(

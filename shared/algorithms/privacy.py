@@ -25,8 +25,10 @@ import torch
 
 from shared.algorithms import aggregate
 from shared.config import PrivacyConfig, RunConfig
+from shared.data.datasets import load_federated
 from shared.seeding import PRIVACY_NOISE, torch_generator
 from shared.selection import num_selected
+from shared.training import DpSgd
 from shared.transport.records import Record
 
 # RDP orders searched for the best conversion to (ε, δ): opacus's default set.
@@ -100,6 +102,33 @@ def _epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> flo
     rdp = compute_rdp(q=q, noise_multiplier=noise_multiplier, steps=steps, orders=list(ORDERS))
     eps, _ = get_privacy_spent(orders=list(ORDERS), rdp=rdp, delta=delta)
     return float(eps)
+
+
+def dp_sgd(config: PrivacyConfig) -> DpSgd | None:
+    """What local training adds for DP-SGD, if the run asks for it."""
+    if config.dp_sgd_noise_multiplier is None:
+        return None
+    return DpSgd(config.dp_sgd_noise_multiplier, config.dp_sgd_clip_norm)
+
+
+def dp_sgd_epsilon(config: RunConfig, rounds: int) -> float | None:
+    """DP-SGD's ε at the run's δ after `rounds` global rounds, for the client it protects least, as if every
+    client trained in every round (an upper bound with partial participation); None without DP-SGD. Its unit is
+    one training example of one client (what a client's updates reveal of an example), where DP-FedAvg's is a
+    whole client. Each minibatch step is one sampled Gaussian mechanism with q = B / n_k, over
+    rounds · κ · E · ⌈n_k / B⌉ steps (opacus's RDP accountant assumes Poisson batches; ours are a shuffle)."""
+    noise = config.privacy.dp_sgd_noise_multiplier
+    if noise is None:
+        return None
+    batch = config.local.batch_size
+    worst = 0.0
+    sizes = {len(client.train) for client in load_federated(config.data, config.seed).clients}  # memoised
+    for n in sorted(sizes):
+        per_round = config.local.epochs * math.ceil(n / batch) if 0 < batch < n else config.local.epochs
+        q = batch / n if 0 < batch < n else 1.0
+        worst = max(worst, _epsilon(q, noise, rounds * config.topology.edge_rounds * per_round,
+                                    config.privacy.delta))
+    return worst
 
 
 def rounds_to_run(config: RunConfig) -> int:

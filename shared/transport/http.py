@@ -52,5 +52,6 @@ def env_proxy(url: str) -> str | None:
     return proxies.get(parsed.scheme) or proxies.get("all")
 
 
-def binary_body(blob: bytes) -> dict[str, Any]:
-    return {"content": blob, "headers": {"Content-Type": SAFETENSORS}}
+def binary_body(blob: bytes, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """httpx's arguments for a safetensors body, with `headers` besides (e.g. one client's Authorization)."""
+    return {"content": blob, "headers": {"Content-Type": SAFETENSORS, **(headers or {})}}

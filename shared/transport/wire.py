@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import secrets
 
 # The media type of every body that is one safetensors document (shared/transport/tensors.py).
 SAFETENSORS = "application/vnd.safetensors"
@@ -32,6 +34,26 @@ def derived_token_id(client_id: int) -> str:
 def device_token(secret: str, client_id: int, token_id: str) -> str:
     mac = hmac.new(secret.encode(), f"fl-device:{client_id}:{token_id}".encode(), hashlib.sha256).hexdigest()
     return f"{DEVICE_TOKEN}.{client_id}.{token_id}.{mac}"
+
+
+def issue_device_tokens(secret: str, client_ids: list[int]) -> dict[int, str]:
+    """A new device token, each with a new random id, for every client in `client_ids` (`fedctl issue-token`;
+    a client process holds them in its client_tokens setting)."""
+    return {k: device_token(secret, k, secrets.token_hex(8)) for k in client_ids}
+
+
+def tokens_file_text(tokens: dict[int, str]) -> str:
+    """What a client process's client_tokens file holds: JSON from client id to token, one per line."""
+    return json.dumps({str(k): t for k, t in tokens.items()}, indent=1) + "\n"
+
+
+def issued_token_parts(token: str) -> tuple[int, str] | None:
+    """The client id and token id an issued device token names, or None for any other token. Read without the
+    secret: the edge, which holds it, decides whether the token is genuine."""
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != DEVICE_TOKEN or not parts[1].isdecimal():
+        return None
+    return int(parts[1]), parts[2]
 
 
 def device_token_id(secret: str, token: str, client_id: int) -> str | None:

@@ -1,6 +1,7 @@
 import pytest
 
 from client.config import ClientSettings, parse_ids
+from shared.transport.wire import issue_device_tokens, tokens_file_text
 
 
 @pytest.mark.parametrize("spec, ids", [("3", [3]), ("0-4", [0, 1, 2, 3, 4]), ("0,2,5-7", [0, 2, 5, 6, 7]),
@@ -51,3 +52,29 @@ def test_shard_index_beyond_count_is_refused():
 def test_a_shard_with_no_clients_is_an_error():
     with pytest.raises(ValueError, match="holds none"):
         ClientSettings(clients="0-1", shard_index=2, shard_count=3).hosted_ids()
+
+
+def test_client_tokens_from_a_file_give_each_hosted_client_its_own(tmp_path, monkeypatch):
+    tokens = issue_device_tokens("secret", [0, 2])
+    path = tmp_path / "tokens"
+    path.write_text(tokens_file_text(tokens))
+    monkeypatch.setenv("FL_CLIENT_CLIENT_TOKENS_FILE", str(path))
+    settings = ClientSettings(clients="0,2")
+    assert settings.hosted_ids() == [0, 2]
+    assert [settings.token_of(k) for k in (0, 2)] == [tokens[0], tokens[2]]
+
+
+def test_a_hosted_client_without_a_token_is_a_configuration_error():
+    settings = ClientSettings(clients="0-2", client_tokens=issue_device_tokens("secret", [0, 2]))
+    with pytest.raises(ValueError, match=r"no token for client\(s\) 1 "):
+        settings.hosted_ids()
+    # Only the hosted shard needs tokens: one file can serve every shard of a StatefulSet.
+    assert ClientSettings(clients="0-2", shard_index=0, shard_count=2,
+                          client_tokens=issue_device_tokens("secret", [0, 2])).hosted_ids() == [0, 2]
+
+
+def test_an_issued_token_filed_under_another_client_is_refused():
+    with pytest.raises(ValueError, match="the token given for client 3 is client 0's"):
+        ClientSettings(client_tokens={3: issue_device_tokens("secret", [0])[0]})
+    assert ClientSettings(client_tokens={3: "an opaque token"}).token_of(3) == "an opaque token"
+    assert ClientSettings(client_token="shared").token_of(5) == "shared"

@@ -25,7 +25,7 @@ from edge.tasks import Task
 from shared.schemas import ClientTaskHeader
 from shared.transport.http import make_client
 from shared.transport.records import check, spec_of
-from shared.transport.wire import client_token
+from shared.transport.wire import client_token, issue_device_tokens
 from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_record
 
 pytestmark = pytest.mark.anyio
@@ -209,6 +209,24 @@ async def test_a_device_with_its_own_token_serves_its_client_only(tmp_path):
         await edge.board.post([make_task(0), make_task(1)])
         async with running_worker(edge, [0, 1], tmp_path, token=client_token(CLIENT_TOKEN, 0)) as (worker, run, _):
             await until(lambda: answered(edge) == {0} and set(worker.stopped) == {1}, run)
+
+
+async def test_a_process_with_a_token_per_client_serves_them_all_and_a_revoked_one_stops_alone(tmp_path):
+    """client_tokens: each logical client speaks with its own issued token (the process holds no secret);
+    when the edge lists client 1's token as revoked, client 1 stops and clients 0 and 2 go on."""
+    tokens = issue_device_tokens(CLIENT_TOKEN, [0, 1, 2])
+    async with running_edge() as edge:
+        await edge.board.post([make_task(k) for k in (0, 1, 2)])
+        async with running_worker(edge, [0, 1, 2], tmp_path, token="not-the-secret",
+                                  client_tokens=tokens) as (worker, run, double):
+            await until(lambda: answered(edge) == {0, 1, 2}, run)
+            edge.app.state.revocations.ids = frozenset({tokens[1].split(".")[2]})  # what a refresh would bring
+            await edge.board.post([make_task(k, round_=1) for k in (0, 1, 2)])
+            await until(lambda: set(worker.stopped) == {1} and worker.completed == 5, run)
+            assert "revoked" in worker.stopped[1]
+            refused = [path for _, path, status in double.answers if status == 401]
+            assert refused and all(path.startswith("/api/v1/clients/1/") for path in refused), refused
+            assert not run.done()
 
 
 async def test_a_refused_result_is_not_sent_again_and_again(tmp_path):

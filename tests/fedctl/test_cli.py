@@ -1,3 +1,5 @@
+import json
+
 from typer.testing import CliRunner
 
 from fedctl.__main__ import app
@@ -20,3 +22,20 @@ def test_issue_token_prints_a_new_revocable_token_each_time():
     ids = [r.stderr.split()[2] for r in (first, second)]
     assert ids[0] != ids[1] and [device_token_id("s3cret", t, 7) for t in tokens] == ids
     assert device_token_id("s3cret", tokens[0], 8) is None
+
+
+def test_issue_token_for_several_clients_writes_one_each_to_a_private_file(tmp_path):
+    from client.config import ClientSettings
+    from shared.transport.wire import device_token_id
+
+    out = tmp_path / "client0_tokens"
+    result = CliRunner().invoke(app, ["issue-token", "0,2-3", "--out", str(out), "--secret", "s3cret"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "" and out.stat().st_mode & 0o777 == 0o600
+    ids = {int(line.split()[4].rstrip(";")): line.split()[2] for line in result.stderr.splitlines()}
+    settings = ClientSettings(clients="0,2,3", client_tokens=json.loads(out.read_text()))
+    assert {k: device_token_id("s3cret", settings.token_of(k), k) for k in settings.hosted_ids()} == ids
+    again = CliRunner().invoke(app, ["issue-token", "1", "--out", str(out), "--secret", "s3cret"])
+    assert again.exit_code != 0 and "exists" in again.output  # tokens still in use are not overwritten
+    several = CliRunner().invoke(app, ["issue-token", "4-5", "--secret", "s3cret"])
+    assert sorted(json.loads(several.stdout)) == ["4", "5"]

@@ -1,17 +1,24 @@
 """The cloud and a Redis that requires a password (or a client certificate), as an operator meets them: the
-cloud as a process, started with a right or a wrong credential."""
+cloud as a process, started with a right or a wrong credential, also in the middle of a run."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from urllib.parse import quote
 
 import pytest
 
+from fedctl.api import CloudAPI
 from fedctl.certs import write_deployment
-from fedctl.launch import ROOT, Service
+from fedctl.launch import ROOT, LocalTopology, Service
 from fedctl.redis_server import RedisServer, free_port
+from shared.config import RunConfig
+from shared.reference import run_reference
+from shared.schemas import RunStatus
+from tests.integration.test_fedavg_services import assert_same_model
+from tests.integration.test_resilience import wait_version
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +79,30 @@ def test_the_cloud_serves_with_the_right_password_and_over_tls(tmp_path):
             assert cloud.health().json()["status"] == "ok"  # its health pings Redis
         finally:
             cloud.stop()
+
+
+def test_a_cloud_restarted_with_a_wrong_password_touches_nothing_and_the_right_one_loses_nothing(tmp_path):
+    """The cloud killed mid-run and started again with a wrong Redis password exits with one clear line and
+    changes nothing; started with the right one, the run finishes on the reference model with every version
+    once: nothing the killed cloud had accepted is lost."""
+    config = RunConfig(name="wrong-password", rounds=10, model={"name": "logreg"}, local={"lr": 0.1},
+                       data={"dataset": "digits", "num_clients": 4})
+    # Its own Redis (not $REDIS_URL): the one it starts requires a password.
+    with LocalTopology(num_clients=4, num_edges=1, procs_per_edge=1, workdir=tmp_path) as topology, \
+            CloudAPI(topology.cloud_url, topology.admin_token) as api:
+        run_id = api.create_run(config).run_id
+        api.action(run_id, "start")
+        info = wait_version(api, run_id, 2)
+        cloud = topology.cloud
+        assert cloud is not None and topology.redis is not None and topology.redis_url is not None
+        cloud.stop(signal.SIGKILL)
+        assert info.status == RunStatus.running and info.version < config.rounds
+        wrong = topology.redis_url.replace(quote(topology.redis.password, safe=""), "wrong-password")
+        result = run_cloud({**cloud.env, "FL_CLOUD_REDIS_URL": wrong})
+        assert result.returncode == 1 and "refused the cloud's credentials" in result.stderr, result.stderr[-3000:]
+        topology.restart_cloud(signal.SIGKILL)
+        final = api.wait(run_id, timeout_s=300)
+        history, model = api.history(run_id), api.model(run_id)
+    assert final.status == RunStatus.finished
+    assert [h.version for h in history] == list(range(1, config.rounds + 1))
+    assert_same_model(model, run_reference(config).global_state)

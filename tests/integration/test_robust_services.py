@@ -143,6 +143,8 @@ def test_a_robust_aggregator_bounds_the_poisoned_client_and_equals_the_reference
     history, model = run(api, cfg)
     reference = run_reference(cfg, clients=PoisonedClients)
     assert_same_model(model, reference.global_state)
+    # Nothing accepted is lost: every client's result, the poisoned one included, is counted in every round.
+    assert all({c.client_id for c in h.clients} == set(range(CLIENTS)) for h in history)
     assert [h.test_accuracy for h in history] == pytest.approx([h.test_accuracy for h in reference.history], abs=2e-3)
     assert history[-1].test_accuracy >= clean_accuracy - 0.05, (history[-1].test_accuracy, clean_accuracy)
 
@@ -166,4 +168,14 @@ def test_client_noise_equals_the_reference(api):
                  privacy={"noise": "client", "noise_multiplier": 0.5, "clip_norm": 1.0})
     history, model = run(api, cfg)
     assert [h.epsilon for h in history] == pytest.approx([privacy.epsilon(cfg, t) for t in (1, 2)])
+    assert_same_model(model, run_reference(cfg, clients=PoisonedClients).global_state)
+
+
+def test_dp_sgd_in_local_training_records_its_epsilon_and_equals_the_reference(api):
+    """DP-SGD (opacus) inside each client process's training: the same noise as the reference runner's, from
+    each client's training stream, and ε per training example in every history record."""
+    cfg = config(name="dp-sgd", rounds=2, local={"lr": 0.1, "batch_size": 16},
+                 privacy={"dp_sgd_noise_multiplier": 1.0, "dp_sgd_clip_norm": 1.0})
+    history, model = run(api, cfg)
+    assert [h.dp_sgd_epsilon for h in history] == pytest.approx([privacy.dp_sgd_epsilon(cfg, t) for t in (1, 2)])
     assert_same_model(model, run_reference(cfg, clients=PoisonedClients).global_state)

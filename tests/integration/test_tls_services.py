@@ -1,10 +1,12 @@
 """Every hop over TLS, as an operator deploys it: the certificates of `fedctl certs`, Redis over TLS with a
 password, the cloud and two edges serving HTTPS with mutual TLS, client processes presenting their own
-certificates; the model equals the in-process reference. Devices with a certificate the edge must refuse
+certificates and a device token per logical client (not the edges' client secret), as the compose TLS
+variant's containers do; the model equals the in-process reference. Devices with a certificate the edge must refuse
 (none, expired, another CA's) or that trust another CA are refused at the handshake, and the run does not
 notice them."""
 from __future__ import annotations
 
+import secrets
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,8 +37,8 @@ CONFIG = RunConfig(name="tls", model={"name": "logreg"}, rounds=4, data={"datase
 @pytest.fixture(scope="module")
 def topo(tmp_path_factory):
     # Its own Redis (not $REDIS_URL): the one it starts speaks TLS with a password.
-    with LocalTopology(num_clients=4, num_edges=2, procs_per_edge=1, mutual_tls=True,
-                       workdir=tmp_path_factory.mktemp("tls")) as topo:
+    with LocalTopology(num_clients=4, num_edges=2, procs_per_edge=1, mutual_tls=True, device_tokens=True,
+                       client_token=secrets.token_hex(16), workdir=tmp_path_factory.mktemp("tls")) as topo:
         yield topo
 
 
@@ -101,6 +103,9 @@ def test_a_run_over_mutual_tls_equals_the_reference_and_refused_devices_do_not_t
             service.stop()
 
     assert final.status == RunStatus.finished and final.version == CONFIG.rounds
+    # Every client process held its clients' own tokens, never the edges' client secret.
+    assert sorted(topo.tokens) == [0, 1, 2, 3]
+    assert all("FL_CLIENT_CLIENT_TOKEN" not in c.env and topo.client_token not in str(c.env) for c in topo.clients)
     assert all(sorted(c.client_id for c in h.clients) == [0, 1, 2, 3] for h in history)
     assert registered == [2, 2]  # the good processes' clients only
     assert_same_model(model, run_reference(CONFIG).global_state)

@@ -1,9 +1,10 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
 from shared.config import LocalTrainingConfig
 from shared.data.datasets import ArrayDataset
-from shared.training import batches, local_sgd
+from shared.training import DpSgd, batches, local_sgd
 
 
 def test_batch_size_zero_is_one_full_batch():
@@ -33,3 +34,48 @@ def test_nesterov_matches_torch_semantics_by_hand():
         w = (w - 0.1 * (gw + 0.9 * buf[0])).detach()
         b = (b - 0.1 * (gb + 0.9 * buf[1])).detach()
     assert torch.allclose(model.weight, w, atol=1e-6) and torch.allclose(model.bias, b, atol=1e-6)
+
+
+def digits_like(n: int = 32) -> ArrayDataset:
+    g = torch.Generator().manual_seed(1)
+    return ArrayDataset(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+def trained(dp_sgd: DpSgd | None, seed: int = 0, cfg: LocalTrainingConfig | None = None) -> dict[str, torch.Tensor]:
+    """A small MLP's weights after local_sgd (cfg None: untrained)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    if cfg is not None:
+        local_sgd(model, digits_like(), cfg, torch.Generator().manual_seed(seed), dp_sgd=dp_sgd)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_dp_sgd_without_clipping_or_noise_is_plain_sgd():
+    """Per-example gradients (opacus) summed over full batches and divided by B are the batch's mean gradient.
+    (One epoch: the noise is drawn from the batch order's generator, so later epochs' orders differ.)"""
+    cfg = LocalTrainingConfig(epochs=1, batch_size=8, lr=0.1)
+    plain, private = trained(None, cfg=cfg), trained(DpSgd(noise_multiplier=1e-15, clip_norm=1e6), cfg=cfg)
+    assert all(torch.allclose(private[name], plain[name], atol=1e-5) for name in plain)
+
+
+def test_dp_sgd_moves_each_step_by_at_most_lr_times_the_clip_norm_and_noise_comes_from_the_generator():
+    cfg = LocalTrainingConfig(epochs=1, batch_size=0, lr=1.0)  # one step over the whole batch
+    start = trained(None)
+    plain = trained(None, cfg=cfg)
+    clipped = trained(DpSgd(noise_multiplier=1e-15, clip_norm=0.01), cfg=cfg)
+
+    def step(after: dict[str, torch.Tensor]) -> float:
+        return float(torch.cat([(after[n] - start[n]).flatten() for n in start]).norm())
+
+    assert step(plain) > 0.1 and step(clipped) <= 0.01 + 1e-6
+    noised = [trained(DpSgd(noise_multiplier=1.0, clip_norm=1.0), s, LocalTrainingConfig(epochs=2, batch_size=8))
+              for s in (0, 0, 1)]
+    assert all(torch.equal(noised[0][n], noised[1][n]) for n in start)
+    assert not all(torch.equal(noised[0][n], noised[2][n]) for n in start)
+
+
+def test_dp_sgd_refuses_a_regulariser():
+    model = torch.nn.Linear(6, 3)
+    with pytest.raises(ValueError, match="neither a regulariser"):
+        local_sgd(model, digits_like(), LocalTrainingConfig(), torch.Generator(),
+                  regulariser=lambda m: 0 * m.bias.sum(), dp_sgd=DpSgd(1.0, 1.0))

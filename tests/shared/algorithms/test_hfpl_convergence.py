@@ -1,12 +1,12 @@
 """HFPL on FedProto's MNIST protocol (bench/fedproto_protocol.py) at a reduced budget, through the reference
 runner: the few-shot split of MNIST 5k over 20 clients (2-5 classes each, ≤ 50 shots per class), flat
-(L = 1, B = 1), one local epoch, 10 rounds instead of 50, mlp extractors only (the convolutional families
-cost most of the protocol's time), seed 0. Accuracy is FedProto's: every test image of a client's own
-classes, mean over clients.
+(L = 1, B = 1), one local epoch with the protocol's optimiser (momentum 0.5, batch 8, lr 0.02), 10 rounds
+instead of 50, mlp extractors only (the convolutional families cost most of the protocol's time), seed 0.
+Accuracy is FedProto's: every test image of a client's own classes, mean over clients.
 
-Measured with the defaults: local only 93.5%, hfpl 94.8% (+1.3); with λ_p = 0, which leaves only G's
-guidance, the gain vanishes (the issue measured −0.1 at the full budget). docs/fedproto-protocol.md has the
-full protocol against the 97.5% target."""
+Measured: local only 94.67% (converged: 94.64% after 20 epochs), hfpl 95.09% (+0.42), hfpl with λ_p = 0
+94.55%: the gain is the prototype pull's, and the test fails without it. The mlp family gains least (at 50
+rounds, mixed families, +1.3 in all: docs/fedproto-protocol.md has the full protocol against the 97.5% target)."""
 import statistics
 
 import numpy as np
@@ -33,9 +33,9 @@ def protocol(path: str, **params) -> RunConfig:
     return RunConfig.model_validate({
         "algorithm": "hfpl", "rounds": ROUNDS, "seed": 0,
         "data": {"dataset": "npz", "path": path, "partition": "file", "num_clients": CLIENTS},
-        "local": {"epochs": 1, "batch_size": 32, "lr": 0.1},
+        "local": {"epochs": 1, "batch_size": 8, "lr": 0.02},
         "topology": {"num_edges": 1, "buffer_size": 1},
-        "params": {"families": ["mlp"], **params},
+        "params": {"families": ["mlp"], "momentum": 0.5, **params},
     })
 
 
@@ -55,15 +55,21 @@ def test_the_split_is_fedprotos():
     assert len(np.unique(rows, axis=0)) == len(rows)  # disjoint shots, none of them a test image
 
 
+def mean_accuracy(config: RunConfig) -> float:
+    """hfpl's final f_i with the final (C̄, G), mean over clients."""
+    algorithm: HFPL = registry.create(config)
+    data, run = load_federated(config.data, config.seed), run_reference(config)
+    return statistics.mean(algorithm.evaluate_client(k, run.client_states[k], run.global_state,
+                                                     own_classes_test(data, k))["accuracy"] for k in range(CLIENTS))
+
+
 def test_hfpl_beats_local_only_on_fedprotos_protocol(split):
     config = protocol(split)
     algorithm: HFPL = registry.create(config)
     data = load_federated(config.data, config.seed)
-    run = run_reference(config)
-    federated, alone = [], []
-    for k in range(CLIENTS):
-        test = own_classes_test(data, k)
-        federated.append(algorithm.evaluate_client(k, run.client_states[k], run.global_state, test)["accuracy"])
-        alone.append(accuracy(algorithm.train_alone(k, data.clients[k].train, ROUNDS), test))
-    gain = statistics.mean(federated) - statistics.mean(alone)
-    assert statistics.mean(federated) >= 0.945 and gain >= 0.01, (statistics.mean(federated), statistics.mean(alone))
+    alone = statistics.mean(accuracy(algorithm.train_alone(k, data.clients[k].train, ROUNDS), own_classes_test(data, k))
+                            for k in range(CLIENTS))
+    federated, no_pull = mean_accuracy(config), mean_accuracy(protocol(split, proto_weight=0.0))
+    # Measured 95.09% against 94.67% alone and 94.55% without the pull (G's guidance alone gains nothing).
+    assert federated >= 0.948 and federated - alone >= 0.003 and federated - no_pull >= 0.003, \
+        (federated, alone, no_pull)

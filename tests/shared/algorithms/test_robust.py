@@ -2,14 +2,17 @@
 opacus's own RDPAccountant, and the ε budget through the reference runner."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
 from scipy import stats
 
-from shared.algorithms import privacy, robust
+from shared.algorithms import privacy, registry, robust
 from shared.config import AggregationConfig, RunConfig
+from shared.data.datasets import load_federated
 from shared.reference import run_reference
 
 
@@ -132,3 +135,21 @@ def test_the_run_stops_at_the_budget_and_records_epsilon_in_every_round():
     assert all(torch.equal(result.global_state[k], longer.global_state[k]) for k in longer.global_state)
     assert run_reference(RunConfig(rounds=1, model={"name": "logreg"},
                                    data={"dataset": "digits", "num_clients": 2})).history[0].epsilon is None
+
+
+def test_dp_sgd_epsilon_is_the_least_protected_clients_and_grows_with_the_rounds():
+    config = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4},
+                       local={"batch_size": 16, "epochs": 2}, privacy={"dp_sgd_noise_multiplier": 1.0})
+    sizes = {len(c.train) for c in load_federated(config.data, config.seed).clients}
+    expected = max(privacy._epsilon(16 / n, 1.0, 3 * 2 * math.ceil(n / 16), 1e-5) for n in sizes)
+    assert privacy.dp_sgd_epsilon(config, 3) == pytest.approx(expected)
+    assert 0 < privacy.dp_sgd_epsilon(config, 1) < privacy.dp_sgd_epsilon(config, 3)  # type: ignore[operator]
+    assert privacy.dp_sgd_epsilon(RunConfig(), 3) is None and privacy.epsilon(config, 3) is None
+
+
+@pytest.mark.parametrize("algorithm, refusal", [("fedprox", "adds a term to the local loss"),
+                                                ("scaffold", "does not support DP-SGD")])
+def test_dp_sgd_is_refused_where_local_training_is_not_plain_sgd(algorithm, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        registry.check(RunConfig(algorithm=algorithm, privacy={"dp_sgd_noise_multiplier": 1.0}))
+    registry.check(RunConfig(privacy={"dp_sgd_noise_multiplier": 1.0}))
