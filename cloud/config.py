@@ -90,6 +90,19 @@ class CloudSettings(ServerSettings):
     retention_interval_s: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
+    def _one_name_per_token(self) -> Self:
+        # The audit log names whose token acted: a token under two names was recorded as the first of them, a
+        # named one equal to the edge token made every edge an administrator, and a token named "admin"
+        # silently replaced admin_token.
+        if "admin" in self.admin_tokens:
+            raise ValueError('admin_tokens: "admin" is admin_token\'s name in the audit log; choose another name')
+        tokens = [self.admin_token, *self.admin_tokens.values(), self.edge_token]
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("admin_token, admin_tokens and edge_token must all differ: the audit log names "
+                             "who acted by the token used")
+        return self
+
+    @model_validator(mode="after")
     def _secret_tokens_beyond_loopback(self) -> "CloudSettings":
         self.refuse_development_tokens(self.host, {"admin_token": self.admin_token, "edge_token": self.edge_token,
                                                    **{f"admin_tokens.{n}": t for n, t in self.admin_tokens.items()}})

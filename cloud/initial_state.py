@@ -10,12 +10,14 @@ import threading
 
 import torch
 
-from shared.algorithms import registry
+from shared.algorithms import privacy, registry
 from shared.algorithms.base import Algorithm
 from shared.config import RunConfig, is_import_path
 from shared.data.datasets import load_federated
+from shared.dvfs import epoch_energy, epoch_seconds
 from shared.federation import initial_model
-from shared.schemas import GlobalStateHeader
+from shared.models import mlp_parameters
+from shared.schemas import MAX_ENERGY_J, MAX_SECONDS, GlobalStateHeader
 from shared.selection import num_selected
 from shared.transport.records import Record, encode, flatten, non_finite
 from shared.transport.tensors import Dim
@@ -75,9 +77,19 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_pay
             raise InvalidRun(f"{what} {path!r} is outside the packages this cloud may import "
                              f"(FL_CLOUD_ALLOWED_IMPORTS: {', '.join(allowed_imports)})")
     try:
+        privacy.check_accounting(config)
+    except ValueError as exc:
+        raise InvalidRun(str(exc)) from exc
+    try:
         data = load_federated(config.data, config.seed)
     except (OSError, ValueError, KeyError) as exc:  # e.g. an npz path that is missing or malformed
         raise InvalidRun(f"cannot load the run's data: {exc}") from exc
+    _check_devices(config, [len(client.train) for client in data.clients])
+    if config.model.name == "mlp":
+        # The one built-in whose size the config sets (model.hidden): 100000-wide layers are 40 GB, which
+        # the cloud tried to allocate (500) or, a little smaller, held in its model cache. Refused before.
+        parameters = mlp_parameters(tuple(data.input_shape), data.num_classes, config.model.hidden)
+        _check_state_size("global state", 4 * parameters, max_state_bytes)
     try:
         model = initial_model(config)
     except UserCodeError as exc:
@@ -100,16 +112,37 @@ def initial_global(run_id: str, config: RunConfig, max_state_bytes: int, max_pay
         raise InvalidRun(f"the model {config.model.name!r} starts with non-finite values in {broken}")
     blob = encode(global_, GlobalStateHeader(run_id=run_id, version=0, config=config))
     for what, size in (("global state", len(blob)), ("server memory", algorithm.server_memory_bytes(global_))):
-        if size > max_state_bytes:
-            raise InvalidRun(f"the run's {what} would take {size / 2**20:.0f} MiB, over the "
-                             f"{max_state_bytes / 2**20:.0f} MiB one Redis value may hold here "
-                             "(FL_CLOUD_MAX_STATE_BYTES); use fewer clients or clusters, or a smaller model")
+        _check_state_size(what, size, max_state_bytes)
     largest = max(_contribution_bytes(algorithm, global_, edge) for edge in range(config.topology.num_edges))
     if largest > max_payload_bytes:
         raise InvalidRun(f"an edge's contribution would take up to {largest / 2**20:.0f} MiB, over the "
                          f"{max_payload_bytes / 2**20:.0f} MiB the cloud accepts (FL_CLOUD_MAX_PAYLOAD_BYTES); "
                          "use fewer clients per edge, a smaller fraction or a smaller model")
     return blob
+
+
+def _check_devices(config: RunConfig, samples: list[int]) -> None:
+    """Refuses a run whose modelled devices (dvfs) would report a computation time or energy beyond a device
+    report's bounds: each client then failed every task (its result could not be made). The most a task can
+    take is every epoch at the lowest frequency; its energy is largest at an end of the frequency range."""
+    epochs = config.local.epochs
+    for client_id, n in enumerate(samples):
+        name, profile, _ = config.dvfs.device(client_id)
+        ends = (profile.frequencies_ghz[0], profile.f_max)
+        seconds = epochs * epoch_seconds(profile, n, ends[0])
+        energy = epochs * max(epoch_energy(profile, n, f) for f in ends)
+        if seconds > MAX_SECONDS or energy > MAX_ENERGY_J:
+            raise InvalidRun(f"client {client_id}'s device ({name}, {n} samples, {epochs} epochs) would take up to "
+                             f"{seconds:.3g} s and {energy:.3g} J a task, beyond what a device report holds "
+                             f"({MAX_SECONDS:g} s, {MAX_ENERGY_J:g} J): lower dvfs cycles_per_sample or "
+                             "capacitance, or raise the frequencies")
+
+
+def _check_state_size(what: str, size: int, max_state_bytes: int) -> None:
+    if size > max_state_bytes:
+        raise InvalidRun(f"the run's {what} would take {size / 2**20:.0f} MiB, over the "
+                         f"{max_state_bytes / 2**20:.0f} MiB one Redis value may hold here "
+                         "(FL_CLOUD_MAX_STATE_BYTES); use fewer clients or clusters, or a smaller model")
 
 
 def _contribution_bytes(algorithm: Algorithm, global_: Record, edge: int) -> int:

@@ -44,7 +44,7 @@ class CloudMetrics(ServiceMetrics):
         async def refresh() -> None:
             runs = (await store.run_ids())[-RUNS_SHOWN:]
             runs += [run_id for run_id in await store.active_runs() if run_id not in runs]
-            infos = [await store.info(run_id) for run_id in runs]  # all read before any gauge changes
+            infos = await store.infos(runs)  # all read before any gauge changes
             self.version.clear()
             self.buffered.clear()
             for info in infos:

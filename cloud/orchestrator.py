@@ -21,7 +21,7 @@ from redis.exceptions import LockError
 
 from cloud.global_states import GlobalStates
 from cloud.metrics import CloudMetrics
-from cloud.store import UNAVAILABLE, BufferedContribution, StateTooLarge, Store, now
+from cloud.store import UNAVAILABLE, BufferedContribution, NotFound, StateTooLarge, Store, now
 from shared.algorithms import privacy, registry
 from shared.algorithms.base import Algorithm, Contribution
 from shared.backoff import Backoff
@@ -180,7 +180,10 @@ class Orchestrator:
     async def update(self, run_id: str) -> bool:
         """One cloud update if the run's buffer holds B entries and this replica takes the run's lease (none
         other computes it meanwhile); True if it published one."""
-        info = await self.store.info(run_id)
+        try:
+            info = await self.store.info(run_id)
+        except NotFound:  # stopped and deleted since the active runs were listed
+            return False
         if info.status not in (RunStatus.running, RunStatus.paused) or info.buffered < info.config.topology.buffer_size:
             return False
         lease = self.store.lease(run_id, self.lease_s)

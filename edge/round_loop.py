@@ -89,6 +89,7 @@ class EdgeRoundLoop:
         self.current: GlobalStateHeader | None = None  # the last round started, of any run
         self.lanes: dict[str, Lane] = {}
         self._lanes_changed = asyncio.Event()
+        self._live: set[str] | None = None  # the live runs the last long-poll answer named
 
     async def run_forever(self) -> None:
         await self.register()
@@ -143,12 +144,26 @@ class EdgeRoundLoop:
             lane.task = asyncio.create_task(self._serve(lane, header, global_))
 
     def _forget_ended(self, live: set[str]) -> None:
-        """Drops the runs that are no longer running or paused, abandoning their rounds."""
+        """Drops the runs that are no longer running or paused, abandoning their rounds, and their state files."""
         for run_id in set(self.lanes) - live:
             lane = self.lanes.pop(run_id)
             if lane.task is not None:
                 log.info("edge %d: run %s ended; dropping its round", self.edge_id, run_id)
                 lane.task.cancel()
+        if live != self._live:
+            self._live = live
+            self._drop_ended_states(live)
+
+    def _drop_ended_states(self, live: set[str]) -> None:
+        """Deletes this edge's state files of the runs that are not live: an ended run never resumes, and
+        each file (every client's memory of the run) outlived even the run's deletion at the cloud. Those
+        of runs that ended while the edge was down go too."""
+        if self.settings.state_dir is None or not self.settings.state_dir.is_dir():
+            return
+        prefix = f"edge{self.edge_id}-"
+        for path in self.settings.state_dir.glob(f"{prefix}*.safetensors"):
+            if path.name.removeprefix(prefix).removesuffix(".safetensors") not in live:
+                path.unlink(missing_ok=True)
 
     async def _serve(self, lane: Lane, header: GlobalStateHeader, global_: Record) -> None:
         """One run's round; a failed one is re-run after a backoff (from the same state, or a newer one)."""

@@ -73,6 +73,8 @@ def load_config(path: Optional[Path], **overrides) -> RunConfig:
     if path is not None:
         text = path.read_text()
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        if not isinstance(data, dict):  # a list or a string: a traceback (AttributeError) before
+            raise ValueError(f"{path}: a run config is a JSON object of settings, not a {type(data).__name__}")
     data.update({k: v for k, v in overrides.items() if v is not None})
     return registry.parse_config(data)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from urllib.parse import quote
 
 import httpx
 
@@ -12,6 +13,11 @@ from shared.transport.http import env_proxy
 from shared.transport.retry import SyncRetryTransport
 from shared.transport.tensors import Tensors, decode_tensors
 from shared.transport.tls import client_context
+
+
+def _run_path(run_id: str) -> str:
+    # Quoted as one path segment: an id typed as "../../x" reached another route (POST /api/x/start).
+    return f"/api/v1/runs/{quote(run_id, safe='')}"
 
 
 class CloudAPI:
@@ -51,16 +57,17 @@ class CloudAPI:
         return RunInfo.model_validate_json(self._ok(response).content)
 
     def run(self, run_id: str) -> RunInfo:
-        return RunInfo.model_validate_json(self._get(f"/api/v1/runs/{run_id}").content)
+        return RunInfo.model_validate_json(self._get(_run_path(run_id)).content)
 
     def runs(self) -> list[RunInfo]:
         return [RunInfo.model_validate(x) for x in self._get("/api/v1/runs").json()]
 
     def action(self, run_id: str, action: str) -> RunInfo:
-        return RunInfo.model_validate_json(self._ok(self.http.post(f"/api/v1/runs/{run_id}/{action}")).content)
+        response = self.http.post(f"{_run_path(run_id)}/{quote(action, safe='')}")
+        return RunInfo.model_validate_json(self._ok(response).content)
 
     def delete_run(self, run_id: str) -> None:
-        self._ok(self.http.delete(f"/api/v1/runs/{run_id}"))
+        self._ok(self.http.delete(_run_path(run_id)))
 
     def audit(self, limit: int = 100) -> list[AuditRecord]:
         return [AuditRecord.model_validate(x) for x in self._get(f"/api/v1/audit?limit={limit}").json()]
@@ -71,10 +78,10 @@ class CloudAPI:
         return RevokedToken.model_validate_json(self._ok(response).content)
 
     def history(self, run_id: str) -> list[RoundRecord]:
-        return [RoundRecord.model_validate(x) for x in self._get(f"/api/v1/runs/{run_id}/history").json()]
+        return [RoundRecord.model_validate(x) for x in self._get(f"{_run_path(run_id)}/history").json()]
 
     def model(self, run_id: str) -> Tensors:
-        return decode_tensors(self._get(f"/api/v1/runs/{run_id}/model").content)
+        return decode_tensors(self._get(f"{_run_path(run_id)}/model").content)
 
     def wait(self, run_id: str, timeout_s: float = 600.0, poll_s: float = 0.5, on_poll=None) -> RunInfo:
         """Polls until the run is finished or stopped; `on_poll(info)` sees every poll."""

@@ -160,6 +160,11 @@ class RoundPolicy(Strict):
     max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
 
 
+# 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
+# (1e9 s at 1e-300 Mbit/s), and the clients failed every task of the run.
+MIN_LINK_MBPS = 0.01
+
+
 class DeviceOverride(Strict):
     """One client's device: a named profile and/or any of its figures replaced."""
 
@@ -168,7 +173,7 @@ class DeviceOverride(Strict):
     cycles_per_sample: float | None = Field(None, gt=0, le=1e12)
     capacitance: float | None = Field(None, gt=0, le=1e-20)
     static_power_w: float | None = Field(None, ge=0, le=1000)
-    link_mbps: float | None = Field(None, gt=0, le=1e6)
+    link_mbps: float | None = Field(None, ge=MIN_LINK_MBPS, le=1e6)
 
     @field_validator("profile")
     @classmethod
@@ -201,7 +206,8 @@ class DvfsConfig(Strict):
     clients: dict[int, DeviceOverride] = Field(
         default_factory=dict, max_length=100_000, description="per-client overrides by client id: profile, "
         "frequencies_ghz, cycles_per_sample, capacitance, static_power_w, link_mbps")
-    link_mbps: float = Field(20.0, gt=0, le=1e6, description="link rate of the modelled communication time, Mbit/s")
+    link_mbps: float = Field(20.0, ge=MIN_LINK_MBPS, le=1e6,
+                             description="link rate of the modelled communication time, Mbit/s")
     time_scale: float = Field(
         0.0, ge=0, le=1000, description="emulated devices (no writable cpufreq): a client's wall time is "
         "stretched to its modelled time × this; 0: not stretched")
@@ -250,6 +256,12 @@ class AggregationConfig(Strict):
                                "averaged (1: Krum)")
 
 
+# Below this, ε is beyond any meaning (some 1e14 at 1e-6), and near 1e-154 the accountant breaks: σ² underflows
+# and opacus divides by zero (every cloud update of the run failed) or, with a sampling rate below 1, never
+# returns (a cloud update, or the run's creation, held a thread for good).
+MIN_NOISE_MULTIPLIER = 1e-6
+
+
 class PrivacyConfig(Strict):
     """Client-level differential privacy, DP-FedAvg (McMahan et al., ICLR 2018; shared/algorithms/privacy.py)."""
 
@@ -257,11 +269,13 @@ class PrivacyConfig(Strict):
         "off", description="off | edge: each edge clips its clients' updates to clip_norm and adds Gaussian "
         "noise to their sum | client: each client clips and noises its own update (local DP)")
     clip_norm: float = Field(1.0, gt=0, le=1e6, description="S: the L2 bound of one client's update")
-    noise_multiplier: float = Field(1.0, gt=0, le=1e4, description="σ: the noise's standard deviation is σ·S")
+    noise_multiplier: float = Field(1.0, ge=MIN_NOISE_MULTIPLIER, le=1e4,
+                                    description="σ: the noise's standard deviation is σ·S")
     delta: float = Field(1e-5, gt=0, lt=1, description="δ at which ε is reported")
     dp_sgd_noise_multiplier: float | None = Field(
-        None, gt=0, le=1e4, description="DP-SGD inside each client's local training (opacus): σ of the Gaussian "
-        "noise added to each minibatch's sum of per-example gradients clipped to dp_sgd_clip_norm (None: off)")
+        None, ge=MIN_NOISE_MULTIPLIER, le=1e4, description="DP-SGD inside each client's local training (opacus): σ "
+        "of the Gaussian noise added to each minibatch's sum of per-example gradients clipped to dp_sgd_clip_norm "
+        "(None: off)")
     dp_sgd_clip_norm: float = Field(1.0, gt=0, le=1e6, description="C of DP-SGD: the L2 bound of one example's "
                                     "gradient")
     epsilon_budget: float | None = Field(None, gt=0, description="ε at which the run stops: it ends after the last "

@@ -12,6 +12,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.config import RunConfig
+from shared.transport.wire import TOKEN_ID
 
 
 class Message(BaseModel):
@@ -50,7 +51,11 @@ Scalar = Annotated[float, Field(ge=-MAX_SCALAR, le=MAX_SCALAR, allow_inf_nan=Fal
 Metrics = Annotated[dict[str, Scalar], Field(max_length=32)]
 
 
-Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+# The bounds of a device report's figures: a run whose devices would report more is refused at creation
+# (cloud/initial_state.py), since its clients could send no result.
+MAX_SECONDS = 1e9
+MAX_ENERGY_J = 1e12
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 class DeviceReport(Message):
@@ -62,7 +67,7 @@ class DeviceReport(Message):
     frequencies_ghz: list[Annotated[float, Field(gt=0, le=10)]] = Field(max_length=1000)  # per local epoch
     compute_s: Seconds  # modelled computation time, Σ c·|D|/f
     comm_s: Seconds  # modelled download + upload time at the link rate
-    energy_j: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # dynamic + static, computation
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]  # dynamic + static, computation
     full_speed_s: Seconds  # compute + comm at the top frequency: what the edge's deadline is made of
     budget_s: Seconds | None = None  # the modelled seconds the edge gave the task (deadline, slack)
 
@@ -231,7 +236,7 @@ class RunInfo(Message):
 
 # ---- security (admin <-> cloud, cloud -> edge) -----------------------------------------------------
 # A per-device token's id (shared/transport/wire.py, device_token): what revoking it names.
-TokenId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+TokenId = Annotated[str, Field(pattern=f"^{TOKEN_ID.pattern}$")]
 
 
 class Revocation(Message):

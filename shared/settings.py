@@ -122,6 +122,10 @@ class ServerSettings(ServiceSettings):
     # with its own token can flood only its own allowance, and the many clients behind one operator's
     # secret each have theirs.
     rate_limit: str = "20/second"
+    # Requests per caller open at once on the routes that hold a connection long (an edge's task long-poll
+    # and result upload): past it, 429. A client holds one poll per logical client; retries after a dropped
+    # connection may overlap the old one for a while.
+    max_open_per_caller: int = Field(4, ge=1)
 
     # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
     metrics: bool = True

@@ -4,13 +4,15 @@ only: what the client and fedctl share with the servers is in shared/transport/w
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
 import reprlib
 import resource
 import secrets
 import time
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +30,7 @@ from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.deadlines import h11_with_deadlines
@@ -170,11 +173,16 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared > limit:
         raise _TooLarge(limit, declared)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge(limit)
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        # The caller gave up mid-upload (an edge drops its contribution when the run stops): a 4xx no one
+        # reads, where it was a 500 logged with its traceback ("Exception in ASGI application").
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "the connection closed before the whole body arrived") from exc
     request.state.body = body = b"".join(chunks)
     return body
 
@@ -212,6 +220,37 @@ class RateLimit:
 async def rate_limited(request: Request, group: str, caller: int | str) -> None:
     """429 if `caller` (the client or edge the request acts for) exceeds the service's rate in `group`."""
     await request.app.state.rate_limit.check(group, caller)
+
+
+class OpenRequests:
+    """Requests per caller and route group open at once (long-polls, uploads): past `limit`, 429 with
+    Retry-After. Every caller shares the server's connections (max_connections): one device's token holding
+    49 task long-polls on a 50-connection edge answered every other client, and /health, 503."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._open: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    @asynccontextmanager
+    async def hold(self, group: str, caller: int | str) -> AsyncIterator[None]:
+        key = (group, str(caller))
+        if self._open[key] >= self.limit:
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                                f"{self.limit} {group} requests for {caller} are open already; retry in 1 s",
+                                headers={"Retry-After": "1"})
+        self._open[key] += 1
+        try:
+            yield
+        finally:
+            self._open[key] -= 1
+            if not self._open[key]:
+                del self._open[key]
+
+
+def open_request(request: Request, group: str, caller: int | str) -> AbstractAsyncContextManager[None]:
+    """Holds one of `caller`'s open requests in `group` while the route serves (429 past the service's
+    max_open_per_caller)."""
+    return request.app.state.open_requests.hold(group, caller)
 
 
 # JSON bodies larger than this are parsed on a worker thread: the loop keeps answering long-polls meanwhile.
@@ -387,6 +426,7 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
     server = server or ServerSettings()
     app.state.max_payload_bytes = max_payload_bytes  # what read_message reads at most
     app.state.rate_limit = RateLimit(server.rate_limit)
+    app.state.open_requests = OpenRequests(server.max_open_per_caller)
     app.add_middleware(BodyLimit, limit=max_payload_bytes, timeout_s=server.body_timeout_s)
     for router in routers:
         app.include_router(router)
@@ -487,7 +527,10 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, server: ServerSett
     _allow_open_files(server.max_connections + 256)  # each connection is a file; Redis, logs, data besides
     # log_config=None: uvicorn's loggers go through the process's one setup (shared.log), not their own.
     # The h11 protocol (uvicorn's pure-Python one; its request heads are capped at 16 KiB) with deadlines.
-    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None,
+    # proxy_headers=False: uvicorn otherwise takes the caller's address from X-Forwarded-For whenever the
+    # peer is 127.0.0.1, so any local caller wrote the address the audit log records; behind a proxy the
+    # address is the proxy's, as the README says.
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, proxy_headers=False,
                           http=h11_with_deadlines(server.header_timeout_s),
                           limit_concurrency=server.max_connections, **server.tls_options())).run()
 

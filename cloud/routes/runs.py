@@ -35,7 +35,7 @@ async def create_run(request: Request, store: StoreDep, settings: SettingsDep, a
 
 @router.get("")
 async def list_runs(store: StoreDep) -> list[RunInfo]:
-    return [await store.info(run_id) for run_id in await store.run_ids()]
+    return await store.infos(await store.run_ids())
 
 
 @router.get("/{run_id}", responses=error_responses(404))

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 
 from cloud.orchestrator import Orchestrator
-from cloud.store import Store
+from cloud.store import NotFound, Store
 from shared.client_reports import client_reports, group_summary
 from shared.schemas import (
     ContributionRecord,
@@ -110,11 +110,17 @@ class LiveRun:
                 return
 
             async def changed() -> RunUpdate | bool | None:
-                # True once the cloud is stopping: the stream ends at once.
-                return stopping.is_set() or await self.update()
+                # True once the cloud is stopping, or the run is gone (stopped and deleted between two looks):
+                # the stream ends at once.
+                try:
+                    return stopping.is_set() or await self.update()
+                except NotFound:
+                    return True
 
             # Wakes on a new version or status change and looks again every LOOK_S for buffer changes (one
             # look each, not two), until the keepalive is due.
             found = await orchestrator.wait_until(changed, max(KEEPALIVE_S - (time.monotonic() - said), 0.0),
                                                   recheck_s=LOOK_S)
+            if found is True:
+                return
             update = found if isinstance(found, RunUpdate) else None

@@ -3,10 +3,12 @@
 Clients keep their own feature extractors f_i: x → R^d, of different architectures (families); only
 class prototypes, counts and a sample of features travel. Edges aggregate prototypes incrementally;
 the cloud consumes a buffer of B edge triples (C^l, N^l, X^l), updates the global prototypes C̄ and
-trains a global linear classifier G on the union of the latest features of every edge.
+trains a global classifier G (linear by default) on the union of the latest features of every edge.
 
 Records (group: tensors; J classes, d = feature_dim):
-    global / task   prototypes: means (J, d) f64, counts (J,) f64 · classifier: weight (J, d), bias (J,)
+    global / task   prototypes: means (J, d) f64, counts (J,) f64 · classifier: G's state dict: weight (J, d),
+                    bias (J,); the mlp G's output layer is weight (J, h), bias (J,), its hidden layer
+                    hidden.weight (h, d), hidden.bias (h,)
     client result   prototypes: means (J, d) f64, counts (J,) i64 (its samples per class)
                     sample: features (n, d), labels (n,) i64
     edge triple     prototypes: means (J, d) f64, counts (J,) f64 (clients per class) · sample: as a result's
@@ -14,7 +16,7 @@ Records (group: tensors; J classes, d = feature_dim):
     edge state      prototypes: (C^l, N^l) · clients: a ClientMemory per client, packed by id
     cloud state     edges: an EdgeMemory per edge, packed by id · evaluation: each client's latest figures (N,)
 The model the REST API serves keeps the names it always had: prototypes, prototype_counts,
-classifier.weight, classifier.bias.
+classifier.weight, classifier.bias (and classifier.hidden.weight, classifier.hidden.bias for the mlp G).
 """
 from __future__ import annotations
 
@@ -59,9 +61,11 @@ PROTOTYPES, HEAD, SAMPLE, EXTRACTOR = "prototypes", "classifier", "sample", "ext
 CLIENTS, EDGES, EVALUATION = "clients", "edges", "evaluation"
 # Tensors within them
 MEANS, COUNTS, WEIGHT, BIAS, FEATURES, LABELS = "means", "counts", "weight", "bias", "features", "labels"
-# The served model's names (GET /runs/{id}/model), as they were before the state had groups.
-SERVED = {"prototypes": (PROTOTYPES, MEANS), "prototype_counts": (PROTOTYPES, COUNTS),
-          "classifier.weight": (HEAD, WEIGHT), "classifier.bias": (HEAD, BIAS)}
+HIDDEN_WEIGHT = "hidden.weight"  # the mlp G's first layer (see MLPClassifier)
+# The served model's names (GET /runs/{id}/model), as they were before the state had groups: C̄ under
+# these, and G's state dict under "classifier." (classifier.weight, classifier.bias for the linear G).
+SERVED = {"prototypes": (PROTOTYPES, MEANS), "prototype_counts": (PROTOTYPES, COUNTS)}
+SERVED_HEAD = f"{HEAD}."
 # What each client reports with its result; the cloud keeps every client's latest in "evaluation"
 # (one value per client, NaN until it reports).
 ACCURACY, PROTO_ACCURACY, TEST_LOSS = "accuracy", "proto_accuracy", "test_loss"
@@ -91,13 +95,15 @@ class HFPLParams(BaseModel):
 
     feature_dim: int = Field(64, ge=1, le=4096, description="d: the feature space every client maps into")
     # The squared norm sums over d dimensions, so λ_p is small: at 1 the pull overshoots at lr 0.05.
-    proto_weight: float = Field(0.05, ge=0, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
+    # Bounded (classifier_lr as local.lr is): past float32's range (3.4e38) torch cannot even take the figure,
+    # and a cloud update with classifier_lr = 1e308 failed ("cannot be converted to type float") at every retry.
+    proto_weight: float = Field(0.05, ge=0, le=1e6, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
     families: list[str] = Field(["mlp", "cnn", "cnn_deep"], min_length=1,
                                 description="feature-extractor families, assigned to clients in turn")
     client_families: list[str] | None = Field(None, description="explicit family per client id")
     feature_cap: int = Field(100, ge=1, le=100_000, description="features a client sends (a seeded subsample)")
     classifier_epochs: int = Field(5, ge=1, le=1000)
-    classifier_lr: float = Field(0.1, gt=0)
+    classifier_lr: float = Field(0.1, gt=0, le=1000)
     classifier_batch_size: int = Field(64, ge=1)
     # Levers measured on FedProto's MNIST protocol (bench/fedproto_protocol.py, docs/fedproto-protocol.md).
     proto_distance: Literal["sum", "mean"] = Field(
@@ -107,9 +113,11 @@ class HFPLParams(BaseModel):
     # here because it belongs to the run's lr: with 0.5 the protocol diverged at lr 0.1, and runs default to 0.2.
     momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum of the client's SGD (FedProto: 0.5); "
                             "0 leaves the run's local optimiser")
-    classifier: Literal["linear", "cosine"] = Field(
-        "linear", description="G: linear, or cosine (s·cos(z, w_j) + b_j: features compared by direction)")
+    classifier: Literal["linear", "cosine", "mlp"] = Field(
+        "linear", description="G: linear, cosine (s·cos(z, w_j) + b_j: features compared by direction), or mlp "
+        "(W·relu(V z + c) + b: one hidden layer, classes need not be linearly separable in R^d)")
     classifier_scale: float = Field(10.0, gt=0, le=1000, description="s of the cosine G")
+    classifier_width: int = Field(128, ge=1, le=4096, description="h: hidden units of the mlp G")
     inference: Literal["classifier", "nearest_prototype"] = Field(
         "classifier", description="what a client predicts with (its reported accuracy): G∘f_i, or the nearest C̄_j")
     own_classes: bool = Field(False, description="a client predicts only among the classes it holds "
@@ -170,16 +178,25 @@ class HFPL(Algorithm[HFPLParams]):
         num_classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
         d = self.params.feature_dim
         with seeded_default_generator(derive_seed(self.config.seed, MODEL_INIT, CLASSIFIER)):
-            g = nn.Linear(d, num_classes)
+            g = self._new_classifier(d, num_classes)
         return {
             PROTOTYPES: {MEANS: torch.zeros(num_classes, d, dtype=torch.float64),
                          COUNTS: torch.zeros(num_classes, dtype=torch.float64)},
-            HEAD: {WEIGHT: g.weight.detach().clone(), BIAS: g.bias.detach().clone()},
+            HEAD: _state_of(g),
         }
 
     def model_parameters(self, global_: Record) -> Tensors:
         """(C̄, G) under the names the REST API has always served."""
-        return {name: global_[group][member] for name, (group, member) in SERVED.items()}
+        return {**{name: global_[group][member] for name, (group, member) in SERVED.items()},
+                **{SERVED_HEAD + member: t for member, t in global_[HEAD].items()}}
+
+    def _from_served(self, model: Tensors) -> Record:
+        """The (C̄, G) record of a served model (model_parameters' inverse)."""
+        global_: Record = {PROTOTYPES: {}, HEAD: {}}
+        for name, (group, member) in SERVED.items():
+            global_[group][member] = model[name]
+        global_[HEAD] = {name.removeprefix(SERVED_HEAD): t for name, t in model.items() if name.startswith(SERVED_HEAD)}
+        return global_
 
     def contribution_spec(self, global_: Record, clients: list[int], edge_id: int | None = None) -> RecordSpec:
         """Edge l's triple: at most feature_cap features per client of edge l (of any edge if None)."""
@@ -235,9 +252,9 @@ class HFPL(Algorithm[HFPLParams]):
                         evaluation.setdefault(name, _nan(self.config.data.num_clients))[client] = metrics[name]
         x = torch.cat([memory[l].features for l in sorted(memory)])
         y = torch.cat([memory[l].labels for l in sorted(memory)])
-        weight, bias = self.train_classifier(global_[HEAD][WEIGHT], global_[HEAD][BIAS], x, y, round)
+        head = self.train_classifier(global_[HEAD], x, y, round)
         state = {EDGES: pack(memory), EVALUATION: evaluation}
-        return {PROTOTYPES: {MEANS: means, COUNTS: total}, HEAD: {WEIGHT: weight, BIAS: bias}}, state
+        return {PROTOTYPES: {MEANS: means, COUNTS: total}, HEAD: head}, state
 
     def staleness_weight(self, staleness: int) -> float:
         """How much a triple τ versions stale counts in C̄ (its N^l scaled; kept until the edge's next triple)."""
@@ -253,10 +270,9 @@ class HFPL(Algorithm[HFPLParams]):
         return (edges * (num_classes * d + num_classes + index) * 8
                 + clients * self.params.feature_cap * (d * 4 + 8) + clients * len(EVAL_METRICS) * 8)
 
-    def train_classifier(self, weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                         round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G."""
-        g = self.classifier(weight, bias, trainable=True)
+    def train_classifier(self, head: Tensors, x: torch.Tensor, y: torch.Tensor, round: int) -> Tensors:
+        """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G (its state dict)."""
+        g = self.classifier(head, trainable=True)
         opt = torch.optim.SGD(g.parameters(), lr=self.params.classifier_lr)
         generator = torch_generator(self.config.seed, CLASSIFIER, round)
         for _ in range(self.params.classifier_epochs):
@@ -264,7 +280,7 @@ class HFPL(Algorithm[HFPLParams]):
                 opt.zero_grad(set_to_none=True)
                 F.cross_entropy(g(x[idx]), y[idx]).backward()
                 opt.step()
-        return g.weight.detach().clone(), g.bias.detach().clone()
+        return _state_of(g)
 
     def evaluate(self, global_: Record, cloud_state: Record) -> Evaluation | None:
         """The mean over clients of each one's latest held-out figures (own f_i with G)."""
@@ -295,12 +311,21 @@ class HFPL(Algorithm[HFPLParams]):
     def client_weight(self, num_samples: int) -> float:
         return 1.0
 
-    def classifier(self, weight: torch.Tensor, bias: torch.Tensor, trainable: bool) -> nn.Linear:
-        """G with the given weights, of the configured kind."""
-        out, d = weight.shape
-        g = CosineClassifier(d, out, self.params.classifier_scale) if self.params.classifier == "cosine" \
-            else nn.Linear(d, out)
-        return _load_classifier(g, weight, bias, trainable)
+    def classifier(self, head: Tensors, trainable: bool) -> nn.Module:
+        """G of the configured kind with the given state dict (HEAD's tensors)."""
+        hidden = head.get(HIDDEN_WEIGHT, head[WEIGHT])  # the layer that reads z: (h or J, d)
+        g = self._new_classifier(hidden.shape[1], head[WEIGHT].shape[0])
+        g.load_state_dict(head)
+        g.requires_grad_(trainable)
+        return g
+
+    def _new_classifier(self, d: int, num_classes: int) -> nn.Module:
+        """A freshly initialised G of the configured kind (drawing from the default generator)."""
+        if self.params.classifier == "cosine":
+            return CosineClassifier(d, num_classes, self.params.classifier_scale)
+        if self.params.classifier == "mlp":
+            return MLPClassifier(d, num_classes, self.params.classifier_width)
+        return nn.Linear(d, num_classes)
 
     def client_optimizer(self, parameters) -> torch.optim.Optimizer:
         """The client's optimiser: the run's local one, or heavy-ball SGD with params.momentum."""
@@ -309,7 +334,7 @@ class HFPL(Algorithm[HFPLParams]):
         return make_optimizer(parameters, self.config.local)
 
     @torch.no_grad()
-    def _evaluate(self, f: nn.Module, g: nn.Linear, prototypes: torch.Tensor, exists: torch.Tensor,
+    def _evaluate(self, f: nn.Module, g: nn.Module, prototypes: torch.Tensor, exists: torch.Tensor,
                   own: torch.Tensor, test) -> dict[str, float]:
         """Held-out figures of f_i on `test`: ACCURACY is the configured inference's, PROTO_ACCURACY the nearest
         C̄_j's (once some exists), TEST_LOSS G's cross-entropy over all classes. With own_classes, both
@@ -397,11 +422,9 @@ class HFPL(Algorithm[HFPLParams]):
     def evaluate_client(self, client_id: int, state: Record, model: Tensors, data) -> dict[str, float]:
         """Client i's f_i with the global (C̄, G), as the REST API serves it, on `data`: accuracy,
         nearest-prototype accuracy, loss."""
-        global_: Record = {}
-        for name, (group, member) in SERVED.items():
-            global_.setdefault(group, {})[member] = model[name]
+        global_ = self._from_served(model)
         f = self.client_model(client_id, state, tuple(data.x.shape[1:]))
-        g = self.classifier(global_[HEAD][WEIGHT], global_[HEAD][BIAS], trainable=False)
+        g = self.classifier(global_[HEAD], trainable=False)
         f.eval()
         own = load_client(self.config.data, self.config.seed, client_id).train.y
         return self._evaluate(f, g, global_[PROTOTYPES][MEANS], global_[PROTOTYPES][COUNTS] > 0, own, data)
@@ -419,7 +442,7 @@ class HFPL(Algorithm[HFPLParams]):
         """
         train, test = job.data.train, job.data.test
         f = self.client_model(job.client_id, state, tuple(train.x.shape[1:]))
-        g = self.classifier(task[HEAD][WEIGHT], task[HEAD][BIAS], trainable=False)
+        g = self.classifier(task[HEAD], trainable=False)
         centres = task[PROTOTYPES][MEANS].to(torch.float32)
         exists = task[PROTOTYPES][COUNTS] > 0
         lam = self.params.proto_weight
@@ -472,12 +495,23 @@ class CosineClassifier(nn.Linear):
         return self.scale * F.normalize(z, dim=1) @ F.normalize(self.weight, dim=1).T + self.bias
 
 
-def _load_classifier(g: nn.Linear, weight: torch.Tensor, bias: torch.Tensor, trainable: bool) -> nn.Linear:
-    with torch.no_grad():
-        g.weight.copy_(weight)
-        g.bias.copy_(bias)
-    g.requires_grad_(trainable)
-    return g
+class MLPClassifier(nn.Module):
+    """G as W·relu(V z + c) + b, one hidden layer of h units (issue 12's non-linear G). The output layer keeps
+    the linear G's names (weight, bias), the hidden one is hidden.weight, hidden.bias."""
+
+    def __init__(self, in_features: int, out_features: int, width: int):
+        super().__init__()
+        self.hidden = nn.Linear(in_features, width)
+        out = nn.Linear(width, out_features)
+        self.weight, self.bias = out.weight, out.bias
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.relu(self.hidden(z)), self.weight, self.bias)
+
+
+def _state_of(g: nn.Module) -> Tensors:
+    """G's state dict, detached copies: what HEAD holds."""
+    return {name: t.detach().clone() for name, t in g.state_dict().items()}
 
 
 def _check_labels(labels: torch.Tensor, num_classes: int) -> None:

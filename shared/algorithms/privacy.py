@@ -30,6 +30,10 @@ from shared.seeding import PRIVACY_NOISE, torch_generator
 from shared.selection import num_selected
 from shared.training import DpSgd
 from shared.transport.records import Record
+from shared.transport.tensors import MAX_ABS
+
+# A noised value this many standard deviations out is never met in practice (1e-15 per coordinate).
+NOISE_SIGMAS = 8
 
 # RDP orders searched for the best conversion to (ε, δ): opacus's default set.
 ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
@@ -159,6 +163,30 @@ def check(config: RunConfig) -> None:
     if p.noise == "edge" and config.aggregation.edge != "mean":
         raise ValueError("privacy.noise 'edge' noises the sum of the clipped client steps: it needs "
                          "aggregation.edge 'mean'")
-    if rounds_to_run(config) == 0:
-        raise ValueError(f"privacy.epsilon_budget {p.epsilon_budget} is spent before the first round "
-                         f"(epsilon after one round: {epsilon(config, 1):.4g} at delta = {p.delta})")
+    std = p.noise_multiplier * p.clip_norm
+    if p.clip_norm + NOISE_SIGMAS * std > MAX_ABS:
+        # Every noised step (or edge sum) then held values the edges and the cloud refuse: no round could end.
+        raise ValueError(f"privacy noise of standard deviation noise_multiplier * clip_norm = {std:g} carries "
+                         f"updates beyond the ±{MAX_ABS:g} that edges and the cloud accept: lower them")
+    if p.epsilon_budget is not None:  # the budget is looked up with the accountant: its figures must be sound
+        check_accounting(config)
+        if rounds_to_run(config) == 0:
+            raise ValueError(f"privacy.epsilon_budget {p.epsilon_budget} is spent before the first round "
+                             f"(epsilon after one round: {epsilon(config, 1):.4g} at delta = {p.delta})")
+
+
+def check_accounting(config: RunConfig) -> None:
+    """Raises ValueError unless each accountant the run uses (DP-FedAvg's, DP-SGD's) gives every round a finite
+    ε ≥ 0: each update's record carries them, and one the accountant cannot give failed every update of the run,
+    for good. Called where runs are created (cloud/initial_state.py), not by every `check`: it imports opacus,
+    seconds that the clients and edges of the run need not spend."""
+    for what, spent in (("privacy.noise_multiplier", epsilon), ("privacy.dp_sgd_noise_multiplier", dp_sgd_epsilon)):
+        first, last = spent(config, 1), spent(config, config.rounds)
+        if first is None or last is None:  # this mechanism is off
+            continue
+        if not math.isfinite(last):
+            raise ValueError(f"{what} is too small to account for: epsilon after {config.rounds} rounds is not a "
+                             "finite number")
+        if first < 0:  # the conversion from RDP at a δ near 1: a meaningless ε (-2.8 at δ = 1 - 1e-10)
+            raise ValueError(f"privacy.delta {config.privacy.delta:g} is too large: epsilon after one round "
+                             f"would be {first:.4g}")

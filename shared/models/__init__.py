@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -41,13 +42,24 @@ class LogReg(nn.Module):
         return self.linear(x.flatten(1))
 
 
+def mlp_sizes(input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int]) -> list[int]:
+    """The widths of the MLP's layers, input to logits."""
+    return [math.prod(input_shape), *hidden, num_classes]
+
+
+def mlp_parameters(input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int]) -> int:
+    """How many parameters the MLP has (weights and biases), known before any is allocated."""
+    sizes = mlp_sizes(input_shape, num_classes, hidden)
+    return sum((fan_in + 1) * fan_out for fan_in, fan_out in itertools.pairwise(sizes))
+
+
 class MLP(nn.Module):
     """McMahan et al.'s 2NN by default: hidden ReLU layers of the given sizes (200, 200), narrower for FedRolex
     sub-models. Layers are fc1 ... fc(n+1), created in that order, so the 2NN's weights stay what they were."""
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (200, 200)):
         super().__init__()
-        sizes = [math.prod(input_shape), *hidden, num_classes]
+        sizes = mlp_sizes(input_shape, num_classes, hidden)
         self.num_layers = len(sizes) - 1
         for i in range(self.num_layers):
             # Attributes, not a ModuleList: the parameter names (fc1.weight...) are the wire format.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
 
 # The media type of every body that is one safetensors document (shared/transport/tensors.py).
@@ -25,6 +26,11 @@ LIVE_RUNS = "X-FL-Live-Runs"
 # an administrator revokes (POST /api/v1/tokens/revoked at the cloud), one device at a time: the edges refuse
 # the ids the cloud lists. A derived token (client_token above) has the fixed id client-<k>.
 DEVICE_TOKEN = "fl1"
+
+
+# What a token id may be: what the cloud's revocation API accepts (shared/schemas.py, TokenId). A token whose
+# id it refuses (e.g. "fl1.4..<mac>", an empty id) could never be revoked, so the edge does not admit it.
+TOKEN_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
 
 def derived_token_id(client_id: int) -> str:
@@ -61,7 +67,7 @@ def device_token_id(secret: str, token: str, client_id: int) -> str | None:
     if hmac.compare_digest(token.encode(), client_token(secret, client_id).encode()):
         return derived_token_id(client_id)
     parts = token.split(".")
-    if len(parts) != 4 or parts[0] != DEVICE_TOKEN or parts[1] != str(client_id):
+    if len(parts) != 4 or parts[0] != DEVICE_TOKEN or parts[1] != str(client_id) or not TOKEN_ID.fullmatch(parts[2]):
         return None
     expected = device_token(secret, client_id, parts[2])
     return parts[2] if hmac.compare_digest(token.encode(), expected.encode()) else None

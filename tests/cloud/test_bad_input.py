@@ -182,11 +182,21 @@ async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
      ({"dvfs": {"clients": {"1": {"frequencies_ghz": [1.0, 40.0]}}}}, "frequencies must lie in [0.01, 10] GHz"),
      ({"dvfs": {"clients": {"1": {"capacitance": -1}}}}, "greater than 0"),
      ({"dvfs": {"clients": {"99": {"cycles_per_sample": 1e6}}}}, "dvfs.clients names clients [99] outside"),
-     ({"dvfs": {"policy": "turbo"}}, "'max', 'deadline' or 'slack'")],
+     ({"dvfs": {"policy": "turbo"}}, "'max', 'deadline' or 'slack'"),
+     # Accepted before, then every client failed every task: its device report (comm_s 4e298 s) was invalid.
+     ({"dvfs": {"link_mbps": 1e-300}}, "greater than or equal to 0.01"),
+     ({"dvfs": {"clients": {"1": {"link_mbps": 1e-300}}}}, "greater than or equal to 0.01"),
+     ({"dvfs": {"clients": {"1": {"cycles_per_sample": 1e12, "capacitance": 1e-20, "frequencies_ghz": [10.0]}}}},
+      "client 1's device (rpi4*, "),
+     # Accepted before; then every cloud update of the run failed ("cannot be converted to type float").
+     ({"algorithm": "hfpl", "params": {"classifier_lr": 1e308}}, "less than or equal to 1000"),
+     # A 40 GB model: the cloud tried to allocate it and answered 500.
+     ({"model": {"name": "mlp", "hidden": [100_000, 100_000]}}, "the run's global state would take 38176 MiB")],
     ids=["algorithm-params", "edges-without-clients", "sync-buffer", "zero-fraction", "npz-without-path",
          "dvfs-unknown-profile", "dvfs-unknown-profile-in-list", "dvfs-unknown-profile-override",
          "dvfs-frequency-out-of-range", "dvfs-negative-capacitance", "dvfs-override-of-a-stranger",
-         "dvfs-unknown-policy"],
+         "dvfs-unknown-policy", "dvfs-link-too-slow", "dvfs-override-link-too-slow", "dvfs-device-beyond-a-report",
+         "hfpl-classifier-lr-beyond-float32", "mlp-beyond-the-state-limit"],
 )
 async def test_create_run_inconsistent_config(cloud: Cloud, overrides: dict[str, Any], fragment: str) -> None:
     before = await cloud.snapshot()
@@ -217,7 +227,25 @@ ROBUST_OR_PRIVATE = {
     "budget-without-noise": ({"privacy": {"epsilon_budget": 3}}, "epsilon_budget needs noise"),
     "budget-below-one-round": ({"weighting": "uniform", "privacy": {"noise": "edge", "epsilon_budget": 0.5}},
                                "is spent before the first round"),
-    "zero-noise": ({"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 0}}, "greater than 0"),
+    "zero-noise": ({"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 0}},
+                   "greater than or equal to 0.000001"),
+    # Accepted before; then every cloud update failed (the accountant divided by σ² = 0, or gave ε = inf), or
+    # with a sampling rate below 1 the accountant never returned (σ = 1e-160).
+    "noise-the-accountant-divides-by": (
+        {"weighting": "uniform", "privacy": {"noise": "edge", "noise_multiplier": 1e-200}},
+        "greater than or equal to 0.000001"),
+    "noise-the-accountant-never-accounts-for": (
+        {"weighting": "uniform", "fraction": 0.5, "privacy": {"noise": "edge", "noise_multiplier": 1e-160}},
+        "greater than or equal to 0.000001"),
+    "dp-sgd-noise-the-accountant-divides-by": ({"privacy": {"dp_sgd_noise_multiplier": 1e-300}},
+                                               "greater than or equal to 0.000001"),
+    # Accepted before; then every noised step was beyond ±1e6 and refused (422), and no round could end.
+    "noise-beyond-the-bounds": ({"weighting": "uniform", "privacy": {"noise": "client", "noise_multiplier": 1e4,
+                                                                     "clip_norm": 1e6}},
+                                "noise_multiplier * clip_norm = 1e+10 carries updates beyond the"),
+    # Accepted before, and the history reported epsilon = -2.8.
+    "delta-near-one": ({"weighting": "uniform", "privacy": {"noise": "edge", "delta": 1 - 1e-10}},
+                       "privacy.delta 1 is too large: epsilon after one round would be -2.8"),
 }
 
 
@@ -835,3 +863,26 @@ async def test_contributions_past_the_rate_limit_get_429_per_edge(redis_url: str
         statuses = [(await cloud.submit(0, b"not safetensors")).status_code for _ in range(3)]
         assert statuses == [400, 400, 429]
         assert (await cloud.submit(1, b"not safetensors")).status_code == 400  # another edge: its own allowance
+
+
+async def test_an_upload_the_edge_gives_up_is_no_server_error(cloud: Cloud) -> None:
+    """An edge drops its contribution's upload when the run stops (it cancels the round): the cloud answered
+    500 and logged "Exception in ASGI application" with a traceback (starlette's ClientDisconnect)."""
+    await cloud.register_edge(0)
+    received = iter([{"type": "http.request", "body": b"x" * 100, "more_body": True}])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(received, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    path = "/api/v1/edges/0/contributions"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "state": {},
+             "headers": [(b"authorization", f"Bearer {EDGE_TOKEN}".encode()), (b"content-type", SAFETENSORS.encode()),
+                         (b"content-length", b"1000")]}
+    await cloud.app(scope, receive, send)  # raised ClientDisconnect before, after sending a 500
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [400]

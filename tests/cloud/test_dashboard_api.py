@@ -147,3 +147,27 @@ async def test_an_open_stream_follows_the_run_and_ends_once_the_cloud_is_stoppin
     # Each round sent once, or twice when the stream saw it before its evaluation was filled in.
     assert [h.version for h in sent] in ([1], [1, 1])
     assert len(sent) == 1 or (math.isnan(sent[0].test_accuracy) and not math.isnan(sent[1].test_accuracy))
+
+
+async def test_an_open_stream_ends_when_its_run_is_stopped_and_deleted_between_two_looks(cloud: Cloud):
+    """Stop and delete at once (fedctl, or retention right after a stop): the stream's next look found no run,
+    and each open dashboard stream broke with "Exception in ASGI application" (NotFound) in the log."""
+    run_id, _ = await running_run(cloud, small_config(rounds=5))
+    store, state = cloud.app.state.store, cloud.app.state
+    live = LiveRun(store, run_id)
+    stream = live.stream(await live.update(), state.orchestrator, state.stopping)
+    assert (await anext(stream)).startswith("event: update")
+    await store.transition(run_id, "stop")  # no announcement: the stream learns at its next look (0.5 s)
+    await store.delete_run(run_id)
+    with pytest.raises(StopAsyncIteration):  # ends, where it raised NotFound
+        await asyncio.wait_for(anext(stream), timeout=5)
+
+
+async def test_the_cloud_loop_passes_over_a_run_deleted_since_it_listed_the_active_runs(cloud: Cloud):
+    """A run stopped and deleted between the loop's listing of the active runs and its look at that run: the
+    loop logged "cloud update of run ... failed" with a NotFound traceback."""
+    run_id, _ = await running_run(cloud, small_config(rounds=5))
+    store, orchestrator = cloud.app.state.store, cloud.app.state.orchestrator
+    await store.transition(run_id, "stop")
+    await store.delete_run(run_id)
+    assert await orchestrator.update(run_id) is False

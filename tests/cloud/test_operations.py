@@ -37,6 +37,33 @@ async def test_deleting_a_run_removes_every_key_of_it(cloud: Cloud) -> None:
     detail_of(await cloud.admin("DELETE", f"/api/v1/runs/{run_id}"), 404, run_id)  # gone: nothing to delete
 
 
+@pytest.mark.parametrize("reader", ["runs", "metrics"])
+async def test_a_run_deleted_while_the_runs_are_read_is_left_out(cloud: Cloud, monkeypatch: pytest.MonkeyPatch,
+                                                                  reader: str) -> None:
+    """Another admin or retention deletes a run between the listing of the ids and the reads of each: the list
+    of runs answered 404 "unknown run" for it (138 of 148 lists while three callers deleted runs), and the
+    metrics' run gauges were not read."""
+    kept, deleted = await cloud.create_run(), await cloud.create_run()
+    store = cloud.app.state.store
+    listed = store.run_ids
+
+    async def listed_then_deleted() -> list[str]:
+        run_ids = await listed()
+        await store.delete_run(deleted)
+        return run_ids
+
+    monkeypatch.setattr(store, "run_ids", listed_then_deleted)
+    if reader == "runs":
+        r = await cloud.admin("GET", "/api/v1/runs")
+        assert r.status_code == 200, r.text
+        assert [info["run_id"] for info in r.json()] == [kept]
+    else:
+        r = await cloud.http.get("/metrics")
+        assert r.status_code == 200
+        assert f'fl_cloud_global_version{{run_id="{kept}"}} 0.0' in r.text
+        assert deleted not in r.text
+
+
 async def test_an_active_run_cannot_be_deleted_and_bad_requests_change_nothing(cloud: Cloud) -> None:
     run_id = await cloud.create_run()
     await cloud.action(run_id, "start")

@@ -6,6 +6,7 @@ with `TaskBoard.post`, exactly as the round loop would after fetching a global s
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Awaitable
@@ -409,3 +410,22 @@ async def test_registrations_and_results_past_the_rate_limit_get_429_per_client(
             await edge.send_result(0, b"not safetensors")
         detail_of(await edge.send_result(0, result(0)), 429)
         assert edge.board.results() == []
+
+
+async def test_long_polls_past_the_open_requests_per_client_get_429_and_spare_the_others() -> None:
+    """One device's token could hold every connection of an edge with long-polls (49 on a 50-connection
+    edge answered every other client, and /health, 503): each client may keep max_open_per_caller open."""
+    async with running_edge(max_open_per_caller=2) as edge:
+        for client_id in (1, 2):
+            await edge.register(client_id)
+
+        def poll(client_id: int) -> Awaitable[httpx.Response]:
+            return edge.http.get(f"/api/v1/clients/{client_id}/task", params={"timeout": 2}, headers=auth())
+
+        held = [asyncio.ensure_future(poll(1)) for _ in range(2)]
+        await asyncio.sleep(0.3)  # both polls are open
+        third = await poll(1)
+        assert detail_of(third, 429, "2 task requests for 1 are open already") and third.headers["Retry-After"] == "1"
+        assert (await poll(2)).status_code == 204  # another client has its own
+        assert [r.status_code for r in await asyncio.gather(*held)] == [204, 204]
+        assert (await poll(1)).status_code == 204  # released once answered

@@ -23,6 +23,9 @@ def test_a_device_token_names_its_client_and_id() -> None:
     assert device_token_id("s3cret", forged, 4) is None
     assert device_token_id("s3cret", client_token("s3cret", 4), 4) == "client-4"
     assert device_token_id("s3cret", "fl1.4", 4) is None
+    # Made with the secret, but with an id the revocation API refuses: such a token could never be revoked.
+    for unrevocable in ("", "short", "x" * 65, "a+b/c=d=e"):
+        assert device_token_id("s3cret", device_token("s3cret", 4, unrevocable), 4) is None, unrevocable
 
 
 async def register(edge: Edge, client_id: int, token: str) -> httpx.Response:

@@ -27,3 +27,16 @@ def test_an_unreadable_state_file_starts_afresh_and_is_kept_aside(tmp_path):
 
 def test_the_state_is_kept_on_disk_by_default():
     assert EdgeSettings().state_dir is not None
+
+
+def test_the_state_files_of_runs_that_ended_are_deleted(tmp_path):
+    """They were kept for good, even after the run's deletion at the cloud (a probe found the files of two
+    deleted runs on each edge); another edge's files in the same directory are its own."""
+    edge = loop(tmp_path)
+    state = {"prototypes": {"means": torch.zeros(2)}}
+    for run_id in ("run-a", "run-b", "run-c"):
+        edge._save_state(run_id, state)
+    (tmp_path / "edge3-run-a.safetensors").write_bytes(b"edge 3's")
+    edge._forget_ended({"run-b"})  # what a long-poll answer names live
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-b.safetensors", "edge3-run-a.safetensors"]
+    assert torch.equal(edge._load_state("run-b")["prototypes"]["means"], torch.zeros(2))

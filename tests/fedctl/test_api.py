@@ -59,3 +59,18 @@ def test_writes_are_sent_once(sleeps):
     with pytest.raises(httpx.ConnectError):
         api.action("r", "stop")
     assert seen == ["POST /api/v1/runs/r/stop"] and sleeps == []
+
+
+def test_a_run_id_is_one_path_segment():
+    """An id typed as "../../x" reached another route (POST /api/x/start) with the admin token."""
+    sent: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(f"{request.method} {request.url.raw_path.decode()}")
+        return httpx.Response(404, json={"detail": "unknown run"})
+
+    api = CloudAPI("http://cloud", "t", transport=httpx.MockTransport(handle), read_attempts=1)
+    for call in (lambda: api.action("../../x", "start"), lambda: api.delete_run("../x"), lambda: api.run("a/b")):
+        with pytest.raises(RuntimeError):
+            call()
+    assert sent == ["POST /api/v1/runs/..%2F..%2Fx/start", "DELETE /api/v1/runs/..%2Fx", "GET /api/v1/runs/a%2Fb"]

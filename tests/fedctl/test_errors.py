@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,14 +24,19 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_an_invalid_config_is_one_error_line(tmp_path):
+@pytest.mark.parametrize(("text", "expected"), [
+    ('{"rounds": 0}', ["error: ValidationError", "rounds"]),
+    ("[1, 2]", ["error: ValueError", "a run config is a JSON object of settings, not a list"]),  # a traceback before
+    ('"fedavg"', ["error: ValueError", "not a str"]),
+], ids=["invalid-field", "a-list", "a-string"])
+def test_an_invalid_config_is_one_error_line(tmp_path, text: str, expected: list[str]):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"rounds": 0}')
+    bad.write_text(text)
     done = _fedctl("create", str(bad), "--cloud", f"http://127.0.0.1:{_closed_port()}")
     assert done.returncode == 1
     out = done.stdout + done.stderr
     assert "Traceback" not in out
-    assert "error: ValidationError" in out and "rounds" in out
+    assert all(fragment in out for fragment in expected), out
 
 
 def test_an_unreachable_cloud_is_one_error_line():

@@ -158,18 +158,21 @@ def test_single_edge_buffer_of_one_runs_synchronously_and_equals_the_reference(t
         assert got.server_metrics == pytest.approx(want.server_metrics, abs=1e-6)
 
 
-LEVERS = {"momentum": 0.5, "proto_distance": "mean", "proto_weight": 1.0, "classifier": "cosine",
-          "classifier_scale": 8.0, "inference": "nearest_prototype", "own_classes": True, "staleness": "fedbuff"}
+LEVERS = {"momentum": 0.5, "proto_distance": "mean", "proto_weight": 1.0, "inference": "nearest_prototype",
+          "own_classes": True, "staleness": "fedbuff"}
 
 
-def test_the_levers_travel_through_the_services_and_equal_the_reference(three_edges):
+# Either G other than the default: the cosine one, or the mlp one, whose hidden layer travels in the task.
+@pytest.mark.parametrize("classifier", [{"classifier": "cosine", "classifier_scale": 8.0},
+                                        {"classifier": "mlp", "classifier_width": 16}], ids=["cosine", "mlp"])
+def test_the_levers_travel_through_the_services_and_equal_the_reference(three_edges, classifier):
     """Every lever of docs/fedproto-protocol.md set at once, asynchronously: the services' model and every
     client's reported figures equal the in-process reference replaying the same buffers, and differ from
     the run without the levers."""
     topology, api = three_edges
     # 14 updates, as in the crash test above: enough for the slow edge's triples to be consumed stale.
     config = RunConfig(name="hfpl-levers", rounds=14, topology={"num_edges": 3, "buffer_size": 2},
-                       **{**CONFIG, "params": {**CONFIG["params"], **LEVERS}})
+                       **{**CONFIG, "params": {**CONFIG["params"], **LEVERS, **classifier}})
     run_id = api.create_run(config).run_id
     api.action(run_id, "start")
     final = api.wait(run_id, timeout_s=300)
@@ -181,6 +184,7 @@ def test_the_levers_travel_through_the_services_and_equal_the_reference(three_ed
     schedule = schedule_of(history)
     reference = run_reference(config, schedule=schedule)
     model = api.model(run_id)
+    assert model.keys() == reference.global_state.keys()  # the mlp G's hidden layer too
     for name, value in reference.global_state.items():
         assert torch.allclose(model[name].to(value.dtype), value, atol=1e-4), name
     for got, want in zip(history, reference.history, strict=True):

@@ -48,6 +48,20 @@ def test_development_tokens_are_refused_beyond_loopback(clean_env, host):
     assert EdgeSettings(host=host, client_token="c" * 32).host == host
 
 
+@pytest.mark.parametrize(("settings", "fragment"), [
+    ({"admin_tokens": {"alice": "t" * 20, "bob": "t" * 20}}, "must all differ"),
+    ({"admin_tokens": {"alice": "dev-admin-token"}}, "must all differ"),
+    ({"admin_tokens": {"alice": "dev-edge-token"}}, "must all differ"),  # every edge an administrator
+    ({"edge_token": "dev-admin-token"}, "must all differ"),
+    ({"admin_tokens": {"admin": "t" * 20}}, "is admin_token's name in the audit log"),
+], ids=["two-names", "named-admin-token", "named-edge-token", "edge-is-admin", "named-admin"])
+def test_each_token_names_one_caller(clean_env, settings, fragment):
+    """The audit log names whose token acted: a token under two names was recorded as the first of them."""
+    with pytest.raises(ValidationError, match=fragment):
+        CloudSettings(**settings)
+    assert CloudSettings(admin_tokens={"alice": "a" * 20, "bob": "b" * 20}).admin_name("b" * 20) == "bob"
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
 def test_development_tokens_are_fine_on_loopback(clean_env, host):
     assert CloudSettings(host=host).admin_token == "dev-admin-token"
