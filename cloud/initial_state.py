@@ -151,7 +151,7 @@ def _contribution_bytes(algorithm: Algorithm, global_: Record, edge: int) -> int
     config = algorithm.config
     own = config.clients_of_edge(edge)
     clients = own[:min(len(own), num_selected(config.fraction, len(own)) * config.topology.edge_rounds)]
-    spec = flatten(algorithm.contribution_spec(global_, clients))
+    spec = flatten(algorithm.wire_spec(algorithm.contribution_spec(global_, clients)))
     data = sum(math.prod(d.max if isinstance(d, Dim) else d for d in shape) * torch.empty(0, dtype=dtype).element_size()
                for shape, dtype in spec.values())
     # The safetensors header: an entry per tensor, and the message with a line per client (a few metrics).

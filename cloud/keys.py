@@ -19,8 +19,9 @@ class Meta(StrEnum):
 class Entry(StrEnum):
     """The fields of a buffer stream entry (`Keys.buffer`)."""
 
-    blob = "blob"  # the contribution as received (safetensors)
+    blob_key = "blob_key"  # the key of the contribution as received (safetensors): `Keys.contribution`
     header = "header"  # its EdgeContributionHeader JSON
+    blob = "blob"  # written before blob_key: the contribution itself, inline (read, never written)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ class Keys:
 
     def pending(self, run_id: str) -> str:  # hash edge_id -> stream entry id of its unconsumed contribution
         return f"{self.prefix}:run:{run_id}:pending"
+
+    def contribution(self, run_id: str, token: str) -> str:
+        # One contribution's safetensors blob: written by a plain SET (with a TTL) before the submit script,
+        # which makes it permanent and names it in its buffer entry, or deletes it if it refuses it.
+        return f"{self.prefix}:run:{run_id}:contribution:{token}"
 
     def lease(self, run_id: str) -> str:  # the replica computing the run's next update: a token, with a TTL
         return f"{self.prefix}:run:{run_id}:lease"

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from contextlib import asynccontextmanager
 
+import redis as redis_sync
 import redis.asyncio as aioredis
 import torch
 from fastapi import FastAPI
@@ -38,7 +39,11 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
         redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
             settings.redis_url, max_connections=settings.redis_max_connections,
             timeout=settings.redis_pool_timeout_s, **settings.redis_options()))
-        store = RedisStore(redis, Keys(settings.key_prefix))
+        # Contributions' blobs go through a blocking client on a worker thread (RedisStore.bulk).
+        bulk = redis_sync.Redis.from_pool(redis_sync.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_s, **settings.redis_options()))
+        store = RedisStore(redis, Keys(settings.key_prefix), bulk)
         orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s)
         metrics.watch_store(store)
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
@@ -63,6 +68,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await redis.aclose()
+            bulk.close()
 
     routers = [health.router, runs.router, edges.router, admin.router]
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, routers,

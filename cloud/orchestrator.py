@@ -19,17 +19,25 @@ from typing import TypeVar
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError
 
+from cloud.global_states import GlobalStates
 from cloud.metrics import CloudMetrics
 from cloud.store import UNAVAILABLE, BufferedContribution, NotFound, StateTooLarge, Store, now
 from shared.algorithms import privacy, registry
 from shared.algorithms.base import Algorithm, Contribution
 from shared.backoff import Backoff
-from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
+from shared.cloud_round import (
+    CloudRoundOutcome,
+    Diverged,
+    evaluate_outcome,
+    round_record,
+    run_cloud_round,
+    with_evaluation,
+)
 from shared.config import RunConfig
-from shared.federation import contribution
+from shared.federation import contribution, evaluate_global
 from shared.log import bind
 from shared.longpoll import wait_until
-from shared.schemas import GlobalStateHeader, RunStatus
+from shared.schemas import GlobalStateHeader, RoundRecord, RunStatus
 from shared.transport.records import decode, decode_state, encode
 
 log = logging.getLogger(__name__)
@@ -51,6 +59,9 @@ class Orchestrator:
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._algorithms: dict[str, Algorithm] = {}
+        self.globals = GlobalStates(store)  # what edges are served and contributions checked against
+        # Per run, the evaluation of its latest version, running off the critical path (see _evaluate_later).
+        self._evaluations: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self._active = 0  # how many runs were active at the last look
 
@@ -109,6 +120,14 @@ class Orchestrator:
 
     # ---- the loop ------------------------------------------------------------------------------
     async def run_forever(self, idle_poll_s: float = 1.0) -> None:
+        try:
+            await self._loop(idle_poll_s)
+        finally:  # an evaluation cut short leaves its record to the next update (see _evaluated)
+            for task in self._evaluations.values():
+                task.cancel()
+            await asyncio.gather(*self._evaluations.values(), return_exceptions=True)
+
+    async def _loop(self, idle_poll_s: float) -> None:
         migrated = False
         while not self._stopping:
             try:
@@ -143,6 +162,7 @@ class Orchestrator:
         One run's failure is logged and leaves the others' updates (and its own buffer) as they are."""
         runs = await self.store.active_runs()
         self._active = len(runs)
+        self.globals.retain(runs)
         published = False
         for run_id in runs:
             if self._stopping:
@@ -193,6 +213,7 @@ class Orchestrator:
     async def _publish_update(self, run_id: str, token: str, renewing: asyncio.Task) -> bool:
         """The update under the lease. Everything is read again: another replica may have published it
         between the first look and the lease."""
+        await self._evaluated(run_id)
         info = await self.store.info(run_id)
         if info.status not in (RunStatus.running, RunStatus.paused):
             return False
@@ -205,9 +226,12 @@ class Orchestrator:
         state_blob = await self.store.cloud_state_blob(run_id)
         bind(run_id=run_id)
         update_started = time.perf_counter()
+        # The last round, or the last the privacy budget allows (privacy.rounds_to_run): evaluated before it is
+        # published, so that a finished run's history is complete; any other, once published.
+        finished = info.version + 1 >= privacy.rounds_to_run(config)
         try:
             contributions, outcome = await asyncio.to_thread(
-                self._update, algorithm, global_blob, state_blob, entries, info.version
+                self._update, algorithm, global_blob, state_blob, entries, info.version, finished
             )
         except Diverged as e:  # recomputing gives the same: stop the run, and say why
             log.error("run %s %s; stopping it", run_id, e)
@@ -219,15 +243,14 @@ class Orchestrator:
                               now()).model_copy(update={"computed_by": self.replica})
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config,
                                    buffer_waits=buffer_waits(entries))
-        # The last round, or the last the privacy budget allows (privacy.rounds_to_run).
-        finished = info.version + 1 >= privacy.rounds_to_run(config)
         # No renewal during the commit: it WATCHes the lease, and a renewal (a write to it) would abort it,
         # making this replica compute the same update again. The last renewal left ≥ 2/3 of the lease.
         renewing.cancel()
         await asyncio.wait({renewing})
+        new_global = encode(outcome.global_, header)
         try:
             committed = await self.store.commit_update(
-                run_id, info.version, entries, encode(outcome.global_, header), encode(outcome.cloud_state), record,
+                run_id, info.version, entries, new_global, encode(outcome.cloud_state), record,
                 finished, lease_token=token,
             )
         except StateTooLarge:
@@ -235,7 +258,12 @@ class Orchestrator:
             log.exception("run %s cannot store version %d; stopping it", run_id, info.version + 1)
             return await self._stop(run_id)
         if committed:
-            log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
+            self.globals.keep(run_id, info.version + 1, new_global)
+            if finished:
+                log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
+            else:
+                self._evaluations[run_id] = asyncio.create_task(
+                    self._evaluate_later(run_id, algorithm, outcome, record))
             if finished and info.version + 1 < config.rounds:
                 log.info("run %s finished at version %d of %d: its privacy budget ε = %g is spent (ε = %.4g)",
                          run_id, info.version + 1, config.rounds, config.privacy.epsilon_budget, record.epsilon)
@@ -248,13 +276,49 @@ class Orchestrator:
         await self.announce()
         return False
 
+    # ---- evaluation, off the critical path ---------------------------------------------------------
+    async def _evaluate_later(self, run_id: str, algorithm: Algorithm, outcome: CloudRoundOutcome,
+                              record: RoundRecord) -> None:
+        """Evaluates a version already published (edges train on it meanwhile) and fills its figures into
+        its history record: the same figures as evaluating it before publishing, as the reference does."""
+        try:
+            evaluated = await asyncio.to_thread(evaluate_outcome, algorithm, outcome)
+            filled = with_evaluation(record, evaluated.evaluation)
+            if await self.store.fill_evaluation(run_id, filled):
+                log.info("run %s version %d: acc %.4f", run_id, record.version, filled.test_accuracy)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # e.g. Redis away: the next update evaluates it again before it is computed
+            log.exception("run %s: evaluating version %d failed; the next update retries it", run_id, record.version)
+
+    async def _evaluated(self, run_id: str) -> None:
+        """Before the next update: the evaluation of the current version is in its record. This replica's
+        own is awaited (it had a round's time: only a round shorter than an evaluation waits here); one that
+        no process finished (a replica killed, a cloud restarted) is done now, from the current state."""
+        running = self._evaluations.pop(run_id, None)
+        if running is not None:
+            with contextlib.suppress(Exception):  # whatever failed is redone below
+                await running
+        info = await self.store.info(run_id)
+        record = info.last_round
+        if record is None or not math.isnan(record.test_accuracy) or record.version != info.version:
+            return
+        algorithm = self.algorithm(run_id, info.config)
+        global_blob = await self.store.global_blob(run_id)
+        state_blob = await self.store.cloud_state_blob(run_id)
+        global_, _ = await asyncio.to_thread(decode, global_blob, GlobalStateHeader)
+        cloud_state = await asyncio.to_thread(decode_state, state_blob) if state_blob else {}
+        evaluation = await asyncio.to_thread(evaluate_global, info.config, algorithm, global_, cloud_state)
+        await self.store.fill_evaluation(run_id, with_evaluation(record, evaluation))
+
     @staticmethod
     def _update(algorithm: Algorithm, global_blob: bytes, state_blob: bytes | None,
-                entries: list[BufferedContribution], version: int) -> tuple[list[Contribution], CloudRoundOutcome]:
+                entries: list[BufferedContribution], version: int,
+                evaluate: bool) -> tuple[list[Contribution], CloudRoundOutcome]:
         global_, _ = decode(global_blob, GlobalStateHeader)
         cloud_state = decode_state(state_blob) if state_blob else {}
         contributions = [contribution(e.header, decode_state(e.blob)) for e in entries]
-        return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version)
+        return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version, evaluate)
 
 
 def buffer_waits(entries: list[BufferedContribution]) -> dict[int, float]:

@@ -4,15 +4,19 @@
 cloud/keys.py). Invariants that make a crash lose nothing and count nothing twice:
 - a contribution is accepted by one Lua script that checks the idempotency key, the run's status and
   version, the edge's slot and that the edge has no contribution still waiting in the buffer, then
-  appends to the buffer stream; either all of that happens or none;
+  appends to the buffer stream the header and the key of its blob; either all of that happens or none.
+  The blob itself is SET just before, with a TTL: the script makes it permanent when it accepts the
+  contribution and deletes it when it refuses it, and a cloud that dies in between leaves it to expire;
 - an aggregation commits the new global state, the new version, the history record and the deletion
-  of the consumed stream entries in one MULTI/EXEC, guarded by WATCH on the run's meta hash.
+  of the consumed stream entries and their blobs in one MULTI/EXEC, guarded by WATCH on the run's meta hash.
   Until that EXEC the entries stay in the stream, so a cloud killed mid-aggregation redoes it.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import secrets
 import ssl
 from collections.abc import Awaitable, Callable
@@ -110,33 +114,40 @@ class NotFound(Exception):
 
 _SUBMIT = Template("""
 -- KEYS: the run's meta hash, idempotency key -> entry id, slot (edge:version) -> idempotency key,
---       the buffer stream, edge -> its entry still in the buffer
-local meta, idempotency, slots, buffer, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
--- ARGV: the submission's idempotency key, edge id, base version, header JSON, safetensors blob, and
+--       the buffer stream, edge -> its entry still in the buffer, the contribution's blob (SET just before)
+local meta, idempotency, slots, buffer, pending, blob = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- ARGV: the submission's idempotency key, edge id, base version, header JSON, and
 --       '1' if the algorithm is synchronous (a contribution must be on the current version)
-local key, edge, base_version, header, blob, synchronous = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local key, edge, base_version, header, synchronous = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
+local function refuse(outcome, detail)
+  redis.call('DEL', blob)
+  return {outcome, detail}
+end
 local slot = edge .. ':' .. base_version
 local prev = redis.call('HGET', idempotency, key)
 if prev then
-  if redis.call('HGET', slots, slot) == key then return {'duplicate', prev} end
-  return {'key_reused', prev}
+  if redis.call('HGET', slots, slot) == key then return refuse('duplicate', prev) end
+  return refuse('key_reused', prev)
 end
 local status = redis.call('HGET', meta, '$status')
-if status ~= '$running' and status ~= '$paused' then return {'not_running', status or 'missing'} end
+if status ~= '$running' and status ~= '$paused' then return refuse('not_running', status or 'missing') end
 local version = tonumber(redis.call('HGET', meta, '$version'))
 local base = tonumber(base_version)
-if base > version then return {'future', tostring(version)} end
-if synchronous == '1' and base ~= version then return {'stale', tostring(version)} end
-if redis.call('HEXISTS', slots, slot) == 1 then return {'conflict', tostring(version)} end
-if redis.call('HEXISTS', pending, edge) == 1 then return {'pending', tostring(version)} end
-local id = redis.call('XADD', buffer, '*', '$blob', blob, '$header', header)
+if base > version then return refuse('future', tostring(version)) end
+if synchronous == '1' and base ~= version then return refuse('stale', tostring(version)) end
+if redis.call('HEXISTS', slots, slot) == 1 then return refuse('conflict', tostring(version)) end
+if redis.call('HEXISTS', pending, edge) == 1 then return refuse('pending', tostring(version)) end
+if redis.call('PERSIST', blob) ~= 1 then return {'lost', blob} end
+local id = redis.call('XADD', buffer, '*', '$blob_key', blob, '$header', header)
 redis.call('HSET', idempotency, key, id)
 redis.call('HSET', slots, slot, key)
 redis.call('HSET', pending, edge, id)
 return {'accepted', id}
-""").substitute(status=Meta.status, version=Meta.version, blob=Entry.blob, header=Entry.header,
+""").substitute(status=Meta.status, version=Meta.version, blob_key=Entry.blob_key, header=Entry.header,
                running=RunStatus.running.value, paused=RunStatus.paused.value)
+# How long a contribution's blob outlives a submit that never ran its script (the cloud died in between).
+_STAGED_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,7 @@ class BufferedContribution:
     entry_id: bytes
     header: EdgeContributionHeader
     blob: bytes
+    blob_key: bytes | None = None  # where the blob is kept (None: inline in the entry, as written before)
 
     @property
     def received_s(self) -> float:
@@ -209,6 +221,9 @@ class Store(Protocol):
     async def commit_update(self, run_id: str, expected_version: int, consumed: list[BufferedContribution],
                             new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool,
                             lease_token: str | None = None) -> bool: ...
+    async def fill_evaluation(self, run_id: str, record: RoundRecord) -> bool:
+        """Replaces the history record of `record.round`, committed before its evaluation was in, by
+        `record`; False if that record is evaluated already (or the run is gone)."""
     def lease(self, run_id: str, ttl_s: float) -> Lock:
         """The run's update lease (see RedisStore.lease)."""
         ...
@@ -231,9 +246,14 @@ class Store(Protocol):
 
 
 class RedisStore(Store):
-    def __init__(self, redis: aioredis.Redis, keys: Keys):
+    def __init__(self, redis: aioredis.Redis, keys: Keys, bulk: redis.Redis | None = None):
         self.r = redis
         self.k = keys
+        # A blocking client for the contributions' blobs, used on a worker thread: it hands a 60 MB value to
+        # the socket as it is, where the asyncio client's transport first copies it into its buffer twice and
+        # then writes it one event-loop turn at a time (a SET of 60 MB took 0.3-0.4 s longer here). None:
+        # the asyncio client does it all.
+        self.bulk = bulk
         self._submit = redis.register_script(_SUBMIT)
 
     # ---- runs ----------------------------------------------------------------------------------
@@ -381,13 +401,23 @@ class RedisStore(Store):
 
     # ---- buffer --------------------------------------------------------------------------------
     async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome:
+        # The blob goes in by a plain SET, the cheapest write of its bytes (and of their append to the AOF),
+        # not as an argument of the script: Lua would copy it twice more, and a script's effects are written
+        # to the AOF as one more command carrying it. The script then keeps it (or deletes it) atomically.
+        staged = self.k.contribution(header.run_id, secrets.token_hex(12))
+        if self.bulk is None:
+            await self.r.set(staged, blob, px=_STAGED_MS)
+        else:
+            await asyncio.to_thread(self.bulk.set, staged, blob, px=_STAGED_MS)
         outcome, detail = await self._submit(  # in the order the script's header names them
-            keys=[self.k.meta(header.run_id), self.k.idempotency(header.run_id),
-                  self.k.slots(header.run_id), self.k.buffer(header.run_id), self.k.pending(header.run_id)],
+            keys=[self.k.meta(header.run_id), self.k.idempotency(header.run_id), self.k.slots(header.run_id),
+                  self.k.buffer(header.run_id), self.k.pending(header.run_id), staged],
             args=[header.idempotency_key, header.edge_id, header.base_version,
-                  header.model_dump_json(), blob, "1" if synchronous else "0"],
+                  header.model_dump_json(), "1" if synchronous else "0"],
         )
         outcome, detail = outcome.decode(), detail.decode()
+        if outcome == "lost":  # its TTL ran out before the script ran: nothing was accepted
+            raise RedisTimeoutError(f"the contribution's blob {detail} expired before it could be buffered")
         buffered = await self.r.xlen(self.k.buffer(header.run_id))
         if outcome == "accepted":
             return SubmitOutcome(True, False, buffered)
@@ -413,7 +443,13 @@ class RedisStore(Store):
 
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:
         entries = await self.r.xrange(self.k.buffer(run_id), count=count)
-        return [_buffered(entry_id, fields) for entry_id, fields in entries or []]
+        keys = [_field(fields, Entry.blob_key) for _, fields in entries or []]
+        stored = [k for k in keys if k is not None]
+        blobs = [] if not stored else (await self.r.mget(stored) if self.bulk is None
+                                       else await asyncio.to_thread(self.bulk.mget, stored))
+        found = iter(blobs)
+        return [_buffered(entry_id, fields, next(found) if key is not None else None)
+                for (entry_id, fields), key in zip(entries or [], keys, strict=True)]
 
     async def commit_update(
         self,
@@ -452,6 +488,9 @@ class RedisStore(Store):
                 p.hset(meta_key, Meta.version, expected_version + 1)
                 p.rpush(self.k.history(run_id), record.model_dump_json())
                 p.xdel(self.k.buffer(run_id), *[c.entry_id for c in consumed])
+                blob_keys = [c.blob_key for c in consumed if c.blob_key is not None]
+                if blob_keys:
+                    p.delete(*blob_keys)
                 p.hdel(self.k.pending(run_id), *[str(c.header.edge_id) for c in consumed])
                 if finished:
                     p.hset(meta_key, mapping={Meta.status: RunStatus.finished.value,
@@ -460,6 +499,24 @@ class RedisStore(Store):
                 await p.execute()
                 return True
             except WatchError:
+                return False
+
+    async def fill_evaluation(self, run_id: str, record: RoundRecord) -> bool:
+        key = self.k.history(run_id)
+        async with self.r.pipeline(transaction=True) as p:
+            try:
+                await p.watch(key)
+                stored = await p.lindex(key, record.round)
+                if stored is None:
+                    return False
+                previous = RoundRecord.model_validate_json(stored)
+                if previous.version != record.version or not math.isnan(previous.test_accuracy):
+                    return False
+                p.multi()
+                p.lset(key, record.round, record.model_dump_json())
+                await p.execute()
+                return True
+            except WatchError:  # another replica filled it in (with the same figures) meanwhile
                 return False
 
     # ---- several replicas ----------------------------------------------------------------------
@@ -507,10 +564,13 @@ class RedisStore(Store):
     # ---- operations ----------------------------------------------------------------------------
     async def delete_run(self, run_id: str) -> None:
         """Deletes every key of a run that is not active (created, stopped or finished): 409 otherwise."""
+        # The blobs of contributions left in its buffer (frozen: a run that is not active accepts none).
+        blob_keys = await self.r.eval(_BLOB_KEYS, 1, self.k.buffer(run_id), Entry.blob_key.value)
+
         def change(p: Pipeline, current: RunStatus) -> None:
             if current in (RunStatus.running, RunStatus.paused):
                 raise Conflict(f"cannot delete a run that is {current.value}; stop it first")
-            p.delete(*self.k.run_keys(run_id))
+            p.delete(*self.k.run_keys(run_id), *blob_keys)
             p.lrem(self.k.runs, 0, run_id)
 
         await self._change_run(run_id, change)
@@ -560,6 +620,18 @@ end
 return out
 """
 
+# Every stream entry's blob key (entries written before blob keys hold their blob inline: none).
+_BLOB_KEYS = """
+local out = {}
+for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == ARGV[1] then out[#out + 1] = fields[i + 1] end
+  end
+end
+return out
+"""
+
 # redis-py types every reply as bytes | str (str under decode_responses=True); this store's client is made
 # without it, so its replies are bytes. These say so once instead of at every call.
 def _text(reply: bytes | str) -> str:
@@ -576,8 +648,19 @@ def _blob(reply: bytes | str | None) -> bytes | None:
     return None if reply is None else _bytes(reply)
 
 
-def _buffered(entry_id: bytes | str | None, fields: dict[bytes | str, bytes | str] | None) -> BufferedContribution:
+def _field(fields: dict[bytes | str, bytes | str] | None, name: Entry) -> bytes | None:
+    value = (fields or {}).get(name.encode())
+    return None if value is None else _bytes(value)
+
+
+def _buffered(entry_id: bytes | str | None, fields: dict[bytes | str, bytes | str] | None,
+              stored: bytes | str | None) -> BufferedContribution:
+    """A buffer entry with its blob: `stored` under its blob key, or inline (written before blob keys)."""
     if not isinstance(entry_id, bytes) or fields is None:  # XRANGE gives neither (only XCLAIM's deleted entries)
         raise TypeError(f"unexpected stream entry {entry_id!r} in the contribution buffer")
     header = EdgeContributionHeader.model_validate_json(fields[Entry.header.encode()])
-    return BufferedContribution(entry_id, header, _bytes(fields[Entry.blob.encode()]))
+    key = _field(fields, Entry.blob_key)
+    blob = _field(fields, Entry.blob) if key is None else _blob(stored)
+    if blob is None:
+        raise LookupError(f"the blob {key!r} of buffer entry {entry_id!r} is missing")
+    return BufferedContribution(entry_id, header, blob, key)

@@ -9,7 +9,8 @@ too, from the contributions, so both record the same.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from shared.algorithms import privacy
@@ -41,18 +42,37 @@ class CloudRoundOutcome:
     dp_sgd_epsilon: float | None = None  # DP-SGD's ε per training example (None: no DP-SGD)
 
 
+# A record's figures before its evaluation is in (NaN reads back from JSON: "nobody evaluated it").
+NOT_EVALUATED = Evaluation(math.nan, math.nan, 0)
+
+
 def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[Contribution],
-                    cloud_state: Record, version: int) -> CloudRoundOutcome:
-    """The update of global state `version` with `contributions`; raises Diverged rather than return a
-    non-finite global state."""
+                    cloud_state: Record, version: int, evaluate: bool = True) -> CloudRoundOutcome:
+    """The update of global state `version` with `contributions` as they arrived (Algorithm.to_wire's
+    dtypes); raises Diverged rather than return a non-finite global state. With `evaluate` false its
+    evaluation is NOT_EVALUATED: the cloud evaluates the new state (`evaluate_outcome`) off its critical
+    path, once the new version is published; what it then records is the same."""
+    contributions = [algorithm.from_wire(global_, c) for c in contributions]
     new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
     broken = non_finite(new_global)
     if broken:
         raise Diverged(version + 1, broken)
-    evaluation = evaluate_global(algorithm.config, algorithm, new_global, new_state)
     metrics = {name: float(value) for name, value in algorithm.server_metrics(new_global, new_state).items()}
-    return CloudRoundOutcome(new_global, new_state, evaluation, metrics, privacy.epsilon(algorithm.config, version + 1),
-                             privacy.dp_sgd_epsilon(algorithm.config, version + 1))
+    outcome = CloudRoundOutcome(new_global, new_state, NOT_EVALUATED, metrics,
+                                privacy.epsilon(algorithm.config, version + 1),
+                                privacy.dp_sgd_epsilon(algorithm.config, version + 1))
+    return evaluate_outcome(algorithm, outcome) if evaluate else outcome
+
+
+def evaluate_outcome(algorithm: Algorithm, outcome: CloudRoundOutcome) -> CloudRoundOutcome:
+    """The outcome with the evaluation of its new global state."""
+    return replace(outcome, evaluation=evaluate_global(algorithm.config, algorithm, outcome.global_,
+                                                       outcome.cloud_state))
+
+
+def with_evaluation(record: RoundRecord, evaluation: Evaluation) -> RoundRecord:
+    """The history record with the figures of its evaluation (in place of NOT_EVALUATED's)."""
+    return record.model_copy(update={"test_loss": evaluation.loss, "test_accuracy": evaluation.accuracy})
 
 
 def round_record(version: int, contributions: list[Contribution], outcome: CloudRoundOutcome,

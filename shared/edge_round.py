@@ -6,7 +6,7 @@ service dispatches tasks over HTTP and waits, the reference runner calls `local_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from shared.algorithms.base import Algorithm, ClientResult, EdgeAggregate
@@ -56,6 +56,8 @@ async def run_edge_round(
             edge_global = await offload(algorithm.edge_round_update, edge_global, aggregate)
     if kappa > 1:
         aggregate = await offload(algorithm.edge_contribution, global_, edge_global, aggregate)
+    # As it travels to the cloud (float32 sums, Algorithm.wire_spec): in the reference runner too.
+    aggregate = replace(aggregate, tensors=algorithm.to_wire(aggregate.tensors))
     return EdgeRoundOutcome(aggregate, edge_state, all_results)
 
 

@@ -8,11 +8,11 @@ from fastapi import HTTPException, Path, Query, Request, Response, status
 
 from cloud.contributions import check_contribution
 from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
+from cloud.global_states import GlobalStates
 from cloud.store import NotFound, Store
 from shared import web
 from shared.metrics import note_outcome
-from shared.schemas import EdgeContributionHeader, EdgeRegistration, GlobalStateHeader, RunEnd, RunStatus, SubmitReceipt
-from shared.transport.records import decode
+from shared.schemas import EdgeContributionHeader, EdgeRegistration, RunEnd, RunStatus, SubmitReceipt
 from shared.transport.tensors import InvalidContent
 from shared.transport.wire import LIVE_RUNS
 from shared.web import binary, rate_limited, read_json, read_message, reject
@@ -59,7 +59,8 @@ def _seen(entries: list[str], run_id: str | None, after: int) -> dict[str, int]:
     return seen
 
 
-async def _offer(store: Store, edge_id: int, seen: dict[str, int], busy: set[str], others: bool) -> Offer:
+async def _offer(store: Store, globals_: GlobalStates, edge_id: int, seen: dict[str, int], busy: set[str],
+                 others: bool) -> Offer:
     """The first live run with a state for this edge: one it has not seen (unless `others` is false) or
     newer than the version it has, never one it is `busy` with nor one whose last contribution from this
     edge still waits in the buffer (it re-executes once that one is consumed, on the newest version)."""
@@ -80,7 +81,7 @@ async def _offer(store: Store, edge_id: int, seen: dict[str, int], busy: set[str
             continue
         if await store.has_pending(run_id, edge_id):
             continue
-        offer = await store.global_blob(run_id)
+        offer = await globals_.blob(run_id, version)
     return Offer(offer, live, ended=bool((set(seen) | busy) - set(live)))
 
 
@@ -116,14 +117,14 @@ async def global_state(
         # for again: its wait ends at the next announce instead of reading Redis until the timeout.
         if await request.is_disconnected():
             return Offer(None, [], ended=True)
-        found = await _offer(store, edge_id, known, working, others)
+        found = await _offer(store, orchestrator.globals, edge_id, known, working, others)
         # A stopping cloud ends the poll at once too, with nothing.
         return found if found.blob is not None or found.ended or stopping.is_set() else None
 
     # Woken by every announce, this replica's or (through the event channel) another's: no re-checks.
     found = await orchestrator.wait_until(offer, min(timeout, settings.long_poll_max_s))
     if found is None:  # the deadline: the live runs as they are now
-        found = await _offer(store, edge_id, known, working, others)
+        found = await _offer(store, orchestrator.globals, edge_id, known, working, others)
     headers = {LIVE_RUNS: ",".join(found.live)}
     if found.blob is not None and not stopping.is_set():
         return binary(found.blob, headers=headers)
@@ -182,9 +183,9 @@ async def submit(
         raise NotFound(f"unknown edge {edge_id}; register first")
     run_id = header.run_id
     algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
-    # Decoding copies the whole model: on a worker thread, as the check (which reads every value), so
-    # long-polls are answered meanwhile.
-    global_, _ = await asyncio.to_thread(decode, await store.global_blob(run_id), GlobalStateHeader)
+    # The global state's shapes alone (its header), not a copy of it. The check reads every value: on a
+    # worker thread, so long-polls are answered meanwhile.
+    global_ = await orchestrator.globals.layout(run_id)
     try:
         await asyncio.to_thread(check_contribution, algorithm, global_, header, tensors)
     except InvalidContent as exc:

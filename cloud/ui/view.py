@@ -2,6 +2,7 @@
 clients' latest reports per group, built from the store's reads so that the routes stay thin."""
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -68,21 +69,27 @@ class LiveRun:
     def __init__(self, store: Store, run_id: str):
         self.store, self.run_id = store, run_id
         self.history: list[RoundRecord] = []
-        self._shown: tuple[RunInfo, RunEdges] | None = None
+        self._shown: tuple[str, RunEdges] | None = None  # the info as JSON, where NaN equals NaN
         self._groups: dict[str, dict[str, tuple[float, float]]] = {}
 
     async def update(self) -> RunUpdate | None:
         """What changed since the last update (the first carries everything); None if nothing did.
         Raises NotFound for an unknown run."""
         info = await self.store.info(self.run_id)
-        new = await self.store.history_since(self.run_id, len(self.history))
-        self.history += new
+        # The last record may be published before its evaluation (NaN until the cloud fills it in): read again
+        # from there, and send it again once it changed.
+        pending = bool(self.history) and math.isnan(self.history[-1].test_accuracy)
+        start = len(self.history) - pending
+        read = await self.store.history_since(self.run_id, start)
+        new = [r for i, r in enumerate(read)  # compared as JSON, where NaN equals NaN
+               if start + i >= len(self.history) or self.history[start + i].model_dump_json() != r.model_dump_json()]
+        self.history[start:] = read
         edges = await read_edges(self.store, info, self.history)
-        if self._shown == (info, edges) and not new:
+        if self._shown == (info.model_dump_json(), edges) and not new:
             return None
         if new or self._shown is None:
             self._groups = group_summary(info.config, client_reports(self.history))
-        self._shown = (info, edges)
+        self._shown = (info.model_dump_json(), edges)
         return RunUpdate(info=info, edges=edges, groups=self._groups, rounds=new)
 
     async def stream(self, first: RunUpdate | None, orchestrator: Orchestrator,

@@ -24,7 +24,7 @@ An algorithm is generic over its Params model (`class FedProx(FedAvg[FedProxPara
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Collection, Generic, get_args
 
 import torch
@@ -133,6 +133,9 @@ class Algorithm(Generic[P]):
     # Whether RunConfig.aggregation (robust aggregators) and .privacy (DP-FedAvg) apply: they replace the mean
     # of model steps, so only algorithms whose update is that mean take them (FedAvg, FedProx).
     robust_aggregation: ClassVar[bool] = False
+    # Contribution groups that travel in the dtypes contribution_spec gives them. Every other float64 tensor of a
+    # contribution travels as float32 (to_wire): see `wire_spec`.
+    exact_wire_groups: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -186,12 +189,38 @@ class Algorithm(Generic[P]):
         return {group: {name: (tuple(t.shape), torch.float64) for name, t in members.items()}
                 for group, members in global_.items()}
 
+    def wire_spec(self, spec: RecordSpec) -> RecordSpec:
+        """`spec` (a contribution_spec) as the contribution travels from edge to cloud: its float64 tensors as
+        float32, but in `exact_wire_groups`. An edge accumulates in float64 so that the grouping of clients
+        into edges barely moves the sum; the sum itself, rounded once to float32 (a relative error of 2⁻²⁴
+        of each summed value, no cancellation left to amplify it), then moves the float32 model it is
+        applied to by at most about one rounding of the step: half the bytes of float64 for nothing."""
+        return {group: {name: (shape, torch.float32 if dtype == torch.float64 and group not in self.exact_wire_groups
+                               else dtype) for name, (shape, dtype) in members.items()}
+                for group, members in spec.items()}
+
+    def to_wire(self, tensors: Record) -> Record:
+        """What an edge sends of its aggregate: its float64 tensors as float32, but in `exact_wire_groups`."""
+        return {group: {name: t.to(torch.float32) if t.dtype == torch.float64 and group not in self.exact_wire_groups
+                        else t for name, t in members.items()}
+                for group, members in tensors.items()}
+
+    def from_wire(self, global_: Record, contribution: Contribution) -> Contribution:
+        """A contribution as it arrived (to_wire's dtypes) in the dtypes of contribution_spec, exactly:
+        what cloud_update computes with (float64 sums)."""
+        spec = self.contribution_spec(global_, list(contribution.clients))
+        widened = {group: {name: t.to(torch.float64) if t.dtype == torch.float32
+                           and spec.get(group, {}).get(name, ((), t.dtype))[1] == torch.float64 else t
+                           for name, t in members.items()}
+                   for group, members in contribution.tensors.items()}
+        return replace(contribution, tensors=widened)
+
     def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
                            edge_id: int | None = None) -> None:
         """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution of edge `edge_id`
-        with total weight `weight`: groups, names, shapes, dtypes and finiteness, and, since a
-        contribution carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS."""
-        records.check(tensors, self.contribution_spec(global_, clients))
+        with total weight `weight`, as it travels (wire_spec): groups, names, shapes, dtypes and finiteness,
+        and, since a contribution carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS."""
+        records.check(tensors, self.wire_spec(self.contribution_spec(global_, clients)))
         records.check_magnitude(tensors, MAX_ABS * weight)
 
     def cloud_update(

@@ -15,9 +15,9 @@ then, as SCAFFOLD on the window,
 keeps c_k with the window replaced by c_{k,I}⁺ (outside it unchanged) and sends (Δw_k, Δc_k) at window size.
 
 The edge embeds Δw_k at its window in a full-size tensor (zero outside) and sends it per client
-(FedVARP's "deltas" group, float32: the cloud needs each Δw_k for the memory), plus the float64
-partial sum Σ p̃_k Δc_k (embedded) as its "control" group with weight Σ p̃_k. The cloud, with M_k the
-coverage mask of client k's window and c_k ∈ [G] its cluster:
+(FedVARP's "deltas" group, float32: the cloud needs each Δw_k for the memory), plus the partial sum
+Σ p̃_k Δc_k (embedded; summed in float64, sent as float32) as its "control" group with weight Σ p̃_k.
+The cloud, with M_k the coverage mask of client k's window and c_k ∈ [G] its cluster:
     v = (1/m) Σ_{k∈S} M_k ⊙ (Δw_k − y_{c_k}) + (1/N) Σ_{j=1..N} y_{c_j}
     w ← w + η_s v
     c ← c + (m/N) Σ_{k∈S} p_k Δc_k

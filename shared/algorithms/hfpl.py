@@ -137,6 +137,9 @@ class HFPLParams(BaseModel):
 class HFPL(Algorithm[HFPLParams]):
     name = "hfpl"
     synchronous: ClassVar[bool] = False
+    # The cloud adds and subtracts each edge's prototypes over hundreds of rounds (prototypes.py): they travel
+    # in float64, as they are kept (a few classes × d values; the features already travel as float32).
+    exact_wire_groups: ClassVar[frozenset[str]] = frozenset({PROTOTYPES})
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -219,7 +222,7 @@ class HFPL(Algorithm[HFPLParams]):
     def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
                            edge_id: int | None = None) -> None:
         # Bounded by the edge's own clients: an edge must not weigh in C̄ or in G's data as more than it is.
-        self._check_triple(global_, tensors, self.contribution_spec(global_, clients, edge_id))
+        self._check_triple(global_, tensors, self.wire_spec(self.contribution_spec(global_, clients, edge_id)))
         counts, population = tensors[PROTOTYPES][COUNTS], self._population(edge_id)
         if bool((counts < 0).any()) or bool((counts != counts.round()).any()) or bool((counts > population).any()):
             raise InvalidContent(f"counts must be whole numbers in [0, {population}] (the edge's clients)")

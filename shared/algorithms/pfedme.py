@@ -15,8 +15,8 @@ Client k (every client, every round), starting from ω = θ_k = θ:
 Edge: S is a uniform sample of m = max(⌊λ_part·n⌋, 1) of the n clients whose ω arrived, drawn with
     shared.selection.select_clients(config, answered, round, edge) — the same (seed, SELECTION, round,
     edge) stream plain selection would use, free here because `select` takes everyone without drawing.
-    The edge sends Σ_{k∈S} ω_k (float64) with weight |S|, on behalf of S: the history lists the clients
-    of S, as every algorithm's lists the clients whose updates entered the model.
+    The edge sends Σ_{k∈S} ω_k (summed in float64, sent as float32) with weight |S|, on behalf of S: the
+    history lists the clients of S, as every algorithm's lists the clients whose updates entered the model.
 Cloud: θ ← (1 − β)·θ + β · (Σ_l Σ_{k∈S_l} ω_k) / (Σ_l |S_l|), applied once over all edges' partials.
 
 Deviations from the paper and its code, all following issue 3:

@@ -58,6 +58,11 @@ def decode(blob: bytes, message_type: type[M]) -> tuple[Record, M]:
     return unflatten(flat), message
 
 
+def layout(blob: bytes) -> Record:
+    """A stored or received record's tensors as shapes and dtypes only (meta tensors): its header alone."""
+    return unflatten(leaf.layout(blob))
+
+
 def decode_state(blob: bytes) -> Record:
     """A stored record without a header (edge or cloud state)."""
     return unflatten(leaf.decode_tensors(blob))

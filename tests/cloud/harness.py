@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -67,6 +68,21 @@ class Cloud:
             if info["version"] >= version:
                 return info
             assert time.monotonic() < deadline, f"run {run_id} stuck at version {info['version']}"
+            await anyio.sleep(0.05)
+
+    async def history(self, run_id: str) -> list[dict[str, Any]]:
+        r = await self.admin("GET", f"/api/v1/runs/{run_id}/history")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def wait_evaluated(self, run_id: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """The history once every record has its evaluation (the cloud evaluates a version after publishing it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = await self.history(run_id)
+            if not any(math.isnan(float(r["test_accuracy"])) for r in records):
+                return records
+            assert time.monotonic() < deadline, f"run {run_id}: a record stayed unevaluated"
             await anyio.sleep(0.05)
 
     # ---- edge API ------------------------------------------------------------------------------
@@ -155,7 +171,8 @@ async def _exit_lifespan(lifespan) -> None:
 
 
 
-def zeros_like(global_: Tensors, dtype: torch.dtype = torch.float64) -> Tensors:
+def zeros_like(global_: Tensors, dtype: torch.dtype = torch.float32) -> Tensors:
+    """A contribution of zeros as it travels: float32 sums (Algorithm.wire_spec)."""
     return {name: torch.zeros(t.shape, dtype=dtype) for name, t in global_.items()}
 
 

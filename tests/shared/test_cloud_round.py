@@ -7,7 +7,15 @@ import torch
 
 from shared.algorithms.base import MODEL, Contribution
 from shared.algorithms.fedavg import FedAvg
-from shared.cloud_round import CloudRoundOutcome, Diverged, round_record, run_cloud_round
+from shared.cloud_round import (
+    NOT_EVALUATED,
+    CloudRoundOutcome,
+    Diverged,
+    evaluate_outcome,
+    round_record,
+    run_cloud_round,
+    with_evaluation,
+)
 from shared.config import RunConfig
 from shared.reference import run_reference
 from shared.schemas import ClientParticipation, RoundRecord
@@ -50,6 +58,17 @@ def test_a_finite_update_is_evaluated_and_keeps_the_state():
     assert outcome.cloud_state.keys() == {"kept"}
     assert outcome.evaluation.samples > 0 and 0.0 <= outcome.evaluation.accuracy <= 1.0
     assert outcome.server_metrics == {}  # FedAvg reports none
+
+
+def test_an_update_evaluated_after_it_is_published_records_the_same_figures():
+    """The cloud publishes first and evaluates off its critical path; the reference evaluates at once."""
+    step = {"linear.weight": torch.full((10, 64), 0.01), "linear.bias": torch.zeros(10)}
+    inline = run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 0)
+    later = run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 0, evaluate=False)
+    assert later.evaluation is NOT_EVALUATED and math.isnan(later.evaluation.accuracy)
+    record = round_record(0, [update(step)], later, AT, AT, AT)
+    filled = with_evaluation(record, evaluate_outcome(FedAvg(CONFIG), later).evaluation)
+    assert filled == round_record(0, [update(step)], inline, AT, AT, AT)
 
 
 class NormReporting(FedAvg):

@@ -105,9 +105,8 @@ def test_results_and_contributions_beyond_the_magnitude_bound_refused():
     a.check_result(task, {MODEL: {"linear.weight": torch.full((2, 2), MAX_ABS), "linear.bias": torch.zeros(2)}})
     with pytest.raises(InvalidContent, match="'model/linear.weight' has values beyond"):
         a.check_result(task, {MODEL: {"linear.weight": torch.full((2, 2), 1e30), "linear.bias": torch.zeros(2)}})
-    # A contribution carries Σ w_k Δ_k: its bound is on the mean, sums / weight.
-    sums = {MODEL: {"linear.weight": torch.full((2, 2), 3 * MAX_ABS, dtype=torch.float64),
-                    "linear.bias": torch.zeros(2, dtype=torch.float64)}}
+    # A contribution carries Σ w_k Δ_k (float32 on the wire): its bound is on the mean, sums / weight.
+    sums = {MODEL: {"linear.weight": torch.full((2, 2), 3 * MAX_ABS), "linear.bias": torch.zeros(2)}}
     a.check_contribution(task, [0, 1, 2], sums, weight=3.0)
     with pytest.raises(InvalidContent, match="values beyond"):
         a.check_contribution(task, [0, 1, 2], sums, weight=2.0)

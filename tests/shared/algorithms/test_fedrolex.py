@@ -100,11 +100,12 @@ def test_check_contribution_bounds_every_coordinate(case):
                                                  for n, t in algo.client_task(global_, k, 0)[MODEL].items()}})
                for k in (2, 0, 1)]
     good, _ = algo.edge_aggregate(results, {}, 0)
-    algo.check_contribution(global_, [0, 1, 2], good.tensors, good.weight)
-    tensors = {group: dict(members) for group, members in good.tensors.items()}
+    sent = algo.to_wire(good.tensors)  # as it travels: float32 sums and coordinate weights
+    algo.check_contribution(global_, [0, 1, 2], sent, good.weight)
+    tensors = {group: dict(members) for group, members in sent.items()}
     bias, weight = tensors[MODEL]["fc1.bias"].clone(), tensors[COVERAGE]["fc1.bias"].clone()
     if case == "tiny-coordinate-weight":
-        weight[0], fragment = 1e-300, "values beyond"
+        weight[0], fragment = 1e-30, "values beyond"
     elif case == "weight-beyond-the-total":
         weight[0], bias[0], fragment = 4.0, 4.0, "must lie in [0, 3]"
     elif case == "negative-weight":

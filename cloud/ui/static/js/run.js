@@ -124,7 +124,11 @@ function drawInfo(info) {
 
 function onUpdate(update, fresh) {
   if (fresh) history.length = 0;  // a new connection starts with the whole history again
-  history.push(...update.rounds);
+  for (const round of update.rounds) {  // a round sent again has its evaluation filled in
+    const at = history.findIndex((h) => h.version === round.version);
+    if (at >= 0) history[at] = round;
+    else history.push(round);
+  }
   drawInfo(update.info);
   drawEdges(update.edges);
   drawGroups(update.groups);

@@ -1,0 +1,290 @@
+"""Transfers and the cloud's critical path: what a large model costs on the data path (issue 13).
+
+Prints, on this machine:
+- loopback: one TCP stream over 127.0.0.1 (Python sockets, `sendall` into `recv_into`), the yardstick;
+- fetch: an edge's `GET /api/v1/edges/0/global` of a global state of `--megabytes` (an mlp sized to it on
+  digits), through a cloud process and its private Redis (AOF on, `appendfsync always`, as deployed);
+- submit: an edge's `POST …/contributions` of a contribution of `--megabytes` on the wire (zeros of the
+  algorithm's wire spec: what an edge sends), until the 202; the cloud update it triggers is waited out
+  before the next submit and not counted; beside it, a plain SET of as many bytes into the same Redis,
+  the floor of a submit that makes the contribution durable there before answering;
+- aggregation: `edge_aggregate` of 100 float32 updates of a 1.6M-parameter model (the CNN's size in the
+  issue) against a plain copy of the same 100 updates into one buffer (bytes read per second);
+- evaluation: the cloud's evaluation of the demo's CNN (MNIST 5k test set), and how long an edge waits
+  from submitting the round's last contribution until the next version is served (`update latency`):
+  with the evaluation on the critical path, it is in there.
+
+    ./fl bench/transfers.py [--megabytes 60] [--repeats 5]
+
+Each figure is the median of `--repeats` (loopback: the best, as a bound). Run with `nice`; on a shared
+machine the spread is large, so read the ratios of one run together.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import redis
+import torch
+
+from fedctl.launch import LocalTopology
+from shared.algorithms import registry
+from shared.algorithms.base import ClientResult
+from shared.config import RunConfig
+from shared.federation import evaluate_global, initial_model
+from shared.schemas import ClientParticipation, EdgeContributionHeader, GlobalStateHeader
+from shared.transport.records import decode, encode
+from shared.transport.wire import SAFETENSORS
+
+ADMIN, EDGE = "bench-admin-token", "bench-edge-token"
+
+
+def loopback_seconds(nbytes: int, repeats: int) -> float:
+    """The best time of one TCP stream of `nbytes` over 127.0.0.1."""
+    payload = bytes(nbytes)
+    best = math.inf
+    for _ in range(repeats):
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            reader = threading.Thread(target=_receive, args=(server, bytearray(nbytes)))
+            reader.start()
+            with socket.create_connection(server.getsockname()) as sender:
+                start = time.perf_counter()
+                sender.sendall(payload)
+                reader.join()
+                best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _receive(server: socket.socket, into: bytearray) -> None:
+    conn, _ = server.accept()
+    with conn:
+        view, got = memoryview(into), 0
+        while got < len(into):
+            got += conn.recv_into(view[got:], len(into) - got)
+
+
+def mlp_config(megabytes: float, bytes_per_parameter: int, **overrides: Any) -> RunConfig:
+    """FedAvg on digits (64 features, 10 classes) with an mlp (h, h) of about `megabytes` of parameters."""
+    parameters = megabytes * 1e6 / bytes_per_parameter
+    h = int((-76 + math.sqrt(76**2 + 4 * (parameters - 10))) / 2)  # h² + 76h + 10 parameters
+    return RunConfig(name="transfers", model={"name": "mlp", "hidden": (h, h)},
+                     data={"dataset": "digits", "num_clients": 4}, rounds=1000, **overrides)
+
+
+def wire_contribution(config: RunConfig, run_id: str, version: int) -> bytes:
+    """What edge 0 would submit for client 0: zeros of the algorithm's wire spec."""
+    algorithm = registry.create(config)
+    global_ = algorithm.init_global(initial_model(config))
+    spec = algorithm.contribution_spec(global_, [0])
+    wire = getattr(algorithm, "wire_spec", lambda s: s)(spec)  # before float32 on the wire: the spec itself
+    tensors = {g: {n: torch.zeros(shape, dtype=dtype) for n, (shape, dtype) in members.items()}
+               for g, members in wire.items()}
+    header = EdgeContributionHeader(run_id=run_id, edge_id=0, base_version=version, weight=100.0,
+                                    idempotency_key=f"{run_id}:0:{version}",
+                                    clients=[ClientParticipation(client_id=0, num_samples=100, loss=0.5)])
+    return encode(tensors, header)
+
+
+class Cloud:
+    def __init__(self, url: str):
+        self.http = httpx.Client(base_url=url, timeout=300)
+        self.http.post("/api/v1/edges", json={"edge_id": 0}, headers=self._auth(EDGE)).raise_for_status()
+
+    @staticmethod
+    def _auth(token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    def start_run(self, config: RunConfig) -> str:
+        r = self.http.post("/api/v1/runs", content=config.model_dump_json(),
+                           headers={**self._auth(ADMIN), "Content-Type": "application/json"})
+        r.raise_for_status()
+        run_id = r.json()["run_id"]
+        self.http.post(f"/api/v1/runs/{run_id}/start", headers=self._auth(ADMIN)).raise_for_status()
+        return run_id
+
+    def stop_run(self, run_id: str) -> None:
+        self.http.post(f"/api/v1/runs/{run_id}/stop", headers=self._auth(ADMIN)).raise_for_status()
+
+    def fetch(self, run_id: str, after: int = -1, timeout: float = 0) -> bytes:
+        r = self.http.get("/api/v1/edges/0/global", headers=self._auth(EDGE),
+                          params={"seen": f"{run_id}:{after}", "others": False, "timeout": timeout})
+        r.raise_for_status()
+        return r.content
+
+    def submit(self, blob: bytes) -> None:
+        r = self.http.post("/api/v1/edges/0/contributions", content=blob,
+                           headers={**self._auth(EDGE), "Content-Type": SAFETENSORS})
+        if r.status_code != 202:
+            raise RuntimeError(f"submit answered {r.status_code}: {r.text[:300]}")
+
+    def version(self, run_id: str) -> int:
+        r = self.http.get(f"/api/v1/runs/{run_id}", headers=self._auth(ADMIN))
+        r.raise_for_status()
+        return int(r.json()["version"])
+
+    def wait_evaluated(self, run_id: str, timeout_s: float = 300) -> None:
+        """Until every record of the run's history has its evaluation (NaN until then)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = self.http.get(f"/api/v1/runs/{run_id}/history", headers=self._auth(ADMIN))
+            r.raise_for_status()
+            if not any(math.isnan(float(h["test_accuracy"])) for h in r.json()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run {run_id}: a record stayed unevaluated")
+            time.sleep(0.02)
+
+    def wait_version(self, run_id: str, version: int, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.version(run_id) < version:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run {run_id} did not reach version {version}")
+            time.sleep(0.05)
+
+
+def bytes_per_wire_parameter(config: RunConfig) -> int:
+    algorithm = registry.create(config)
+    small = {"model": {"w": torch.zeros(1)}}
+    spec = getattr(algorithm, "wire_spec", lambda s: s)(algorithm.contribution_spec(small, [0]))
+    return torch.empty(0, dtype=spec["model"]["w"][1]).element_size()
+
+
+def redis_set_seconds(url: str, nbytes: int, repeats: int) -> float:
+    """A plain SET of `nbytes` into the topology's Redis (AOF, appendfsync always): the floor of any submit
+    that stores the contribution there before it answers."""
+    client = redis.Redis.from_url(url, socket_timeout=120)
+    payload = bytes(nbytes)
+    try:
+        return statistics.median(seconds(lambda: client.set("bench:transfers", payload)) for _ in range(repeats))
+    finally:
+        client.delete("bench:transfers")
+        client.close()
+
+
+def transfers(cloud: Cloud, megabytes: float, repeats: int) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    # Fetch: a global state of `megabytes` (float32 parameters).
+    config = mlp_config(megabytes, 4)
+    run_id = cloud.start_run(config)
+    blob = cloud.fetch(run_id)
+    figures["fetch_mb"] = len(blob) / 1e6
+    figures["fetch_s"] = statistics.median(seconds(lambda: cloud.fetch(run_id)) for _ in range(repeats))
+    cloud.stop_run(run_id)
+    # Submit: a contribution of `megabytes` on the wire; the update it triggers is waited out, untimed.
+    config = mlp_config(megabytes, bytes_per_wire_parameter(RunConfig()))
+    run_id = cloud.start_run(config)
+    times = []
+    for version in range(repeats):
+        blob = wire_contribution(config, run_id, version)
+        times.append(seconds(lambda: cloud.submit(blob)))  # noqa: B023 (called at once)
+        cloud.wait_version(run_id, version + 1)
+    figures["submit_mb"] = len(blob) / 1e6
+    figures["submit_s"] = statistics.median(times)
+    cloud.stop_run(run_id)
+    return figures
+
+
+def seconds(step: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def update_latency(cloud: Cloud, repeats: int) -> float:
+    """From the submit of a round's only contribution (B = 1) to the next version served to the edge:
+    the cloud update with whatever of it lies on the critical path (the demo's CNN on MNIST 5k). Each
+    submit waits until the previous version's record is evaluated, as a round whose clients train longer
+    than an evaluation takes would (this run's rounds train nothing)."""
+    config = RunConfig(name="latency", rounds=1000)
+    run_id = cloud.start_run(config)
+    times = []
+    for version in range(repeats):
+        cloud.wait_evaluated(run_id)
+        blob = wire_contribution(config, run_id, version)
+        start = time.perf_counter()
+        cloud.submit(blob)
+        served = cloud.fetch(run_id, after=version, timeout=60)
+        times.append(time.perf_counter() - start)
+        _, header = decode(served, GlobalStateHeader)
+        if header.version != version + 1:
+            raise RuntimeError(f"served version {header.version}, expected {version + 1}")
+    cloud.stop_run(run_id)
+    return statistics.median(times)
+
+
+def evaluation_seconds(repeats: int) -> float:
+    """The cloud's evaluation of the demo's CNN on the MNIST 5k test set (one torch thread)."""
+    config = RunConfig(name="evaluation")
+    algorithm = registry.create(config)
+    global_ = algorithm.init_global(initial_model(config))
+    evaluate_global(config, algorithm, global_, {})  # loads the data
+    return statistics.median(seconds(lambda: evaluate_global(config, algorithm, global_, {})) for _ in range(repeats))
+
+
+def aggregation(repeats: int, clients: int = 100) -> tuple[float, float]:
+    """(edge_aggregate's GB/s, a plain copy's GB/s) over `clients` float32 updates of a 1.6M-parameter model,
+    counted as the bytes of the updates read."""
+    shapes = {"conv1": (32, 1, 5, 5), "conv2": (64, 32, 5, 5), "fc1": (1024, 1500), "fc2": (10, 1024), "b": (1024,)}
+    generator = torch.Generator().manual_seed(0)
+    updates = [ClientResult(k, 100 + k, 0.5, {"model": {n: torch.randn(s, generator=generator)
+                                                         for n, s in shapes.items()}})
+               for k in range(clients)]
+    read = sum(t.numel() * t.element_size() for u in updates for t in u.tensors["model"].values())
+    algorithm = registry.create(RunConfig(name="aggregation"))
+    into = {n: torch.empty(s) for n, s in shapes.items()}
+    aggregate_s, copy_s = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        algorithm.edge_aggregate(updates, {}, 0)
+        aggregate_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for u in updates:
+            for n, t in u.tensors["model"].items():
+                into[n].copy_(t)
+        copy_s.append(time.perf_counter() - start)
+    return read / statistics.median(aggregate_s) / 1e9, read / statistics.median(copy_s) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--megabytes", type=float, default=60.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    agg, copy = aggregation(args.repeats)
+    print(f"aggregation of 100 updates (1.6M parameters): {agg:.2f} GB/s; plain copy {copy:.2f} GB/s; "
+          f"ratio {agg / copy:.2f}", flush=True)
+    evaluation = evaluation_seconds(args.repeats)
+    print(f"evaluation of the CNN (MNIST 5k test set): {evaluation * 1000:.0f} ms", flush=True)
+    loopback = loopback_seconds(int(args.megabytes * 1e6), args.repeats)
+    print(f"loopback TCP, {args.megabytes:g} MB: {loopback * 1000:.1f} ms ({args.megabytes / 1e3 / loopback:.2f} GB/s)",
+          flush=True)
+    env = {"FL_CLOUD_MAX_PAYLOAD_BYTES": str(4 * 2**30), "FL_CLOUD_LOG_LEVEL": "warning"}
+    with LocalTopology(num_clients=0, num_edges=0, admin_token=ADMIN, edge_token=EDGE, extra_env=env) as topo:
+        cloud = Cloud(topo.cloud_url)
+        latency = update_latency(cloud, args.repeats)
+        print(f"update latency (submit → next version served), CNN: {latency * 1000:.0f} ms "
+              f"(of which evaluation alone takes {evaluation * 1000:.0f} ms)", flush=True)
+        f = transfers(cloud, args.megabytes, args.repeats)
+        if topo.redis_url is None:
+            raise RuntimeError("the topology started no Redis")
+        floor = redis_set_seconds(topo.redis_url, int(args.megabytes * 1e6), args.repeats)
+    loop_per_mb = loopback / (args.megabytes)
+    print(f"fetch of a {f['fetch_mb']:.1f} MB global state: {f['fetch_s'] * 1000:.0f} ms, "
+          f"{f['fetch_s'] / (loop_per_mb * f['fetch_mb']):.1f}× loopback")
+    print(f"submit of a {f['submit_mb']:.1f} MB contribution: {f['submit_s'] * 1000:.0f} ms, "
+          f"{f['submit_s'] / (loop_per_mb * f['submit_mb']):.1f}× loopback")
+    print(f"  of which no less than a plain SET of {args.megabytes:g} MB into this Redis (AOF, fsync always): "
+          f"{floor * 1000:.0f} ms, {floor / loopback:.1f}× loopback")
+
+
+if __name__ == "__main__":
+    main()
