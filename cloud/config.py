@@ -53,6 +53,9 @@ class CloudSettings(ServerSettings):
     # every lease_s / 3. replica_id names the replica in the history and the logs (default host:pid).
     lease_s: float = Field(10.0, gt=0)
     replica_id: str = ""
+    # A run whose cloud update fails this many times in a row (an error that is not Redis being away, which
+    # every run waits out alike) is stopped: one failing deterministically was retried every second for ever.
+    max_update_failures: int = Field(10, ge=1)
     # Comma-separated packages whose "package.module:function" a run config may name as its model factory or
     # data loader (importing it runs that code here); empty: any importable package.
     allowed_imports: str = ""

@@ -36,7 +36,7 @@ from shared.cloud_round import (
 from shared.config import RunConfig
 from shared.federation import contribution, evaluate_global
 from shared.log import bind
-from shared.longpoll import wait_until
+from shared.longpoll import Announcer, wait_until
 from shared.schemas import GlobalStateHeader, RoundRecord, RunStatus
 from shared.transport.records import decode, decode_state, encode
 
@@ -51,13 +51,15 @@ class Orchestrator:
     resubscribe_max_s: float = 10.0
 
     def __init__(self, store: Store, metrics: CloudMetrics | None = None, replica: str = "cloud",
-                 lease_s: float = 10.0):
+                 lease_s: float = 10.0, max_update_failures: int = 10):
         self.store = store
         self.metrics = metrics or CloudMetrics()
         self.replica = replica
         self.lease_s = lease_s
+        self.max_update_failures = max_update_failures
+        self._failures: dict[str, int] = {}  # per run, its updates failed in a row
         self._wake = asyncio.Event()
-        self._changed = asyncio.Condition()
+        self._changed = Announcer()
         self._algorithms: dict[str, Algorithm] = {}
         self.globals = GlobalStates(store)  # what edges are served and contributions checked against
         # Per run, the evaluation of its latest version, running off the critical path (see _evaluate_later).
@@ -81,8 +83,7 @@ class Orchestrator:
 
     async def wake_waiters(self) -> None:
         """Every wait_until of this process looks again (e.g. the process is stopping)."""
-        async with self._changed:
-            self._changed.notify_all()
+        await self._changed.notify_all()
 
     async def relay_events(self) -> None:
         """Listens to the event channel (one connection per process) and wakes this replica's waiters and
@@ -169,12 +170,20 @@ class Orchestrator:
                 break
             try:
                 published |= await self.update(run_id)
+                self._failures.pop(run_id, None)
             except asyncio.CancelledError:
                 raise
             except UNAVAILABLE:  # Redis away: every run's update waits for it alike
                 raise
             except Exception:  # the buffer keeps its entries: the update is retried at the next turn
-                log.exception("cloud update of run %s failed; will retry", run_id)
+                failures = self._failures[run_id] = self._failures.get(run_id, 0) + 1
+                if failures < self.max_update_failures:
+                    log.exception("cloud update of run %s failed (%d in a row); will retry", run_id, failures)
+                    continue
+                log.exception("cloud update of run %s failed %d times in a row; stopping it", run_id, failures)
+                del self._failures[run_id]
+                with contextlib.suppress(NotFound):  # deleted meanwhile
+                    await self._stop(run_id)
         return published
 
     async def update(self, run_id: str) -> bool:

@@ -13,7 +13,7 @@ from cloud.orchestrator import Orchestrator
 from cloud.store import RedisStore
 from shared.algorithms.fedavg import FedAvg
 from shared.config import RunConfig
-from tests.cloud.harness import ADMIN_TOKEN, Cloud, contribution, running_run, small_config
+from tests.cloud.harness import ADMIN_TOKEN, Cloud, contribution, running_cloud, running_run, small_config
 from tests.web import bearer
 
 pytestmark = pytest.mark.anyio
@@ -130,3 +130,36 @@ async def stopped_at_version_0(cloud: Cloud, run_id: str) -> None:
         await asyncio.sleep(0.05)
     info = await cloud.info(run_id)
     assert (info["status"], info["version"]) == ("stopped", 0)
+
+
+async def test_a_run_whose_update_keeps_failing_is_stopped_and_the_others_go_on(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An update failing deterministically (an outside probe: a ZeroDivisionError in the privacy accountant)
+    was retried every second for ever, the run 'running' with a traceback a second."""
+    compute = Orchestrator._update
+
+    def failing_for_a(algorithm, global_blob, *args, **kwargs):
+        if b"doomed" in global_blob[:4096]:  # run a's name is in its global state's header
+            raise ZeroDivisionError("float division by zero")
+        return compute(algorithm, global_blob, *args, **kwargs)
+
+    monkeypatch.setattr(Orchestrator, "_update", staticmethod(failing_for_a))
+    async with running_cloud(redis_url, max_update_failures=3) as cloud:
+        run_a, global_a = await running_run(cloud, small_config(rounds=3, name="doomed"))
+        run_b = await cloud.create_run(small_config(rounds=3))
+        await cloud.action(run_b, "start")
+        assert (await cloud.submit(0, contribution(global_a, run_a))).status_code == 202
+        for _ in range(200):  # three failed updates, a second apart
+            if (await cloud.info(run_a))["status"] == "stopped":
+                break
+            await asyncio.sleep(0.05)
+        a = await cloud.info(run_a)
+        assert (a["status"], a["version"], a["buffered"]) == ("stopped", 0, 1)
+        global_b, header = await cloud.global_state(0)  # the other run, active all along, still trains
+        assert header.run_id == run_b
+        assert (await cloud.submit(0, contribution(global_b, run_b))).status_code == 202
+        for _ in range(100):
+            if (await cloud.info(run_b))["version"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert (await cloud.info(run_b))["status"] == "running" and (await cloud.info(run_b))["version"] == 1
