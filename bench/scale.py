@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,15 +52,11 @@ Flower ran in the same invocation (`--flower`), after ours, on the very rows eac
 our test set (bench/flower_sim.py: Flower's simulation engine, its quickstart CNN, plain SGD, two one-CPU Ray
 workers, as our two client processes). Its s/round is the median of rounds 2+ (its first includes Ray's
 start); its RSS is the peak over its process and Ray's. "Flower (issue 13)" and "ours before" are the issue's
-figures (Flower 1.41, medians of 3, fraction 1). The machine was shared with other agents' work (load average
-6-14 on 2 cores): figures move by up to 40% between runs (1,000 clients: 9.84 and 13.96 s/round in two runs
-of the same code).
+figures (Flower 1.41, medians of 3, fraction 1). {load}
 """
 ISSUE_ONLY = """\
 Flower was not run side by side here (pass `--flower` with a Flower venv's python): its figures are issue 13's
-(Flower 1.41's simulation engine on this machine, medians of 3, fraction 1), as are "ours before". The
-machine was shared with other agents' work (load average 6-14 on 2 cores): figures move by up to 40% between
-runs (1,000 clients: 9.84 and 13.96 s/round in two runs of the same code).
+(Flower 1.41's simulation engine on this machine, medians of 3, fraction 1), as are "ours before". {load}
 """
 READING = """\
 
@@ -76,13 +73,12 @@ What a logical client costs, and what changed for it:
 
 Time per round still grows with the number of clients at a fixed number of samples (mnist5k is 5,000 rows
 whatever N): at 1,000 clients a task trains 4-5 samples, and its fixed costs (model copy, optimizer, encoding,
-the upload and the edge's check) dominate, as they do in Flower's simulation (37 s at 1,000 against 0.64 s at
-10 in the side-by-side run). The target "at most linear in the samples trained" is met by neither.
+the upload and the edge's check) dominate, as they do in Flower's simulation{flower_growth}. The target
+"at most linear in the samples trained" is met by neither.
 
-Accuracy after 3 rounds is not equal between the two (0.217 against 0.146 at 10 clients): the task, model
-shape, data rows and optimiser are the same, but the initial weights and each client's batch order come from
-different generators; equal accuracy round by round would need Flower's run to take our initial model and
-our batch order.
+Accuracy after {rounds} rounds is not equal between the two{accuracies}: the task, model shape, data rows and
+optimiser are the same, but the initial weights and each client's batch order come from different generators;
+equal accuracy round by round would need Flower's run to take our initial model and our batch order.
 """
 
 
@@ -283,7 +279,31 @@ def document(figures: dict) -> str:
     return (f"# A thousand logical clients on one host\n\nMade by `bench/scale.py` ({figures['rounds']} rounds per "
             f"run; every figure in `scale.json`).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n"
             f"{table(figures['rows'], figures)}\n\n![seconds per round](scale.png)\n\n"
-            f"{SIDE_BY_SIDE if figures.get('flower') else ISSUE_ONLY}\n{READING}")
+            f"{(SIDE_BY_SIDE if figures.get('flower') else ISSUE_ONLY).format(load=load_sentence(figures))}\n"
+            f"{READING.format(**flower_comparison(figures), rounds=figures['rounds'])}")
+
+
+def load_sentence(figures: dict) -> str:
+    """What else the machine ran: figures move by up to 40% between runs of the same code on a shared host."""
+    load, cores = figures.get("load_average"), figures.get("cores")
+    if load is None:
+        return ""
+    return (f"Load average when the run started: {load:.1f} on {cores} cores (other work on the host moves these "
+            f"figures by up to 40% between runs of the same code).")
+
+
+def flower_comparison(figures: dict) -> dict[str, str]:
+    """The side-by-side run's own figures for the reading below the table (empty without Flower)."""
+    full = sorted((r for r in figures.get("flower", []) if r["fraction"] == 1), key=lambda r: r["clients"])
+    if len(full) < 2:
+        return {"flower_growth": "", "accuracies": ""}
+    small, large = full[0], full[-1]
+    ours = next((r for r in figures["rows"] if (r["clients"], r["fraction"]) == (small["clients"], 1)), None)
+    accuracies = (f" ({ours['accuracy']:.3f} against {small['accuracy']:.3f} at {small['clients']} clients)"
+                  if ours else "")
+    return {"flower_growth": f" ({large['s_per_round']:.2f} s at {large['clients']:,} clients against "
+                             f"{small['s_per_round']:.2f} s at {small['clients']} in the side-by-side run)",
+            "accuracies": accuracies}
 
 
 def plot(rows: list[dict], flower_rows: list[dict], path: Path) -> None:
@@ -331,8 +351,9 @@ def main() -> None:
         asyncio.run(hold_polls(url, token, int(polls), float(seconds)))
         return
 
+    load_at_start = os.getloadavg()[0]
     rows = [row for n in sorted(args.sizes) for row in measure(n, args.fractions, args.rounds, args.workdir)]
-    figures: dict = {"rounds": args.rounds, "rows": rows}
+    figures: dict = {"rounds": args.rounds, "rows": rows, "load_average": load_at_start, "cores": os.cpu_count()}
     small, large = rows[0], rows[-1]
     grown = (large["clients_rss_mib"] + large["edge_rss_mib"]) - (small["clients_rss_mib"] + small["edge_rss_mib"])
     figures["mib_per_client"] = grown / max(1, large["clients"] - small["clients"])
