@@ -16,12 +16,13 @@ from collections.abc import Callable
 import httpx
 
 from client.config import ClientSettings
+from client.state import drop_ended_runs
 from shared.backoff import Backoff
 from shared.schemas import ClientRegistration, TaskPoll
 from shared.transport import bundle
 from shared.transport.bundle import BundleItem
 from shared.transport.retry import DEDUPLICATED
-from shared.transport.wire import REFUSED_CLIENTS, UNKNOWN_CLIENTS
+from shared.transport.wire import LIVE_RUNS, REFUSED_CLIENTS, UNKNOWN_CLIENTS
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class TaskFeed:
         # Logical clients ended for good, with the reason.
         self.stopped: dict[int, str] = {}
         self._registering: dict[int, asyncio.Task[None]] = {}
+        self._live: set[str] | None = None  # the runs the edge last named live
         self._joined = asyncio.Event()  # a client was registered: the poll in flight does not ask for it
         # A few registrations at a time: 1,000 at once held the edge's loop for seconds (its /health with it).
         self._registrations = asyncio.Semaphore(REGISTRATIONS_AT_ONCE)
@@ -178,6 +180,11 @@ class TaskFeed:
             if int(k) in self.registered:
                 log.warning("client %s: unknown to the edge (restarted?); registering again", k)
                 self.unregistered(int(k))
+        if LIVE_RUNS in response.headers:  # named only once the edge heard it from the cloud
+            live = set(filter(None, response.headers[LIVE_RUNS].split(",")))
+            if live != self._live:
+                self._live = live
+                drop_ended_runs(self.settings.state_dir, live, self.client_ids)
         if response.status_code == 204:
             return
         items = bundle.unpack(response.content)

@@ -8,6 +8,9 @@ two fsyncs a task, the state written second so a crash between them left the old
 """
 from __future__ import annotations
 
+import contextlib
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -53,3 +56,18 @@ class ClientStateStore:
         tensors[_RESULT] = (torch.frombuffer(bytearray(result_blob), dtype=torch.uint8) if result_blob
                             else torch.empty(0, dtype=torch.uint8))  # frombuffer refuses an empty buffer
         atomic_write(self._state, save(tensors, metadata={"task_id": task_id}))
+
+
+def drop_ended_runs(root: Path, live: set[str], client_ids: Iterable[int]) -> None:
+    """Deletes these clients' state of every run that is not live (an ended run never resumes; its state
+    stayed on the device for good, even after the run's deletion). Other processes may share `root`: only
+    these clients' directories go, and a run's directory once empty."""
+    if not Path(root).is_dir():
+        return
+    for run_dir in Path(root).iterdir():
+        if not run_dir.is_dir() or run_dir.name in live:
+            continue
+        for k in client_ids:
+            shutil.rmtree(run_dir / f"client-{k}", ignore_errors=True)
+        with contextlib.suppress(OSError):  # another process's clients still have theirs
+            run_dir.rmdir()

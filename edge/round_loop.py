@@ -143,6 +143,11 @@ class EdgeRoundLoop:
         if lane.task is None:
             lane.task = asyncio.create_task(self._serve(lane, header, global_))
 
+    @property
+    def live_runs(self) -> set[str] | None:
+        """The runs the cloud last named live for this edge; None until it has named any."""
+        return self._live
+
     def _forget_ended(self, live: set[str]) -> None:
         """Drops the runs that are no longer running or paused, abandoning their rounds, and their state files."""
         for run_id in set(self.lanes) - live:

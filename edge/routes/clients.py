@@ -11,7 +11,7 @@ from shared import web
 from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt, TaskPoll
 from shared.transport import bundle
 from shared.transport.tensors import InvalidContent
-from shared.transport.wire import REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS
+from shared.transport.wire import LIVE_RUNS, REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS
 from shared.web import binary, open_request, rate_limited, read_json, read_message, reject, unauthorized
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
@@ -44,7 +44,7 @@ async def task(client_id: int, request: Request, board: BoardDep, settings: Sett
                                   204: {"description": "no task before the timeout"},
                                   **web.error_responses(400, 408, 413, 422, 429)},
              openapi_extra=web.json_body_doc(TaskPoll))
-async def tasks(request: Request, board: BoardDep, settings: SettingsDep,
+async def tasks(request: Request, board: BoardDep, settings: SettingsDep, loop: RoundLoopDep,
                 auth: Annotated[ClientAuth, Depends(client_auth)]) -> Response:
     """A client process's one long-poll for all its logical clients: every open task of theirs but those it
     holds (shared/transport/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients, ids whose
@@ -63,6 +63,8 @@ async def tasks(request: Request, board: BoardDep, settings: SettingsDep,
         found = await board.fetch_many(served, set(poll.holding), timeout)
     headers = {name: ",".join(map(str, ids)) for name, ids in ((UNKNOWN_CLIENTS, unknown), (REFUSED_CLIENTS,
                                                                                             list(refusals))) if ids}
+    if loop.live_runs is not None:  # only once the cloud has named them: the client deletes the others' state
+        headers[LIVE_RUNS] = ",".join(sorted(loop.live_runs))
     if not found:
         return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
     body = await asyncio.to_thread(lambda: bundle.pack([(t.header.client_id, t.header.task_id, *t.parts())

@@ -26,7 +26,7 @@ from edge.tasks import Task
 from shared.schemas import ClientTaskHeader
 from shared.transport.http import make_client
 from shared.transport.records import check, spec_of
-from shared.transport.wire import client_token, issue_device_tokens
+from shared.transport.wire import LIVE_RUNS, client_token, issue_device_tokens
 from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_record
 
 pytestmark = pytest.mark.anyio
@@ -303,3 +303,28 @@ async def test_a_refused_result_is_not_sent_again_and_again(tmp_path):
             await asyncio.sleep(1.0)
             assert double.count("POST", "/api/v1/clients/0/results") == 1
             assert not run.done()
+
+
+async def test_its_clients_state_of_runs_the_edge_no_longer_names_live_is_deleted(tmp_path):
+    """It stayed on the device for good, even after the run's deletion. Only this process's clients' state
+    goes: another process may share the state directory."""
+    for run_id, k in (("ended", 0), ("ended", 9), ("live", 0)):
+        (tmp_path / run_id / f"client-{k}").mkdir(parents=True)
+        (tmp_path / run_id / f"client-{k}" / "state.safetensors").write_bytes(b"state")
+    named: list[str | None] = [None]  # what the edge names live: nothing until it has heard from the cloud
+
+    def live_runs(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path == "/api/v1/clients/tasks":
+            return httpx.Response(204, headers={} if named[0] is None else {LIVE_RUNS: named[0]})
+        return None
+
+    async with running_edge() as edge:
+        async with running_worker(edge, [0, 1], tmp_path, fault=live_runs) as (_, run, double):
+            await until(lambda: double.count("POST", "/api/v1/clients/tasks") >= 2, run)
+            assert (tmp_path / "ended" / "client-0").exists()  # no list: nothing is deleted
+            named[0] = "live"
+            polls = double.count("POST", "/api/v1/clients/tasks")
+            await until(lambda: double.count("POST", "/api/v1/clients/tasks") > polls, run)
+            await until(lambda: not (tmp_path / "ended" / "client-0").exists(), run)
+    assert (tmp_path / "ended" / "client-9" / "state.safetensors").exists()  # another process's client
+    assert (tmp_path / "live" / "client-0" / "state.safetensors").exists()

@@ -8,6 +8,7 @@ import struct
 import time
 from typing import Any
 
+import anyio
 import pytest
 import torch
 
@@ -16,8 +17,15 @@ from shared.schemas import ClientRegistration, ClientTaskHeader, TaskPoll
 from shared.transport import bundle
 from shared.transport.records import decode, encode, flatten
 from shared.transport.tensors import SharedEncoding
-from shared.transport.wire import REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS, client_token, issue_device_tokens
-from tests.edge.harness import CLIENT_TOKEN, Edge, auth, task_id, task_record
+from shared.transport.wire import (
+    LIVE_RUNS,
+    REFUSED_CLIENTS,
+    TASK_BUNDLE,
+    UNKNOWN_CLIENTS,
+    client_token,
+    issue_device_tokens,
+)
+from tests.edge.harness import CLIENT_TOKEN, RUN_ID, CloudDouble, Edge, auth, running_edge, task_id, task_record
 from tests.edge.test_runs import task
 
 pytestmark = pytest.mark.anyio
@@ -141,3 +149,24 @@ async def test_each_client_may_bring_its_own_token_and_a_revoked_one_is_left_out
     assert r.headers[REFUSED_CLIENTS] == "1" and [i.client_id for i in bundle.unpack(r.content)] == [0, 2]
     swapped = {**body, "tokens": {"0": tokens[2], "2": tokens[0]}}  # another client's token is no token
     assert (await poll(edge, "not-a-token", **swapped)).status_code == 401
+
+
+async def test_the_answer_names_the_live_runs_once_the_cloud_has_named_them() -> None:
+    """The client deletes its clients' state of the runs not named (client/state.drop_ended_runs): an edge
+    that has not heard from the cloud names none, rather than an empty list that would delete everything."""
+    async with running_edge() as edge:  # no cloud to hear from
+        await edge.register(0)
+        assert LIVE_RUNS not in (await poll(edge, client_ids=[0])).headers
+    cloud = CloudDouble()
+    async with running_edge(cloud.transport()) as edge:
+        await edge.register(0)
+        loop = edge.app.state.round_loop
+        with anyio.fail_after(10):
+            while loop.live_runs is None:
+                await asyncio.sleep(0.01)
+        assert (await poll(edge, client_ids=[0])).headers[LIVE_RUNS] == RUN_ID
+        cloud.publishing = False  # the run ended
+        with anyio.fail_after(10):
+            while loop.live_runs:
+                await asyncio.sleep(0.01)
+        assert (await poll(edge, client_ids=[0])).headers[LIVE_RUNS] == ""
