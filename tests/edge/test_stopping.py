@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
 import pytest
 
 from edge.tasks import TaskBoard
 from shared.schemas import ClientRegistration
-from tests.edge.harness import auth, running_edge
+from tests.edge.harness import RUN_ID, CloudDouble, auth, running_edge
 
 pytestmark = pytest.mark.anyio
 
@@ -33,3 +34,20 @@ async def test_task_long_poll_answers_204_once_the_edge_is_stopping() -> None:
         edge.app.state.stopping.set()
         r = await asyncio.wait_for(poll, timeout=5)
         assert r.status_code == 204
+
+
+async def test_a_run_the_cloud_no_longer_names_live_leaves_health_at_once() -> None:
+    """Whichever path drops the round (the end long-poll, or the state long-poll's X-FL-Live-Runs, the only
+    one here: the double has no end route), /health stops naming the run: it named a stopped run until the
+    next one started (test_resilience's stop test, 1 run in 8)."""
+    cloud = CloudDouble()
+    async with running_edge(cloud.transport()) as edge:
+        await edge.register(0)  # the round waits for it (and for clients that never come)
+        with anyio.fail_after(10):
+            while (await edge.http.get("/health")).json()["run_id"] != RUN_ID:
+                await asyncio.sleep(0.02)
+        cloud.publishing = False  # the run is stopped
+        with anyio.fail_after(10):
+            while (await edge.http.get("/health")).json()["run_id"] is not None:
+                await asyncio.sleep(0.02)
+        assert not edge.app.state.round_loop.lanes
