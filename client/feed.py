@@ -70,12 +70,22 @@ class TaskFeed:
         self.stopped: dict[int, str] = {}
         self._registering: dict[int, asyncio.Task[None]] = {}
         self._live: set[str] | None = None  # the runs the edge last named live
+        self._ends: dict[str, asyncio.Event] = {}  # set when the edge no longer names the run live
         self._joined = asyncio.Event()  # a client was registered: the poll in flight does not ask for it
         # A few registrations at a time: 1,000 at once held the edge's loop for seconds (its /health with it).
         self._registrations = asyncio.Semaphore(REGISTRATIONS_AT_ONCE)
         # Each logical client speaks with its own token (client_tokens) where it has one: a revoked one ends
         # that client alone.
         self.auth = {k: {"Authorization": f"Bearer {settings.token_of(k)}"} for k in client_ids}
+
+    def run_end(self, run_id: str) -> asyncio.Event:
+        """Set once the edge names `run_id` no longer live, or already set if it does now (a run whose task
+        this process holds was live when the task arrived: the same answer named it)."""
+        if self._live is not None and run_id not in self._live:
+            ended = asyncio.Event()
+            ended.set()
+            return ended
+        return self._ends.setdefault(run_id, asyncio.Event())
 
     async def run(self) -> None:
         """Serves until cancelled; raises ClientsStopped once every logical client has stopped for good."""
@@ -185,6 +195,8 @@ class TaskFeed:
             if live != self._live:
                 self._live = live
                 drop_ended_runs(self.settings.state_dir, live, self.client_ids)
+                for run_id in [r for r in self._ends if r not in live]:
+                    self._ends.pop(run_id).set()
         if response.status_code == 204:
             return
         items = bundle.unpack(response.content)

@@ -8,6 +8,7 @@ the runs' tasks take turns on it (`RoundRobin`). Each task is handled on its own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -194,8 +195,17 @@ class Worker:
                 self.failed.add(header.task_id)
                 await self.report_failure(client_id, header.task_id, exc)
                 return
-            # An emulated device takes its modelled time (DVFS): waited here, not on the shared training thread.
-            await asyncio.sleep(emulated_hold(header.config, result, time.monotonic() - received))
+            # An emulated device takes its modelled time (DVFS): waited here, not on the shared training thread,
+            # and not past its run's end (a time_scale of 1,000 held a stopped run's result for ~1,000 s).
+            hold = emulated_hold(header.config, result, time.monotonic() - received)
+            if hold > 0:
+                ended = self.feed.run_end(header.run_id)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), hold)
+                if ended.is_set():
+                    log.info("client %d: run %s ended during the emulated hold; its result is dropped",
+                             client_id, header.run_id)
+                    return
             release = await self.upload(client_id, header, result)
             log.debug("client %d: task %s done", client_id, header.task_id)
         except ClientStopped as exc:

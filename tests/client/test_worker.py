@@ -23,6 +23,7 @@ from client.config import ClientSettings
 from client.feed import ClientsStopped
 from client.worker import Worker
 from edge.tasks import Task
+from shared.config import RunConfig
 from shared.schemas import ClientTaskHeader
 from shared.transport.http import make_client
 from shared.transport.records import check, spec_of
@@ -66,10 +67,10 @@ def client_of(request: httpx.Request) -> int | None:
     return None
 
 
-def make_task(client_id: int, round_: int = 0, blob: bytes | None = None) -> Task:
+def make_task(client_id: int, round_: int = 0, blob: bytes | None = None, config: RunConfig = CONFIG) -> Task:
     tensors = task_record(client_id)
     header = ClientTaskHeader(task_id=f"{RUN_ID}-v{round_}-e0-c{client_id}", run_id=RUN_ID, client_id=client_id,
-                              round=round_, version=round_, config=CONFIG)
+                              round=round_, version=round_, config=config)
     return Task(header, tensors, partial(check, expected=spec_of(tensors)), _blob=blob)
 
 
@@ -328,3 +329,25 @@ async def test_its_clients_state_of_runs_the_edge_no_longer_names_live_is_delete
             await until(lambda: not (tmp_path / "ended" / "client-0").exists(), run)
     assert (tmp_path / "ended" / "client-9" / "state.safetensors").exists()  # another process's client
     assert (tmp_path / "live" / "client-0" / "state.safetensors").exists()
+
+
+async def test_an_emulated_hold_ends_with_its_run(tmp_path):
+    """With dvfs.time_scale 1,000 (allowed) a result was held ~1,000 s, its run stopped or not."""
+    live = [RUN_ID]
+
+    def live_runs(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path == "/api/v1/clients/tasks" and not live:
+            return httpx.Response(204, headers={LIVE_RUNS: ""})
+        return None
+
+    slow = CONFIG.model_copy(update={"dvfs": CONFIG.dvfs.model_copy(update={"time_scale": 1000.0})})
+    async with running_edge() as edge:
+        edge.app.state.round_loop._live = {RUN_ID}  # as if the cloud had named the run live
+        await edge.board.post([make_task(0, config=slow)])
+        async with running_worker(edge, [0], tmp_path, fault=live_runs,
+                                  dvfs_backend="emulate") as (worker, run, double):
+            await until(lambda: bool(worker._handling), run)
+            await asyncio.sleep(1.0)  # trained (ms), now held; had it ended during training, no hold at all
+            live.clear()  # the run is stopped
+            await until(lambda: not worker._handling, run, timeout=10)
+            assert double.count("POST", "/api/v1/clients/0/results") == 0
