@@ -155,10 +155,6 @@ class EdgeRoundLoop:
             if lane.task is not None:
                 log.info("edge %d: run %s ended; dropping its round", self.edge_id, run_id)
                 lane.task.cancel()
-        if self.current is not None and self.current.run_id not in live:
-            # /health names no run the edge no longer serves (it named the stopped run until the next one
-            # started when this, not the end long-poll, dropped its round: test_resilience, 1 run in 8).
-            self.current = None
         if live != self._live:
             self._live = live
             self._drop_ended_states(live)
