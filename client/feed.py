@@ -22,7 +22,7 @@ from shared.schemas import ClientRegistration, TaskPoll
 from shared.transport import bundle
 from shared.transport.bundle import BundleItem
 from shared.transport.retry import DEDUPLICATED
-from shared.transport.wire import LIVE_RUNS, REFUSED_CLIENTS, UNKNOWN_CLIENTS
+from shared.transport.wire import REFUSED_CLIENTS, UNKNOWN_CLIENTS, live_runs
 
 log = logging.getLogger(__name__)
 
@@ -190,13 +190,12 @@ class TaskFeed:
             if int(k) in self.registered:
                 log.warning("client %s: unknown to the edge (restarted?); registering again", k)
                 self.unregistered(int(k))
-        if LIVE_RUNS in response.headers:  # named only once the edge heard it from the cloud
-            live = set(filter(None, response.headers[LIVE_RUNS].split(",")))
-            if live != self._live:
-                self._live = live
-                drop_ended_runs(self.settings.state_dir, live, self.client_ids)
-                for run_id in [r for r in self._ends if r not in live]:
-                    self._ends.pop(run_id).set()
+        live = live_runs(response.headers)  # named only once the edge heard it from the cloud
+        if live is not None and live != self._live:
+            self._live = live
+            drop_ended_runs(self.settings.state_dir, live, self.client_ids)
+            for run_id in [r for r in self._ends if r not in live]:
+                self._ends.pop(run_id).set()
         if response.status_code == 204:
             return
         items = bundle.unpack(response.content)

@@ -41,7 +41,7 @@ from shared.transport.http import binary_body
 from shared.transport.records import Record, decode, decode_state, encode
 from shared.transport.retry import DEDUPLICATED
 from shared.transport.tensors import PayloadError
-from shared.transport.wire import LIVE_RUNS
+from shared.transport.wire import live_runs
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,9 @@ class EdgeRoundLoop:
             await self.register()
             return
         response.raise_for_status()
-        if LIVE_RUNS in response.headers:
-            self._forget_ended(set(filter(None, response.headers[LIVE_RUNS].split(","))))
+        live = live_runs(response.headers)
+        if live is not None:
+            self._forget_ended(live)
         if response.status_code == 204:
             return
         global_, header = await asyncio.to_thread(decode, response.content, GlobalStateHeader)

@@ -7,6 +7,7 @@ import hmac
 import json
 import re
 import secrets
+from collections.abc import Mapping
 
 # The media type of every body that is one safetensors document (shared/transport/tensors.py).
 SAFETENSORS = "application/vnd.safetensors"
@@ -28,6 +29,14 @@ def client_token(secret: str, client_id: int) -> str:
 # The header of the cloud's long-poll answer (both 200 and 204) that lists the live runs (running or paused)
 # the polling edge takes part in, comma-separated: the edge forgets the others and stops working on them.
 LIVE_RUNS = "X-FL-Live-Runs"
+
+
+def live_runs(headers: Mapping[str, str]) -> set[str] | None:
+    """The runs an answer's X-FL-Live-Runs names (an empty header: none), or None where it names none at all
+    (the cloud and edges send it only once they know; an absent list must not read as "nothing is live")."""
+    if LIVE_RUNS not in headers:
+        return None
+    return set(filter(None, headers[LIVE_RUNS].split(",")))
 
 # A device token issued with an id (`fedctl issue-token`): "fl1.<client id>.<token id>.<mac>". The id is what
 # an administrator revokes (POST /api/v1/tokens/revoked at the cloud), one device at a time: the edges refuse
