@@ -14,10 +14,10 @@ import json
 import time
 from pathlib import Path
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from fedctl.report import plot_accuracy
-from shared.config import RunConfig
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.fedctl.report import plot_accuracy
+from fl_services.shared.core.config import RunConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     labels = [x for x in args.only.split(",") if x] or list(ALGORITHMS)
     rows, curves = [], {}
-    with LocalTopology(num_clients=20, num_edges=1, procs_per_edge=2) as topo, \
+    with LocalTopology(num_clients=20, num_edges=1, procs_per_edge=2) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         for label in labels:
             config = config_for(label, ALGORITHMS[label], args.rounds)

@@ -4,7 +4,7 @@ MNIST 5k IID over 100 clients under one edge, logistic regression (7,850 paramet
 half the clients each round (q = 0.5), weighting uniform, every client's step clipped to S = 1 and
 N(0, σ²S²) added to the edge's sum (privacy.noise = "edge": what the cloud and everyone after it see is
 (ε, δ)-DP for every client, δ = 1e-5). ε after each round is what the run's history records (opacus's
-RDP accountant, shared/algorithms/privacy.py). The reference runner computes the runs (the integration
+RDP accountant, shared/core/algorithms/privacy.py). The reference runner computes the runs (the integration
 tests show the services compute the same model and ε). Writes docs/dp.{md,json,png}.
 
 With `--dp-sgd`, the same federation without DP-FedAvg, each client training with DP-SGD instead
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 NOISE = [None, 0.5, 1.0, 2.0, 4.0]  # None: no noise nor clipping (FedAvg)

@@ -4,7 +4,7 @@ Task: hfpl on scikit-learn's digits, IID over 12 clients under 3 edges (4 each),
 cnn_deep, K = 1 local epoch, B = 32, lr 0.1, seed 0 (digits rather than MNIST: its real computation stays far
 below the modelled one, which the emulation needs; the devices are modelled with the profiles' cycles per
 sample of the MNIST CNN). Every client is an emulated device (FL_CLIENT_DVFS_BACKEND=emulate) with a profile
-from shared/dvfs.py (a 3.1× spread in speed, f_max / cycles per sample, from the Zero 2 W to the Pi 4):
+from shared/core/dvfs.py (a 3.1× spread in speed, f_max / cycles per sample, from the Zero 2 W to the Pi 4):
 
     --mix straggler (default): one slow device in every edge, edges of similar pace
         edge 0: rpi4, odroid-xu4-a15, rpi4, odroid-xu4-a7
@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 from hfpl import time_to
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.dvfs import PROFILES
-from shared.schemas import RoundRecord
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.dvfs import PROFILES
+from fl_services.shared.core.reports import RoundRecord
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # Per edge, its four clients' devices; client k is the (k // 3)-th client of edge k mod 3.
@@ -188,7 +188,7 @@ def critical_path(r: dict) -> float:
 def run_all(args: argparse.Namespace, runs: dict[str, RunConfig]) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {label: [] for label in runs}
     with LocalTopology(num_clients=12, num_edges=3, procs_per_edge=args.procs_per_edge,
-                       extra_env={"FL_CLIENT_DVFS_BACKEND": "emulate"}) as topo, \
+                       extra_env={"FL_CLIENT_DVFS_BACKEND": "emulate"}) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         # A first run pays for loading data and warming every process: not measured.
         warm = next(iter(runs.values())).model_copy(update={"name": "warm-up", "rounds": 2})

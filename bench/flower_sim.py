@@ -3,7 +3,7 @@
 Runs in a venv of its own with Flower (`python3.11 -m venv V && V/bin/pip install torch==2.13.0
 'flwr[simulation]'`), never in the project's: bench/scale.py (`--flower V/bin/python`) writes the very
 shards its own run trains (the same rows per client, no hold-out) to an .npz and calls this once per size.
-The model is Flower's PyTorch quickstart CNN, which is our `flower_cnn` (shared/models); the optimiser is
+The model is Flower's PyTorch quickstart CNN, which is our `flower_cnn` (shared/core/models); the optimiser is
 plain SGD (E = 1, B = 32, lr from the command line), the server FedAvg weighted by samples, evaluated
 centrally on the same test set after every round, as our cloud does. Two Ray workers of one CPU each: the
 two client processes of our run.

@@ -24,15 +24,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from client.state import ClientStateStore
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.algorithms import registry
-from shared.algorithms.hfpl import HFPL
-from shared.client_reports import client_reports
-from shared.config import RunConfig
-from shared.data.datasets import load_federated
-from shared.schemas import RoundRecord
+from fl_services.client.state import ClientStateStore
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.hfpl import HFPL
+from fl_services.shared.core.client_reports import client_reports
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.reports import RoundRecord
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SLOW_EDGE, SLOWDOWN = 2, 3.0
@@ -153,7 +153,7 @@ def main() -> None:
     repeats: dict[str, list[list[RoundRecord]]] = {label: [] for label in runs}
     finals: dict[str, dict[int, dict[str, float]]] = {}
     with LocalTopology(num_clients=12, num_edges=3, procs_per_edge=1,
-                       edge_env={SLOW_EDGE: {"FL_EDGE_SLOWDOWN": str(SLOWDOWN)}}) as topo, \
+                       edge_env={SLOW_EDGE: {"FL_EDGE_SLOWDOWN": str(SLOWDOWN)}}) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         for r in range(args.repeats):
             for label, config in runs.items():

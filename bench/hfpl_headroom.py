@@ -33,12 +33,12 @@ from pathlib import Path
 import torch
 from hfpl import config_for
 
-from shared.algorithms import registry
-from shared.algorithms.hfpl import HFPL
-from shared.client_reports import client_reports
-from shared.config import RunConfig
-from shared.data.datasets import ArrayDataset, load_federated
-from shared.reference import run_reference
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.hfpl import HFPL
+from fl_services.shared.core.client_reports import client_reports
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, load_federated
+from fl_services.shared.core.reference import run_reference
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RARE = 10  # a class the client has fewer training samples of than this is rare for it

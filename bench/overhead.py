@@ -3,7 +3,7 @@
 Work: FedAvg, CNN, MNIST 5k IID, 10 clients, 5 rounds, E=1, B=32. The distributed run is cloud + 1
 edge + 2 client processes (5 logical clients each) over HTTP with a private redis-server; it is timed
 from the start request until the run reports finished, on warm services (a first run loads the data in
-each process and is reported separately as "cold"). The reference is `shared.reference.run_reference`
+each process and is reported separately as "cold"). The reference is `fl_services.shared.core.reference.run_reference`
 in this process, with 1 torch thread (what each client process uses) and with all cores.
 
 With `--metrics-overhead`, a second topology with metrics switched off (FL_CLOUD_METRICS and
@@ -26,10 +26,10 @@ import time
 import httpx
 import torch
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 
 
 def timed_distributed(api: CloudAPI, config: RunConfig) -> float:

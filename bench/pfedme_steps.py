@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.data.datasets import load_federated
-from shared.federation import initial_model, local_job
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.federation import initial_model, local_job
 
 TASK = {"rounds": 1, "fraction": 0.25, "seed": 0, "model": {"name": "cnn"},
         "data": {"dataset": "mnist5k", "partition": "dirichlet", "alpha": 0.3, "num_clients": 20},

@@ -34,16 +34,17 @@ from pathlib import Path
 
 import torch
 
-from shared.algorithms import aggregate, robust
-from shared.algorithms.base import MODEL, ClientResult
-from shared.cloud_round import Diverged
-from shared.config import AggregationConfig, ModelConfig, RunConfig
-from shared.edge_round import ClientTask
-from shared.models import build_model
-from shared.reference import InProcessClients, run_reference
-from shared.schemas import MAX_SCALAR, ClientResultHeader
-from shared.seeding import torch_generator
-from shared.transport.records import encode
+from fl_services.shared.core.algorithms import aggregate, robust
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult
+from fl_services.shared.core.cloud_round import Diverged
+from fl_services.shared.core.config import AggregationConfig, ModelConfig, RunConfig
+from fl_services.shared.core.edge_round import ClientTask
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.records import encode
+from fl_services.shared.core.reference import InProcessClients, run_reference
+from fl_services.shared.core.reports import MAX_SCALAR
+from fl_services.shared.core.seeding import torch_generator
+from fl_services.shared.wire.client_edge import ClientResultHeader
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 AGGREGATORS = {

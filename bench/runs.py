@@ -18,10 +18,10 @@ import statistics
 import time
 from pathlib import Path
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.schemas import RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import RunStatus
 
 
 def sweep(count: int, rounds: int) -> list[RunConfig]:
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
 
     times: dict[int, dict[str, list[float]]] = {n: {"sequential": [], "concurrent": []} for n in args.counts}
-    with LocalTopology(num_clients=10, num_edges=1, procs_per_edge=2) as topo, \
+    with LocalTopology(num_clients=10, num_edges=1, procs_per_edge=2) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         concurrent(api, sweep(1, 1))  # warm: data loaded in every process
         for repeat in range(args.repeats):

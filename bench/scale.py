@@ -35,11 +35,11 @@ import httpx
 import numpy as np
 import torch
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology, Service
-from shared.config import RunConfig
-from shared.data.datasets import load_federated
-from shared.schemas import RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology, Service
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.reports import RunStatus
 
 # Issue 13's Flower 1.41 simulation figures on this machine (s/round, rounds 2+; RSS sum), fraction 1.
 FLOWER = {10: (0.76, 2.0), 50: (1.84, 2.0), 100: (2.31, 2.0), 200: (3.51, 2.0), 500: (8.21, 2.0), 1000: (16.01, 2.1)}

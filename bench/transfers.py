@@ -34,14 +34,15 @@ import httpx
 import redis
 import torch
 
-from fedctl.launch import LocalTopology
-from shared.algorithms import registry
-from shared.algorithms.base import ClientResult
-from shared.config import RunConfig
-from shared.federation import evaluate_global, initial_model
-from shared.schemas import ClientParticipation, EdgeContributionHeader, GlobalStateHeader
-from shared.transport.records import decode, encode
-from shared.transport.wire import SAFETENSORS
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import ClientResult
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import evaluate_global, initial_model
+from fl_services.shared.core.records import decode, encode
+from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
+from fl_services.shared.wire.protocol import SAFETENSORS
 
 ADMIN, EDGE = "bench-admin-token", "bench-edge-token"
 

@@ -6,8 +6,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServiceSettings
-from shared.transport.wire import issued_token_parts
+from fl_services.shared.runtime.settings import ServiceSettings
+from fl_services.shared.wire.protocol import issued_token_parts
 
 
 class ClientSettings(ServiceSettings):

@@ -1,13 +1,13 @@
 """DVFS on the client: before each local epoch, pick a CPU frequency and apply it, for real or emulated.
 
-The maths (profiles, time, energy, which frequency) is shared/dvfs.py; here is what a client process does
-with it. `Pacer` is installed on the training thread for one task (shared.dvfs.EPOCH_HOOK): every
+The maths (profiles, time, energy, which frequency) is shared/core/dvfs.py; here is what a client process does
+with it. `Pacer` is installed on the training thread for one task (fl_services.shared.core.dvfs.EPOCH_HOOK): every
 algorithm's epoch loop calls it before each epoch; it closes the epoch that ended (its modelled time and
 energy, and its measured progress) and picks the next epoch's frequency under the run's policy:
 
 - max: the top frequency, and cpufreq is left alone (no DVFS: today's behaviour);
 - deadline, slack: the cheapest frequency that still finishes the remaining epochs, and the upload, within
-  the budget the edge put in the task (shared.schemas.ClientTaskHeader.budget_s; None: full speed).
+  the budget the edge put in the task (fl_services.shared.wire.client_edge.ClientTaskHeader.budget_s; None: full speed).
 
 Backends: `Cpufreq` writes the host's sysfs (`scaling_setspeed` under the userspace governor, otherwise
 `scaling_max_freq`) and restores what it changed after the task; progress is measured wall time. Where
@@ -25,11 +25,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, Protocol
 
-from shared.config import RunConfig
-from shared.dvfs import EPOCH_HOOK, GHZ, DeviceProfile, comm_seconds, epoch_energy, epoch_seconds, pick_frequency
-from shared.schemas import ClientResultHeader, DeviceReport
-from shared.transport.records import Record
-from shared.transport.tensors import message_of
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.dvfs import (
+    EPOCH_HOOK,
+    GHZ,
+    DeviceProfile,
+    comm_seconds,
+    epoch_energy,
+    epoch_seconds,
+    pick_frequency,
+)
+from fl_services.shared.core.records import Record
+from fl_services.shared.core.reports import DeviceReport
+from fl_services.shared.core.tensors import message_of
+from fl_services.shared.wire.client_edge import ClientResultHeader
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from collections.abc import Callable
 
 import httpx
 
-from client.config import ClientSettings
-from client.state import drop_ended_runs
-from shared.backoff import Backoff
-from shared.schemas import ClientRegistration, TaskPoll
-from shared.transport import bundle
-from shared.transport.bundle import BundleItem
-from shared.transport.retry import DEDUPLICATED
-from shared.transport.wire import REFUSED_CLIENTS, UNKNOWN_CLIENTS, live_runs
+from fl_services.client.config import ClientSettings
+from fl_services.client.state import drop_ended_runs
+from fl_services.shared.wire import bundle
+from fl_services.shared.wire.backoff import Backoff
+from fl_services.shared.wire.bundle import BundleItem
+from fl_services.shared.wire.client_edge import ClientRegistration, TaskPoll
+from fl_services.shared.wire.protocol import REFUSED_CLIENTS, UNKNOWN_CLIENTS, live_runs
+from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Start a client process: `python -m client.main --edge http://EDGE:8100 --clients 0-4`."""
+"""Start a client process: `python -m fl_services.client.main --edge http://EDGE:8100 --clients 0-4`."""
 from __future__ import annotations
 
 import asyncio
@@ -9,12 +9,12 @@ from typing import Any, Optional
 import torch
 import typer
 
-from client.config import ClientSettings
-from client.feed import ClientsStopped
-from client.worker import Worker
-from shared.log import configure_logging
-from shared.transport.http import make_client
-from shared.transport.tls import client_context
+from fl_services.client.config import ClientSettings
+from fl_services.client.feed import ClientsStopped
+from fl_services.client.worker import Worker
+from fl_services.shared.runtime.log import configure_logging
+from fl_services.shared.wire.http import make_client
+from fl_services.shared.wire.tls import client_context
 
 log = logging.getLogger(__name__)
 app = typer.Typer(add_completion=False, help=__doc__)

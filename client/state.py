@@ -17,8 +17,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from shared.files import atomic_write
-from shared.transport.records import Record, flatten, unflatten
+from fl_services.shared.core.records import Record, flatten, unflatten
+from fl_services.shared.runtime.files import atomic_write
 
 _RESULT = "result"  # the key of the stored upload: not a record key, which always holds a "/"
 

@@ -19,21 +19,21 @@ from typing import Any, TypeVar
 
 import httpx
 
-from client.config import ClientSettings
-from client.dvfs import Pacer, backend_for, emulated_hold, record_bytes
-from client.feed import ClientStopped, TaskFeed, Unregistered, check
-from client.state import ClientStateStore
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.data.datasets import load_client
-from shared.federation import local_job
-from shared.log import bind
-from shared.schemas import ClientFailureReport, ClientResultHeader, ClientTaskHeader
-from shared.transport.bundle import BundleItem
-from shared.transport.http import binary_body
-from shared.transport.records import Record, decode, encode
-from shared.transport.retry import DEDUPLICATED
-from shared.transport.tensors import PayloadError, message_of
+from fl_services.client.config import ClientSettings
+from fl_services.client.dvfs import Pacer, backend_for, emulated_hold, record_bytes
+from fl_services.client.feed import ClientStopped, TaskFeed, Unregistered, check
+from fl_services.client.state import ClientStateStore
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_client
+from fl_services.shared.core.federation import local_job
+from fl_services.shared.core.records import Record, decode, encode
+from fl_services.shared.core.tensors import PayloadError, message_of
+from fl_services.shared.runtime.log import bind
+from fl_services.shared.wire.bundle import BundleItem
+from fl_services.shared.wire.client_edge import ClientFailureReport, ClientResultHeader, ClientTaskHeader
+from fl_services.shared.wire.http import binary_body
+from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

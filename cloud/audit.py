@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cloud.store import Store, now
-from shared.schemas import AuditRecord
+from fl_services.cloud.store import Store, now
+from fl_services.shared.wire.admin import AuditRecord
 
 
 @dataclass(frozen=True)

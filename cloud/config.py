@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServerSettings
-from shared.web import same_token
+from fl_services.shared.server.auth import same_token
+from fl_services.shared.server.settings import ServerSettings
 
 
 class CloudSettings(ServerSettings):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shared.algorithms.base import Algorithm
-from shared.schemas import EdgeContributionHeader
-from shared.transport.records import Record
-from shared.transport.tensors import InvalidContent
+from fl_services.shared.core.algorithms.base import Algorithm
+from fl_services.shared.core.records import Record
+from fl_services.shared.core.reports import EdgeContributionHeader
+from fl_services.shared.core.tensors import InvalidContent
 
 
 def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContributionHeader,

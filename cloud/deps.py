@@ -5,11 +5,12 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from cloud.audit import Auditor
-from cloud.config import CloudSettings
-from cloud.orchestrator import Orchestrator
-from cloud.store import Store
-from shared.web import Stopping, app_state, bearer_guard, bearer_token, unauthorized
+from fl_services.cloud.audit import Auditor
+from fl_services.cloud.config import CloudSettings
+from fl_services.cloud.orchestrator import Orchestrator
+from fl_services.cloud.store import Store
+from fl_services.shared.server.app import Stopping, app_state
+from fl_services.shared.server.auth import bearer_guard, bearer_token, unauthorized
 
 SettingsDep = Annotated[CloudSettings, Depends(app_state("settings"))]
 StoreDep = Annotated[Store, Depends(app_state("store"))]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from cloud.store import Store
-from shared.transport.records import Record, layout
+from fl_services.cloud.store import Store
+from fl_services.shared.core.records import Record, layout
 
 
 class GlobalStates:

@@ -10,18 +10,19 @@ import threading
 
 import torch
 
-from shared.algorithms import privacy, registry
-from shared.algorithms.base import Algorithm
-from shared.config import RunConfig, is_import_path
-from shared.data.datasets import load_federated
-from shared.dvfs import epoch_energy, epoch_seconds
-from shared.federation import initial_model
-from shared.models import mlp_parameters
-from shared.schemas import MAX_ENERGY_J, MAX_SECONDS, GlobalStateHeader
-from shared.selection import num_selected
-from shared.transport.records import Record, encode, flatten, non_finite
-from shared.transport.tensors import Dim
-from shared.user_code import UserCodeError, is_allowed
+from fl_services.shared.core.algorithms import privacy, registry
+from fl_services.shared.core.algorithms.base import Algorithm
+from fl_services.shared.core.config import RunConfig, is_import_path
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.dvfs import epoch_energy, epoch_seconds
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.models import mlp_parameters
+from fl_services.shared.core.records import Record, encode, flatten, non_finite
+from fl_services.shared.core.reports import MAX_ENERGY_J, MAX_SECONDS
+from fl_services.shared.core.selection import num_selected
+from fl_services.shared.core.tensors import Dim
+from fl_services.shared.core.user_code import UserCodeError, is_allowed
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
 log = logging.getLogger(__name__)
 

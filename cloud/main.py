@@ -1,4 +1,4 @@
-"""The cloud app: `python -m cloud.main` (under bare uvicorn: `uvicorn cloud.main:create_app --factory
+"""The cloud app: `fl-cloud` (under bare uvicorn: `uvicorn fl_services.cloud.main:create_app --factory
 --timeout-graceful-shutdown 1`, or a stop waits for the open long-polls)."""
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ import redis.asyncio as aioredis
 import torch
 from fastapi import FastAPI
 
-from cloud import retention
-from cloud.audit import Auditor
-from cloud.config import CloudSettings
-from cloud.initial_state import InvalidRun
-from cloud.keys import Keys
-from cloud.metrics import CloudMetrics
-from cloud.orchestrator import Orchestrator
-from cloud.routes import admin, edges, health, runs, ui
-from cloud.store import UNAVAILABLE, Conflict, NotFound, RedisRefused, RedisStore, check_redis
-from shared.log import configure_logging
-from shared.metrics import switchable
-from shared.settings import load_settings
-from shared.web import Stopping, serve, service_app
+from fl_services.cloud import retention
+from fl_services.cloud.audit import Auditor
+from fl_services.cloud.config import CloudSettings
+from fl_services.cloud.initial_state import InvalidRun
+from fl_services.cloud.keys import Keys
+from fl_services.cloud.metrics import CloudMetrics
+from fl_services.cloud.orchestrator import Orchestrator
+from fl_services.cloud.routes import admin, edges, health, runs, ui
+from fl_services.cloud.store import UNAVAILABLE, Conflict, NotFound, RedisRefused, RedisStore, check_redis
+from fl_services.shared.runtime.log import configure_logging
+from fl_services.shared.runtime.settings import load_settings
+from fl_services.shared.server.app import Stopping, service_app
+from fl_services.shared.server.metrics import switchable
+from fl_services.shared.server.serve import serve
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:

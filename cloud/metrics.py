@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from shared.metrics import ServiceMetrics, refusal_reason
+from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
 
 CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
 # Refusals of a contribution: the buffer's own (cloud.store's Conflict reasons) and those of the request.

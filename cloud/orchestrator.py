@@ -19,13 +19,12 @@ from typing import TypeVar
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError
 
-from cloud.global_states import GlobalStates
-from cloud.metrics import CloudMetrics
-from cloud.store import UNAVAILABLE, BufferedContribution, NotFound, StateTooLarge, Store, now
-from shared.algorithms import privacy, registry
-from shared.algorithms.base import Algorithm, Contribution
-from shared.backoff import Backoff
-from shared.cloud_round import (
+from fl_services.cloud.global_states import GlobalStates
+from fl_services.cloud.metrics import CloudMetrics
+from fl_services.cloud.store import UNAVAILABLE, BufferedContribution, NotFound, StateTooLarge, Store, now
+from fl_services.shared.core.algorithms import privacy, registry
+from fl_services.shared.core.algorithms.base import Algorithm, Contribution
+from fl_services.shared.core.cloud_round import (
     CloudRoundOutcome,
     Diverged,
     evaluate_outcome,
@@ -33,12 +32,14 @@ from shared.cloud_round import (
     run_cloud_round,
     with_evaluation,
 )
-from shared.config import RunConfig
-from shared.federation import contribution, evaluate_global
-from shared.log import bind
-from shared.longpoll import Announcer, wait_until
-from shared.schemas import GlobalStateHeader, RoundRecord, RunStatus
-from shared.transport.records import decode, decode_state, encode
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import contribution, evaluate_global
+from fl_services.shared.core.records import decode, decode_state, encode
+from fl_services.shared.core.reports import RoundRecord, RunStatus
+from fl_services.shared.runtime.log import bind
+from fl_services.shared.server.longpoll import Announcer, wait_until
+from fl_services.shared.wire.backoff import Backoff
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
 log = logging.getLogger(__name__)
 _CACHED_ALGORITHMS = 4
@@ -110,7 +111,7 @@ class Orchestrator:
             await self.wake_waiters()
 
     async def wait_until(self, check: Callable[[], Awaitable[T]], timeout: float, recheck_s: float = math.inf) -> T:
-        """`check()`'s first truthy value, looked for again after every announce (see shared/longpoll.py)."""
+        """`check()`'s first truthy value, looked for again after every announce (see shared/server/longpoll.py)."""
         return await wait_until(self._changed, check, timeout, recheck_s)
 
     def stop(self) -> None:

@@ -6,8 +6,8 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 
-from cloud.audit import Auditor
-from cloud.store import Conflict, NotFound, Store, now
+from fl_services.cloud.audit import Auditor
+from fl_services.cloud.store import Conflict, NotFound, Store, now
 
 log = logging.getLogger(__name__)
 

@@ -34,17 +34,11 @@ from redis.exceptions import AuthenticationError, NoPermissionError, WatchError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from cloud.keys import Entry, Keys, Meta
-from shared.config import RunConfig
-from shared.schemas import (
-    AuditRecord,
-    EdgeContributionHeader,
-    EdgeRegistration,
-    RevokedToken,
-    RoundRecord,
-    RunInfo,
-    RunStatus,
-)
+from fl_services.cloud.keys import Entry, Keys, Meta
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import EdgeContributionHeader, RoundRecord, RunStatus
+from fl_services.shared.wire.admin import AuditRecord, RevokedToken, RunInfo
+from fl_services.shared.wire.edge_cloud import EdgeRegistration
 
 T = TypeVar("T")
 

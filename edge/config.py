@@ -6,7 +6,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServerSettings
+from fl_services.shared.server.settings import ServerSettings
 
 
 class EdgeSettings(ServerSettings):

@@ -7,12 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from edge.config import EdgeSettings
-from edge.round_loop import EdgeRoundLoop
-from edge.tasks import TaskBoard
-from shared.schemas import ClientRegistration, TaskPoll
-from shared.transport.wire import device_token_id
-from shared.web import app_state, bearer_token, read_body, same_token, unauthorized
+from fl_services.edge.config import EdgeSettings
+from fl_services.edge.round_loop import EdgeRoundLoop
+from fl_services.edge.tasks import TaskBoard
+from fl_services.shared.server.app import app_state
+from fl_services.shared.server.auth import bearer_token, same_token, unauthorized
+from fl_services.shared.server.bodies import read_body
+from fl_services.shared.wire.client_edge import ClientRegistration, TaskPoll
+from fl_services.shared.wire.protocol import device_token_id
 
 SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
 BoardDep = Annotated[TaskBoard, Depends(app_state("board"))]

@@ -1,4 +1,4 @@
-"""The edge app: `python -m edge.main`."""
+"""The edge app: `python -m fl_services.edge.main`."""
 from __future__ import annotations
 
 import asyncio
@@ -9,18 +9,19 @@ import httpx
 import torch
 from fastapi import FastAPI
 
-from edge.config import EdgeSettings
-from edge.metrics import EdgeMetrics
-from edge.revocations import Revocations
-from edge.round_loop import EdgeRoundLoop
-from edge.routes import clients, health
-from edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
-from shared.log import configure_logging
-from shared.metrics import switchable
-from shared.settings import load_settings
-from shared.transport.http import make_client
-from shared.transport.tls import client_context
-from shared.web import Stopping, serve, service_app
+from fl_services.edge.config import EdgeSettings
+from fl_services.edge.metrics import EdgeMetrics
+from fl_services.edge.revocations import Revocations
+from fl_services.edge.round_loop import EdgeRoundLoop
+from fl_services.edge.routes import clients, health
+from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
+from fl_services.shared.runtime.log import configure_logging
+from fl_services.shared.runtime.settings import load_settings
+from fl_services.shared.server.app import Stopping, service_app
+from fl_services.shared.server.metrics import switchable
+from fl_services.shared.server.serve import serve
+from fl_services.shared.wire.http import make_client
+from fl_services.shared.wire.tls import client_context
 
 
 def create_app(settings: EdgeSettings | None = None,

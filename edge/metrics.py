@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from shared.metrics import ServiceMetrics, refusal_reason
-from shared.schemas import ClientResultHeader
+from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
+from fl_services.shared.wire.client_edge import ClientResultHeader
 
 if TYPE_CHECKING:
-    from edge.round_loop import EdgeRoundLoop
-    from edge.tasks import TaskBoard
+    from fl_services.edge.round_loop import EdgeRoundLoop
+    from fl_services.edge.tasks import TaskBoard
 
 RESULTS_ROUTE = "/api/v1/clients/{client_id}/results"
 # Refusals of a result: the task board's (edge/tasks.py TaskConflict reasons) and those of the request.

@@ -13,9 +13,9 @@
 """
 from __future__ import annotations
 
-from shared.algorithms.base import ClientResult
-from shared.config import RunConfig
-from shared.schemas import GlobalStateHeader
+from fl_services.shared.core.algorithms.base import ClientResult
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
 
 class EdgePacing:

@@ -17,31 +17,26 @@ from pathlib import Path
 
 import httpx
 
-from edge.config import EdgeSettings
-from edge.metrics import EdgeMetrics
-from edge.pacing import EdgePacing
-from edge.tasks import ForeignClient, Task, TaskBoard
-from shared.algorithms import registry
-from shared.algorithms.base import Algorithm, ClientResult
-from shared.backoff import Backoff
-from shared.config import RoundPolicy, RunConfig
-from shared.edge_round import ClientTask, run_edge_round
-from shared.federation import known_num_samples, participation
-from shared.files import atomic_write
-from shared.log import bind
-from shared.schemas import (
-    ClientFailure,
-    ClientTaskHeader,
-    EdgeContributionHeader,
-    EdgeRegistration,
-    GlobalStateHeader,
-    RunEnd,
-)
-from shared.transport.http import binary_body
-from shared.transport.records import Record, decode, decode_state, encode
-from shared.transport.retry import DEDUPLICATED
-from shared.transport.tensors import PayloadError
-from shared.transport.wire import live_runs
+from fl_services.edge.config import EdgeSettings
+from fl_services.edge.metrics import EdgeMetrics
+from fl_services.edge.pacing import EdgePacing
+from fl_services.edge.tasks import ForeignClient, Task, TaskBoard
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import Algorithm, ClientResult
+from fl_services.shared.core.config import RoundPolicy, RunConfig
+from fl_services.shared.core.edge_round import ClientTask, run_edge_round
+from fl_services.shared.core.federation import known_num_samples, participation
+from fl_services.shared.core.records import Record, decode, decode_state, encode
+from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader
+from fl_services.shared.core.tensors import PayloadError
+from fl_services.shared.runtime.files import atomic_write
+from fl_services.shared.runtime.log import bind
+from fl_services.shared.wire.backoff import Backoff
+from fl_services.shared.wire.client_edge import ClientTaskHeader
+from fl_services.shared.wire.edge_cloud import EdgeRegistration, GlobalStateHeader, RunEnd
+from fl_services.shared.wire.http import binary_body
+from fl_services.shared.wire.protocol import live_runs
+from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable
 
-from shared.algorithms.base import ClientResult
-from shared.longpoll import wait_until
-from shared.schemas import ClientFailure, ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
-from shared.transport.records import Record, flatten
-from shared.transport.tensors import InvalidContent, SharedEncoding
+from fl_services.shared.core.algorithms.base import ClientResult
+from fl_services.shared.core.records import Record, flatten
+from fl_services.shared.core.reports import ClientFailure
+from fl_services.shared.core.tensors import InvalidContent, SharedEncoding
+from fl_services.shared.server.longpoll import wait_until
+from fl_services.shared.wire.client_edge import (
+    ClientFailureReport,
+    ClientRegistration,
+    ClientResultHeader,
+    ClientTaskHeader,
+)
 
 
 class TaskConflict(Exception):
@@ -43,7 +49,7 @@ class Task:
     # What the client reported when it could not train the task; a later result still answers it (the
     # client process restarted with what it lacked).
     failure: str | None = None
-    # The client's training sample count where the edge knows it (shared.federation.known_num_samples): a
+    # The client's training sample count where the edge knows it (shared.core.federation.known_num_samples): a
     # result must claim exactly this. Where it does not, `max_samples` (the edge's max_client_samples) caps
     # what a claim weighs. Unchecked, one device claiming 10^12 samples took 0.999999999 of the weight.
     num_samples: int | None = None

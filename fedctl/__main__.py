@@ -1,4 +1,4 @@
-"""fedctl: `python -m fedctl demo` runs a whole federation on this machine; the other commands drive
+"""fedctl: `fedctl demo` runs a whole federation on this machine; the other commands drive
 a cloud anywhere through its REST API."""
 from __future__ import annotations
 
@@ -19,18 +19,19 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from client.config import parse_ids
-from fedctl.api import CloudAPI
-from fedctl.certs import write_deployment
-from fedctl.launch import LocalTopology
-from fedctl.report import save_results
-from shared.algorithms import registry
-from shared.client_reports import client_reports, group_summary
-from shared.config import DataConfig, DvfsConfig, ModelConfig, RunConfig
-from shared.files import write_private
-from shared.schemas import RoundRecord, RunInfo
-from shared.transport.tls import client_context
-from shared.transport.wire import client_token, derived_token_id, issue_device_tokens, tokens_file_text
+from fl_services.client.config import parse_ids
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.certs import write_deployment
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.fedctl.report import save_results
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.client_reports import client_reports, group_summary
+from fl_services.shared.core.config import DataConfig, DvfsConfig, ModelConfig, RunConfig
+from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.runtime.files import write_private
+from fl_services.shared.wire.admin import RunInfo
+from fl_services.shared.wire.protocol import client_token, derived_token_id, issue_device_tokens, tokens_file_text
+from fl_services.shared.wire.tls import client_context
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console()

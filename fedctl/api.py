@@ -7,12 +7,13 @@ from urllib.parse import quote
 
 import httpx
 
-from shared.config import RunConfig
-from shared.schemas import AuditRecord, Revocation, RevokedToken, RoundRecord, RunInfo, RunStatus
-from shared.transport.http import env_proxy
-from shared.transport.retry import SyncRetryTransport
-from shared.transport.tensors import Tensors, decode_tensors
-from shared.transport.tls import client_context
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import RoundRecord, RunStatus
+from fl_services.shared.core.tensors import Tensors, decode_tensors
+from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken, RunInfo
+from fl_services.shared.wire.http import env_proxy
+from fl_services.shared.wire.retry import SyncRetryTransport
+from fl_services.shared.wire.tls import client_context
 
 
 def _run_path(run_id: str) -> str:
@@ -27,7 +28,7 @@ class CloudAPI:
         # Reads are retried through a passing fault (a 5xx, a dropped connection: right after a Redis restart
         # one request in about ninety met a stale pooled connection); writes are not, since a create is not
         # idempotent. `transport` replaces the network under the retries (tests). `tls`: how an https://
-        # cloud is verified and what certificate is presented (`shared.transport.tls.client_context`).
+        # cloud is verified and what certificate is presented (`shared.wire.tls.client_context`).
         network = transport or httpx.HTTPTransport(verify=tls or client_context(), proxy=env_proxy(base_url))
         retrying = SyncRetryTransport(network, attempts=read_attempts)
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"},

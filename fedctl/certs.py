@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from shared.files import write_private
+from fl_services.shared.runtime.files import write_private
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 

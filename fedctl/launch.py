@@ -16,12 +16,12 @@ from pathlib import Path
 
 import httpx
 
-from fedctl.certs import write_deployment
-from fedctl.redis_server import RedisServer, free_port
-from shared.files import write_private
-from shared.schemas import EdgeHealth
-from shared.transport.tls import client_context
-from shared.transport.wire import issue_device_tokens, tokens_file_text
+from fl_services.fedctl.certs import write_deployment
+from fl_services.fedctl.redis_server import RedisServer, free_port
+from fl_services.shared.runtime.files import write_private
+from fl_services.shared.wire.admin import EdgeHealth
+from fl_services.shared.wire.protocol import issue_device_tokens, tokens_file_text
+from fl_services.shared.wire.tls import client_context
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,7 +128,7 @@ class LocalTopology:
     # host (a network namespace) need an edge address routed there and ["ip", "netns", "exec", name].
     edge_host: str = "127.0.0.1"
     client_prefix: list[str] = field(default_factory=list)
-    # Client processes, by their start order, run by another program than `python -m client.main`, e.g.
+    # Client processes, by their start order, run by another program than `fl-client`, e.g.
     # {0: ["/elsewhere/bin/fl-client"]} for a wheel installed in another venv.
     client_programs: dict[int, list[str]] = field(default_factory=dict)
     # Cloud replicas over the one Redis; with more than one, `cloud_front` is given their addresses and
@@ -173,7 +173,7 @@ class LocalTopology:
         admin.pem); None over plain HTTP."""
         if self.scheme == "http":
             return None
-        return client_context(self.certs / "ca.pem", *self._cert("admin")) if self.mutual_tls else \
+        return client_context(self.certs / "ca.pem", *self._cert("admin")) if self.mutual_tls else\
             client_context(self.certs / "ca.pem")
 
     def _cert(self, name: str) -> tuple[Path, Path]:
@@ -229,7 +229,7 @@ class LocalTopology:
         if self.redis_url is None:
             raise RuntimeError("the cloud needs Redis: start() starts one when no redis_url is given")
         name = "cloud" if replica == 0 else f"cloud{replica}"
-        return Service(name, ["-m", "cloud.main"], {
+        return Service(name, ["-m", "fl_services.cloud.main"], {
             "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": self.redis_url,
             "FL_CLOUD_KEY_PREFIX": self.key_prefix, "FL_CLOUD_ADMIN_TOKEN": self.admin_token,
             "FL_CLOUD_EDGE_TOKEN": self.edge_token, "FL_CLOUD_TORCH_THREADS": str(self.torch_threads),
@@ -256,7 +256,7 @@ class LocalTopology:
             self.front_url = self.cloud_front([c.address() for c in self.clouds])
         for edge_id in range(self.num_edges):
             port = free_port()
-            edge = Service(f"edge{edge_id}", ["-m", "edge.main"], {
+            edge = Service(f"edge{edge_id}", ["-m", "fl_services.edge.main"], {
                 "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_HOST": self.edge_host, "FL_EDGE_PORT": str(port),
                 "FL_EDGE_CLOUD_URL": self.cloud_url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
@@ -271,7 +271,7 @@ class LocalTopology:
         for edge_id, edge in enumerate(self.edges):
             for p, ids in enumerate(split(list(range(edge_id, self.num_clients, self.num_edges)), self.procs_per_edge)):
                 program = self.client_programs.get(len(self.clients))
-                client = Service(f"client{edge_id}.{p}", [] if program else ["-m", "client.main"], {
+                client = Service(f"client{edge_id}.{p}", [] if program else ["-m", "fl_services.client.main"], {
                     "FL_CLIENT_EDGE_URL": edge.address(), "FL_CLIENT_CLIENTS": ids_spec(ids),
                     **self._token_env(ids, f"client{edge_id}.{p}"), "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",

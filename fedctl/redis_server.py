@@ -15,7 +15,7 @@ enough on a machine without Redis).
 
 Run one in the foreground::
 
-    python -m fedctl.redis_server [--port N] [--dir D]
+    python -m fl_services.fedctl.redis_server [--port N] [--dir D]
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ class RedisServer:
 def main(argv: list[str] | None = None) -> int:
     """Run one private redis-server in the foreground until Ctrl-C/SIGTERM (for the demo)."""
     parser = argparse.ArgumentParser(
-        prog="python -m fedctl.redis_server",
+        prog="python -m fl_services.fedctl.redis_server",
         description="Run a private redis-server on 127.0.0.1 and print its URL.",
     )
     parser.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")

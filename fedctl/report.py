@@ -5,10 +5,11 @@ import csv
 import json
 from pathlib import Path
 
-from shared.algorithms import registry
-from shared.client_reports import client_reports
-from shared.schemas import RoundRecord, RunInfo
-from shared.transport.tensors import Tensors, encode
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.client_reports import client_reports
+from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.core.tensors import Tensors, encode
+from fl_services.shared.wire.admin import RunInfo
 
 
 def save_results(out_dir: Path, info: RunInfo, history: list[RoundRecord], model: Tensors) -> dict[str, Path]:

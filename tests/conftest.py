@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fedctl.redis_server import RedisServer
+from fl_services.fedctl.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pydantic_settings import BaseSettings
 
-from client.config import ClientSettings
-from cloud.config import CloudSettings
-from edge.config import EdgeSettings
+from fl_services.client.config import ClientSettings
+from fl_services.cloud.config import CloudSettings
+from fl_services.edge.config import EdgeSettings
 
 # package (= Dockerfile suffix) -> (env prefix, settings class)
 SETTINGS: dict[str, tuple[str, type[BaseSettings]]] = {

@@ -25,10 +25,10 @@ import pytest
 import redis
 import yaml  # noqa: E402  (requirements-dev.txt)
 
-from client.config import parse_ids  # noqa: E402
-from fedctl.certs import write_deployment  # noqa: E402
-from fedctl.redis_server import free_port  # noqa: E402
-from shared.transport.wire import device_token_id, issue_device_tokens, tokens_file_text  # noqa: E402
+from fl_services.client.config import parse_ids  # noqa: E402
+from fl_services.fedctl.certs import write_deployment  # noqa: E402
+from fl_services.fedctl.redis_server import free_port  # noqa: E402
+from fl_services.shared.wire.protocol import device_token_id, issue_device_tokens, tokens_file_text  # noqa: E402
 from tests.deployment import SETTINGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,12 +160,12 @@ def cmd_of(dockerfile: Path) -> list[str]:
 
 def package_of(service_name: str) -> str:
     """The service package a built service runs, from its Dockerfile's CMD: one of the installed
-    package's console scripts, e.g. `fl-cloud` -> cloud.main:main -> cloud."""
+    package's console scripts, e.g. `fl-cloud` -> fl_services.cloud.main:main -> cloud."""
     cmd = cmd_of(dockerfile_path(SERVICES[service_name]))
     assert len(cmd) == 1 and cmd[0] in SCRIPTS, f"{service_name}: CMD {cmd} is not a console script"
     module, _ = SCRIPTS[cmd[0]].split(":")
     assert module.endswith(".main"), module
-    return module.removesuffix(".main")
+    return module.removesuffix(".main").removeprefix("fl_services.")
 
 
 def services_running(pkg: str) -> list[str]:
@@ -536,7 +536,7 @@ def test_the_documented_compose_run_config_fits_the_compose_topology():
     """docker/fedavg-two-edges.json must match the two edges and ten clients the compose file starts."""
     import json
 
-    from shared.config import RunConfig
+    from fl_services.shared.core.config import RunConfig
 
     config = RunConfig.model_validate(json.loads((ROOT / "docker" / "fedavg-two-edges.json").read_text()))
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.algorithms import registry
+from fl_services.shared.core.algorithms import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted([*ROOT.glob("examples/*.json"), *ROOT.glob("docker/*.json")])

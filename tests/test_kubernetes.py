@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from client.config import ClientSettings
+from fl_services.client.config import ClientSettings
 from tests.deployment import SETTINGS, unknown_settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from cloud.config import CloudSettings
-from cloud.main import create_app as create_cloud
-from edge.config import EdgeSettings
-from edge.main import create_app as create_edge
+from fl_services.cloud.config import CloudSettings
+from fl_services.cloud.main import create_app as create_cloud
+from fl_services.edge.config import EdgeSettings
+from fl_services.edge.main import create_app as create_edge
 from tests.prometheus import exposable_names
 from tests.test_compose import SERVICES, environment
 
@@ -42,7 +42,7 @@ def mounts(service: str) -> dict[str, Path]:
 
 
 def test_every_dashboard_metric_is_exported() -> None:
-    exported = exposable_names(create_cloud(CloudSettings()).state.metrics.registry) \
+    exported = exposable_names(create_cloud(CloudSettings()).state.metrics.registry)\
         | exposable_names(create_edge(EdgeSettings()).state.metrics.registry)
     assert all(METRIC.search(expr) for expr in dashboard_exprs())  # every query reads one of ours
     assert len(dashboard_metric_names()) >= 10

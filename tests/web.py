@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from safetensors.torch import save as st_save
 
-from shared.transport.tensors import Tensors
+from fl_services.shared.core.tensors import Tensors
 
 
 def bearer(token: str | None) -> dict[str, str]:

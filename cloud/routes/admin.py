@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from fastapi import Query, Request, status
 
-from cloud.deps import AuditDep, StoreDep, require_admin
-from shared.schemas import AuditRecord, Revocation, RevokedToken
-from shared.web import error_responses, guarded_router, json_body_doc, read_json
+from fl_services.cloud.deps import AuditDep, StoreDep, require_admin
+from fl_services.shared.server.auth import guarded_router
+from fl_services.shared.server.bodies import read_json
+from fl_services.shared.server.docs import json_body_doc
+from fl_services.shared.server.errors import error_responses
+from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken
 
 router = guarded_router(require_admin, prefix="/api/v1", tags=["operations"])
 

@@ -6,22 +6,26 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException, Path, Query, Request, Response, status
 
-from cloud.contributions import check_contribution
-from cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
-from cloud.global_states import GlobalStates
-from cloud.store import NotFound, Store
-from shared import web
-from shared.metrics import note_outcome
-from shared.schemas import EdgeContributionHeader, EdgeRegistration, RunEnd, RunStatus, SubmitReceipt
-from shared.transport.tensors import InvalidContent
-from shared.transport.wire import LIVE_RUNS
-from shared.web import binary, rate_limited, read_json, read_message, reject
+from fl_services.cloud.contributions import check_contribution
+from fl_services.cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
+from fl_services.cloud.global_states import GlobalStates
+from fl_services.cloud.store import NotFound, Store
+from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus
+from fl_services.shared.core.tensors import InvalidContent
+from fl_services.shared.server.auth import guarded_router
+from fl_services.shared.server.bodies import binary, read_json, read_message, reject
+from fl_services.shared.server.docs import binary_body_doc, json_body_doc
+from fl_services.shared.server.errors import error_responses
+from fl_services.shared.server.metrics import note_outcome
+from fl_services.shared.server.quotas import rate_limited
+from fl_services.shared.wire.edge_cloud import EdgeRegistration, RunEnd, SubmitReceipt
+from fl_services.shared.wire.protocol import LIVE_RUNS
 
-router = web.guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
+router = guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
 
 
-@router.post("/edges", responses=web.error_responses(400, 408, 413, 422, 429),
-             openapi_extra=web.json_body_doc(EdgeRegistration))
+@router.post("/edges", responses=error_responses(400, 408, 413, 422, 429),
+             openapi_extra=json_body_doc(EdgeRegistration))
 async def register(request: Request, store: StoreDep) -> EdgeRegistration:
     reg = await read_json(request, EdgeRegistration)  # after the token check
     await rate_limited(request, "registration", reg.edge_id)
@@ -90,7 +94,7 @@ async def _offer(store: Store, globals_: GlobalStates, edge_id: int, seen: dict[
           "headers": {LIVE_RUNS: {"description": "the live runs this edge takes part in, comma-separated",
                                   "schema": {"type": "string"}}}},
     204: {"description": "nothing newer before the timeout, or a run the edge knows has ended"},
-    **web.error_responses(404, 422)})
+    **error_responses(404, 422)})
 async def global_state(
     edge_id: int,
     request: Request,
@@ -143,7 +147,7 @@ async def _ended(store, run_id: str) -> RunEnd | None:
 
 
 @router.get("/edges/{edge_id}/runs/{run_id}/end", response_model=RunEnd, responses={
-    204: {"description": "the run still trains at the timeout"}, **web.error_responses(404, 422)})
+    204: {"description": "the run still trains at the timeout"}, **error_responses(404, 422)})
 async def run_end(
     edge_id: int,
     store: StoreDep,
@@ -169,7 +173,7 @@ async def run_end(
 
 
 @router.post("/edges/{edge_id}/contributions", status_code=status.HTTP_202_ACCEPTED,
-             responses=web.error_responses(400, 404, 408, 409, 413, 422, 429), openapi_extra=web.binary_body_doc())
+             responses=error_responses(400, 404, 408, 409, 413, 422, 429), openapi_extra=binary_body_doc())
 async def submit(
     edge_id: int, request: Request, store: StoreDep, settings: SettingsDep, orchestrator: OrchestratorDep
 ) -> SubmitReceipt:

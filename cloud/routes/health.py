@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from cloud.deps import StoreDep
-from shared.schemas import CloudHealth
+from fl_services.cloud.deps import StoreDep
+from fl_services.shared.wire.admin import CloudHealth
 
 router = APIRouter(tags=["health"])
 

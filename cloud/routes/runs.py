@@ -8,15 +8,20 @@ from typing import Literal
 from fastapi import Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from cloud.deps import AuditDep, OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
-from cloud.initial_state import checked_initial_global
-from cloud.ui.view import LiveRun, read_edges
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.schemas import GlobalStateHeader, RoundRecord, RunEdges, RunInfo
-from shared.transport.records import decode
-from shared.transport.tensors import encode
-from shared.web import binary, error_responses, guarded_router, json_body_doc, read_json
+from fl_services.cloud.deps import AuditDep, OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
+from fl_services.cloud.initial_state import checked_initial_global
+from fl_services.cloud.ui.view import LiveRun, read_edges
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.records import decode
+from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.core.tensors import encode
+from fl_services.shared.server.auth import guarded_router
+from fl_services.shared.server.bodies import binary, read_json
+from fl_services.shared.server.docs import json_body_doc
+from fl_services.shared.server.errors import error_responses
+from fl_services.shared.wire.admin import RunEdges, RunInfo
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
 router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 

@@ -1,5 +1,5 @@
 """The dashboard's pages, every asset served from cloud/ui/static (nothing from a CDN, so they work
-offline; the API docs are shared/web.py's `offline_docs`). The pages hold no data: they read the admin API
+offline; the API docs are shared/server/'s `offline_docs`). The pages hold no data: they read the admin API
 with the token the user enters."""
 from __future__ import annotations
 

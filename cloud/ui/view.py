@@ -8,20 +8,12 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import datetime
 
-from cloud.orchestrator import Orchestrator
-from cloud.store import NotFound, Store
-from shared.client_reports import client_reports, group_summary
-from shared.schemas import (
-    ContributionRecord,
-    EdgeContributionHeader,
-    EdgeStatus,
-    RoundRecord,
-    RunEdges,
-    RunInfo,
-    RunStatus,
-    RunUpdate,
-)
-from shared.web import Stopping
+from fl_services.cloud.orchestrator import Orchestrator
+from fl_services.cloud.store import NotFound, Store
+from fl_services.shared.core.client_reports import client_reports, group_summary
+from fl_services.shared.core.reports import ContributionRecord, EdgeContributionHeader, RoundRecord, RunStatus
+from fl_services.shared.server.app import Stopping
+from fl_services.shared.wire.admin import EdgeStatus, RunEdges, RunInfo, RunUpdate
 
 # A stream says something at least this often, so proxies and browsers keep an idle connection open.
 KEEPALIVE_S = 15.0

@@ -6,21 +6,30 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request, Response, status
 
-from edge.deps import BoardDep, ClientAuth, RoundLoopDep, SettingsDep, client_auth
-from shared import web
-from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ResultReceipt, TaskPoll
-from shared.transport import bundle
-from shared.transport.tensors import InvalidContent
-from shared.transport.wire import LIVE_RUNS, REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS
-from shared.web import binary, open_request, rate_limited, read_json, read_message, reject, unauthorized
+from fl_services.edge.deps import BoardDep, ClientAuth, RoundLoopDep, SettingsDep, client_auth
+from fl_services.shared.core.tensors import InvalidContent
+from fl_services.shared.server.auth import guarded_router, unauthorized
+from fl_services.shared.server.bodies import binary, read_json, read_message, reject
+from fl_services.shared.server.docs import binary_body_doc, json_body_doc
+from fl_services.shared.server.errors import error_responses
+from fl_services.shared.server.quotas import open_request, rate_limited
+from fl_services.shared.wire import bundle
+from fl_services.shared.wire.client_edge import (
+    ClientFailureReport,
+    ClientRegistration,
+    ClientResultHeader,
+    ResultReceipt,
+    TaskPoll,
+)
+from fl_services.shared.wire.protocol import LIVE_RUNS, REFUSED_CLIENTS, TASK_BUNDLE, UNKNOWN_CLIENTS
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
-router = web.guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["clients"])
+router = guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["clients"])
 
 
-@router.post("", responses=web.error_responses(400, 408, 409, 413, 422, 429),
-             openapi_extra=web.json_body_doc(ClientRegistration))
+@router.post("", responses=error_responses(400, 408, 409, 413, 422, 429),
+             openapi_extra=json_body_doc(ClientRegistration))
 async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
     reg = await read_json(request, ClientRegistration)  # after the token check
     await rate_limited(request, "registration", reg.client_id)
@@ -30,7 +39,7 @@ async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> Cli
 
 
 @router.get("/{client_id}/task", responses={204: {"description": "no task before the timeout"},
-                                            **web.error_responses(404, 422, 429)})
+                                            **error_responses(404, 422, 429)})
 async def task(client_id: int, request: Request, board: BoardDep, settings: SettingsDep,
                timeout: float = Query(20.0, ge=0)):
     async with open_request(request, "task", client_id):
@@ -42,12 +51,12 @@ async def task(client_id: int, request: Request, board: BoardDep, settings: Sett
 
 @router.post("/tasks", responses={200: {"content": {TASK_BUNDLE: {}}, "description": "the tasks, as a bundle"},
                                   204: {"description": "no task before the timeout"},
-                                  **web.error_responses(400, 408, 413, 422, 429)},
-             openapi_extra=web.json_body_doc(TaskPoll))
+                                  **error_responses(400, 408, 413, 422, 429)},
+             openapi_extra=json_body_doc(TaskPoll))
 async def tasks(request: Request, board: BoardDep, settings: SettingsDep, loop: RoundLoopDep,
                 auth: Annotated[ClientAuth, Depends(client_auth)]) -> Response:
     """A client process's one long-poll for all its logical clients: every open task of theirs but those it
-    holds (shared/transport/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients, ids whose
+    holds (shared/wire/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients, ids whose
     token it refuses in X-FL-Refused-Clients (401 if it refuses all)."""
     poll = await read_json(request, TaskPoll)  # after the token check (each id's token, or the secret)
     refusals = {k: reason for k in poll.client_ids if (reason := auth.refusal(k, poll.tokens.get(k))) is not None}
@@ -73,7 +82,7 @@ async def tasks(request: Request, board: BoardDep, settings: SettingsDep, loop: 
 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED,
-             responses=web.error_responses(400, 404, 408, 409, 413, 422, 429), openapi_extra=web.binary_body_doc())
+             responses=error_responses(400, 404, 408, 409, 413, 422, 429), openapi_extra=binary_body_doc())
 async def result(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
     await rate_limited(request, "result", client_id)  # before its body is read
     async with open_request(request, "result", client_id):  # each upload may hold max_payload_bytes in memory
@@ -90,8 +99,8 @@ async def result(client_id: int, request: Request, board: BoardDep) -> ResultRec
 
 
 @router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
-             responses=web.error_responses(400, 404, 408, 409, 413, 422, 429),
-             openapi_extra=web.json_body_doc(ClientFailureReport))
+             responses=error_responses(400, 404, 408, 409, 413, 422, 429),
+             openapi_extra=json_body_doc(ClientFailureReport))
 async def failure(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
     """A task the client could not train: the round stops waiting for it and its record says why."""
     await rate_limited(request, "result", client_id)  # a failure answers a task as a result does

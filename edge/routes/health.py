@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from edge.deps import BoardDep, RoundLoopDep
-from shared.schemas import EdgeHealth
+from fl_services.edge.deps import BoardDep, RoundLoopDep
+from fl_services.shared.wire.admin import EdgeHealth
 
 router = APIRouter(tags=["health"])
 

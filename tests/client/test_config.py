@@ -1,7 +1,7 @@
 import pytest
 
-from client.config import ClientSettings, parse_ids
-from shared.transport.wire import issue_device_tokens, tokens_file_text
+from fl_services.client.config import ClientSettings, parse_ids
+from fl_services.shared.wire.protocol import issue_device_tokens, tokens_file_text
 
 
 @pytest.mark.parametrize("spec, ids", [("3", [3]), ("0-4", [0, 1, 2, 3, 4]), ("0,2,5-7", [0, 2, 5, 6, 7]),

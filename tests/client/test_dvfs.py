@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from client.config import ClientSettings
-from client.dvfs import Cpufreq, CpufreqUnavailable, Emulated, Pacer, backend_for, emulated_hold
-from client.worker import compute
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.data.datasets import load_client
-from shared.dvfs import PROFILES
-from shared.federation import initial_model, local_job
-from shared.schemas import ClientResultHeader, ClientTaskHeader
-from shared.transport.records import decode
+from fl_services.client.config import ClientSettings
+from fl_services.client.dvfs import Cpufreq, CpufreqUnavailable, Emulated, Pacer, backend_for, emulated_hold
+from fl_services.client.worker import compute
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_client
+from fl_services.shared.core.dvfs import PROFILES
+from fl_services.shared.core.federation import initial_model, local_job
+from fl_services.shared.core.records import decode
+from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
 
 HOST_KHZ = "408000 600000 816000 1008000 1200000 1416000 1608000 1800000"
 
@@ -169,7 +169,7 @@ def test_a_task_under_deadline_drives_the_real_cpufreq_before_each_epoch(tmp_pat
     config = RunConfig(model={"name": "mlp"}, local={"epochs": 3}, dvfs={"policy": "deadline"})
     _, header, task = task_of(config, budget_s=1e4)  # a generous budget: the lowest frequency
     seen: list[list[str]] = []
-    import shared.training as training
+    import fl_services.shared.core.training as training
 
     original = training.before_epoch
 

@@ -6,16 +6,16 @@ import logging
 import httpx
 from typer.testing import CliRunner
 
-import client.main
-from shared.transport.http import make_client
+from fl_services.client import main as client_main
+from fl_services.shared.wire.http import make_client
 
 
 def test_process_exits_non_zero_when_the_edge_refuses_every_client(tmp_path, monkeypatch, caplog):
     refuse = httpx.MockTransport(lambda request: httpx.Response(401, json={"detail": "invalid bearer token"}))
-    monkeypatch.setattr(client.main, "make_client", lambda *a, **kw: make_client(*a, transport=refuse, **kw))
+    monkeypatch.setattr(client_main, "make_client", lambda *a, **kw: make_client(*a, transport=refuse, **kw))
     monkeypatch.delenv("FL_CLIENT_CONFIG_FILE", raising=False)
     caplog.set_level(logging.INFO)
-    result = CliRunner().invoke(client.main.app, ["--clients", "0-1", "--state-dir", str(tmp_path)])
+    result = CliRunner().invoke(client_main.app, ["--clients", "0-1", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert isinstance(result.exception, SystemExit), result.exception  # a clean exit, not a traceback
     assert "every logical client of this process stopped for good" in caplog.text
@@ -25,7 +25,7 @@ def test_process_exits_non_zero_when_the_edge_refuses_every_client(tmp_path, mon
 def test_help_names_each_options_variable_and_default(monkeypatch):
     # A device's operator has only `fl-client --help` and the README, which names FL_CLIENT_* variables.
     monkeypatch.setenv("COLUMNS", "200")
-    result = CliRunner().invoke(client.main.app, ["--help"])
+    result = CliRunner().invoke(client_main.app, ["--help"])
     assert result.exit_code == 0
     lines = {line.split()[1]: line for line in result.output.splitlines() if line.startswith("│ --")}
     expected = {"--edge": "FL_CLIENT_EDGE_URL; default http://127.0.0.1:8100",
@@ -43,7 +43,7 @@ def test_a_shard_that_holds_no_client_exits_with_one_line(tmp_path, monkeypatch,
     monkeypatch.delenv("FL_CLIENT_CONFIG_FILE", raising=False)
     monkeypatch.setenv("FL_CLIENT_SHARD_INDEX", "3")
     monkeypatch.setenv("FL_CLIENT_SHARD_COUNT", "4")
-    result = CliRunner().invoke(client.main.app, ["--clients", "0-2", "--state-dir", str(tmp_path)])
+    result = CliRunner().invoke(client_main.app, ["--clients", "0-2", "--state-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert isinstance(result.exception, SystemExit), result.exception
     assert "shard 3 of 4 holds none of the clients '0-2'" in caplog.text

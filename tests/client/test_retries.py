@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from client import worker as worker_module
+from fl_services.client import worker as worker_module
 from tests.client.test_worker import answered, client_of, make_task, running_worker, until
 from tests.edge.harness import running_edge
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from client.worker import RoundRobin
+from fl_services.client.worker import RoundRobin
 
 pytestmark = pytest.mark.anyio
 

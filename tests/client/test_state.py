@@ -3,7 +3,7 @@ from pathlib import Path
 
 import torch
 
-from client.state import ClientStateStore
+from fl_services.client.state import ClientStateStore
 
 
 def test_state_survives_a_new_process_and_is_tied_to_its_task(tmp_path):
@@ -43,12 +43,12 @@ def test_an_empty_result_and_an_empty_state_read_back(tmp_path):
 
 
 def _compute(tmp_path, algorithm: str, task_id: str) -> bytes:
-    from client.config import ClientSettings
-    from client.worker import compute
-    from shared.algorithms import registry
-    from shared.config import RunConfig
-    from shared.federation import initial_model
-    from shared.schemas import ClientTaskHeader
+    from fl_services.client.config import ClientSettings
+    from fl_services.client.worker import compute
+    from fl_services.shared.core.algorithms import registry
+    from fl_services.shared.core.config import RunConfig
+    from fl_services.shared.core.federation import initial_model
+    from fl_services.shared.wire.client_edge import ClientTaskHeader
 
     config = RunConfig(algorithm=algorithm, model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4})
     header = ClientTaskHeader(task_id=task_id, run_id="r", client_id=1, round=0, version=0, config=config)

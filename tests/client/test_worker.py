@@ -18,16 +18,16 @@ import anyio
 import httpx
 import pytest
 
-from client import worker as worker_module
-from client.config import ClientSettings
-from client.feed import ClientsStopped
-from client.worker import Worker
-from edge.tasks import Task
-from shared.config import RunConfig
-from shared.schemas import ClientTaskHeader
-from shared.transport.http import make_client
-from shared.transport.records import check, spec_of
-from shared.transport.wire import LIVE_RUNS, client_token, issue_device_tokens
+from fl_services.client import worker as worker_module
+from fl_services.client.config import ClientSettings
+from fl_services.client.feed import ClientsStopped
+from fl_services.client.worker import Worker
+from fl_services.edge.tasks import Task
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.records import check, spec_of
+from fl_services.shared.wire.client_edge import ClientTaskHeader
+from fl_services.shared.wire.http import make_client
+from fl_services.shared.wire.protocol import LIVE_RUNS, client_token, issue_device_tokens
 from tests.edge.harness import CLIENT_TOKEN, CONFIG, RUN_ID, Edge, running_edge, task_record
 
 pytestmark = pytest.mark.anyio

@@ -14,12 +14,13 @@ import httpx
 import redis.asyncio as aioredis
 import torch
 
-from cloud.config import CloudSettings
-from cloud.main import create_app
-from shared.config import RunConfig
-from shared.schemas import ClientParticipation, EdgeContributionHeader, GlobalStateHeader
-from shared.transport.tensors import Tensors, decode, encode
-from shared.transport.wire import SAFETENSORS
+from fl_services.cloud.config import CloudSettings
+from fl_services.cloud.main import create_app
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
+from fl_services.shared.core.tensors import Tensors, decode, encode
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
+from fl_services.shared.wire.protocol import SAFETENSORS
 from tests.web import bearer
 
 ADMIN_TOKEN = "test-admin-token"

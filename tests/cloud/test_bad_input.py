@@ -22,11 +22,12 @@ import redis.asyncio as aioredis
 import torch
 from safetensors.torch import save as st_save
 
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.schemas import ClientParticipation, EdgeRegistration
-from shared.transport.tensors import Tensors, encode
-from shared.transport.wire import SAFETENSORS
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import ClientParticipation
+from fl_services.shared.core.tensors import Tensors, encode
+from fl_services.shared.wire.edge_cloud import EdgeRegistration
+from fl_services.shared.wire.protocol import SAFETENSORS
 from tests.cloud.harness import (
     ADMIN_TOKEN,
     EDGE_TOKEN,
@@ -769,9 +770,9 @@ async def test_contribution_run_not_running(cloud: Cloud, status: str) -> None:
 # cancel that arrived in the loop turn the wake event fired, so the cloud's shutdown hung forever.
 # =================================================================================================
 async def test_orchestrator_stops_when_cancelled_right_after_a_wake_up(redis_url: str) -> None:
-    from cloud.keys import Keys
-    from cloud.orchestrator import Orchestrator
-    from cloud.store import RedisStore
+    from fl_services.cloud.keys import Keys
+    from fl_services.cloud.orchestrator import Orchestrator
+    from fl_services.cloud.store import RedisStore
 
     redis = aioredis.Redis.from_url(redis_url)
     hung = []
@@ -795,7 +796,7 @@ async def test_orchestrator_stops_when_cancelled_right_after_a_wake_up(redis_url
 
 
 async def test_cloud_shutdown_survives_a_cancel_during_a_redis_command(redis_url: str) -> None:
-    from cloud.orchestrator import Orchestrator
+    from fl_services.cloud.orchestrator import Orchestrator
 
     async with running_cloud(redis_url) as cloud:
         await running_run(cloud)  # an active run: every step issues several Redis commands

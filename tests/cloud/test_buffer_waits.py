@@ -1,7 +1,7 @@
 """What the cloud tells edges about their contributions' wait in the buffer (the DVFS slack policy)."""
-from cloud.orchestrator import buffer_waits
-from cloud.store import BufferedContribution
-from shared.schemas import ClientParticipation, EdgeContributionHeader
+from fl_services.cloud.orchestrator import buffer_waits
+from fl_services.cloud.store import BufferedContribution
+from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
 
 
 def entry(edge_id: int, millis: int) -> BufferedContribution:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.global_states import GlobalStates
-from cloud.keys import Entry, Keys
-from cloud.store import RedisStore
+from fl_services.cloud.global_states import GlobalStates
+from fl_services.cloud.keys import Entry, Keys
+from fl_services.cloud.store import RedisStore
 from tests.cloud.harness import Cloud, contribution, contribution_header, running_run, two_edge_config
 
 pytestmark = pytest.mark.anyio

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from cloud.ui.view import LiveRun
-from shared.schemas import ClientParticipation, RunEdges, RunUpdate
+from fl_services.cloud.ui.view import LiveRun
+from fl_services.shared.core.reports import ClientParticipation
+from fl_services.shared.wire.admin import RunEdges, RunUpdate
 from tests.cloud.harness import UNKNOWN_RUN, Cloud, contribution, running_run, small_config, two_edge_config
 from tests.web import detail_of
 
@@ -33,7 +34,7 @@ async def test_edges_show_a_waiting_contribution_then_the_consumed_ones(cloud: C
     run_id, global_ = await running_run(cloud, two_edge_config(), edges=(0, 1))
     before = await edges(cloud, run_id)
     assert (before.buffer_size, before.buffered, before.version) == (2, 0, 0)
-    assert [(e.edge_id, e.registered, e.waiting, e.base_version, e.consumed) for e in before.edges] == \
+    assert [(e.edge_id, e.registered, e.waiting, e.base_version, e.consumed) for e in before.edges] ==\
         [(0, True, False, None, 0), (1, True, False, None, 0)]
 
     r = await cloud.submit(0, contribution(global_, run_id, edge_id=0))
@@ -50,7 +51,7 @@ async def test_edges_show_a_waiting_contribution_then_the_consumed_ones(cloud: C
     await cloud.wait_version(run_id, 1)
     consumed = await edges(cloud, run_id)
     assert (consumed.version, consumed.buffered) == (1, 0)
-    assert [(e.waiting, e.base_version, e.staleness, e.consumed_in, e.consumed) for e in consumed.edges] == \
+    assert [(e.waiting, e.base_version, e.staleness, e.consumed_in, e.consumed) for e in consumed.edges] ==\
         [(False, 0, 0, 1, 1), (False, 0, 0, 1, 1)]
 
 

@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-import cloud.orchestrator as orchestrator_module
-from cloud.ui.view import LiveRun
-from shared.algorithms import registry
-from shared.federation import evaluate_global
-from shared.schemas import GlobalStateHeader
-from shared.transport.records import decode
+import fl_services.cloud.orchestrator as orchestrator_module
+from fl_services.cloud.ui.view import LiveRun
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.federation import evaluate_global
+from fl_services.shared.core.records import decode
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 from tests.cloud.harness import Cloud, contribution, running_run, small_config
 
 pytestmark = pytest.mark.anyio

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from fedctl.redis_server import free_port
-from shared.schemas import CloudHealth
+from fl_services.fedctl.redis_server import free_port
+from fl_services.shared.wire.admin import CloudHealth
 from tests.cloud.harness import Cloud, running_cloud
 
 pytestmark = pytest.mark.anyio

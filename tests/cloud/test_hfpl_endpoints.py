@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from cloud.keys import Keys
-from shared.schemas import ClientParticipation
-from shared.transport.tensors import Tensors, encode
+from fl_services.cloud.keys import Keys
+from fl_services.shared.core.reports import ClientParticipation
+from fl_services.shared.core.tensors import Tensors, encode
 from tests.cloud.harness import (
     Cloud,
     contribution,
@@ -136,9 +136,9 @@ async def test_stale_triple_accepted_and_its_staleness_recorded(cloud: Cloud) ->
     history = (await cloud.admin("GET", f"/api/v1/runs/{run_id}/history")).json()
     assert [r["version"] for r in history] == [1, 2, 3]
     # The third update ran on version 2: staleness = 2 − base_version, in buffer (arrival) order.
-    assert [(c["edge_id"], c["base_version"], c["staleness"]) for c in history[2]["contributions"]] == \
+    assert [(c["edge_id"], c["base_version"], c["staleness"]) for c in history[2]["contributions"]] ==\
         [(0, 0, 2), (1, 2, 0)]
-    assert [(c["edge_id"], c["staleness"]) for r in history[:2] for c in r["contributions"]] == \
+    assert [(c["edge_id"], c["staleness"]) for r in history[:2] for c in r["contributions"]] ==\
         [(1, 0), (2, 0), (1, 0), (2, 0)]
 
 
@@ -164,7 +164,7 @@ def _bad(case: str) -> tuple[Tensors, str]:
     if case == "negative-label":
         return triple(labels=torch.cat([labels[:-1], torch.tensor([-1])])), f"labels must lie in [0, {NUM_CLASSES})"
     if case == "label-equals-J":
-        return triple(labels=torch.cat([labels[:-1], torch.tensor([NUM_CLASSES])])), \
+        return triple(labels=torch.cat([labels[:-1], torch.tensor([NUM_CLASSES])])),\
             f"labels must lie in [0, {NUM_CLASSES})"
     if case == "labels-shorter":
         return triple(labels=labels[:-1]), "tensor 'sample/labels' has shape [6], expected ['n=7']"
@@ -176,7 +176,7 @@ def _bad(case: str) -> tuple[Tensors, str]:
     if case == "fractional-count":
         return triple(counts=torch.cat([counts[:-1], torch.tensor([0.5], dtype=torch.float64)])), whole
     if case == "count-above-clients":
-        return triple(counts=torch.cat([counts[:-1], torch.tensor([PER_EDGE + 1.0], dtype=torch.float64)])), \
+        return triple(counts=torch.cat([counts[:-1], torch.tensor([PER_EDGE + 1.0], dtype=torch.float64)])),\
             whole
     if case == "huge-feature":
         return triple(features=torch.full((7, DIM), 1e20)), "tensor 'sample/features' has values beyond ±1e+06"
@@ -185,10 +185,10 @@ def _bad(case: str) -> tuple[Tensors, str]:
         bad[3, 4] = math.nan
         return triple(prototypes=bad), "tensor 'prototypes/means' contains NaN or Inf"
     if case == "wrong-d":
-        return triple(prototypes=torch.zeros(NUM_CLASSES, DIM + 1, dtype=torch.float64)), \
+        return triple(prototypes=torch.zeros(NUM_CLASSES, DIM + 1, dtype=torch.float64)),\
             f"tensor 'prototypes/means' has shape [{NUM_CLASSES}, {DIM + 1}], expected [{NUM_CLASSES}, {DIM}]"
     if case == "float64-features":
-        return triple(features=torch.zeros(7, DIM, dtype=torch.float64)), \
+        return triple(features=torch.zeros(7, DIM, dtype=torch.float64)),\
             "tensor 'sample/features' has dtype torch.float64, expected torch.float32"
     assert case == "missing-counts"
     return {k: v for k, v in triple().items() if k != WIRE["counts"]}, "missing ['prototypes/counts'], unexpected []"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.metrics import REFUSALS
-from fedctl.redis_server import free_port
-from shared.metrics import RequestMetrics, ServiceMetrics
-from shared.web import SAFETENSORS
+from fl_services.cloud.metrics import REFUSALS
+from fl_services.fedctl.redis_server import free_port
+from fl_services.shared.server.metrics import RequestMetrics, ServiceMetrics
+from fl_services.shared.wire.protocol import SAFETENSORS
 from tests.cloud.harness import (
     Cloud,
     contribution,
@@ -64,7 +64,7 @@ async def test_a_stale_contribution_and_the_update_duration(cloud: Cloud) -> Non
     assert value(m, "fl_cloud_contributions_refused_total", reason="stale") == 1
     assert value(m, "fl_cloud_update_duration_seconds_count") == 1
     assert value(m, "fl_cloud_update_duration_seconds_sum") > 0
-    assert (value(m, "fl_cloud_global_version", run_id=run_id), value(m, "fl_cloud_buffer_depth", run_id=run_id)) \
+    assert (value(m, "fl_cloud_global_version", run_id=run_id), value(m, "fl_cloud_buffer_depth", run_id=run_id))\
         == (1, 0)
 
 

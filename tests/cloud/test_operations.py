@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from cloud import retention
-from cloud.audit import Auditor
+from fl_services.cloud import retention
+from fl_services.cloud.audit import Auditor
 from tests.cloud.harness import ADMIN_TOKEN, EDGE_TOKEN, UNKNOWN_RUN, Cloud, running_cloud
 from tests.web import bearer, detail_of
 
@@ -77,7 +77,7 @@ async def test_an_active_run_cannot_be_deleted_and_bad_requests_change_nothing(c
     detail_of(await cloud.admin("DELETE", f"/api/v1/runs/{UNKNOWN_RUN}"), 404)
     after = await cloud.snapshot(run_id)
     assert before["api"][run_id][1] == after["api"][run_id][1]
-    assert {k: v for k, v in paused["redis"].items() if not k.endswith(":audit")} == \
+    assert {k: v for k, v in paused["redis"].items() if not k.endswith(":audit")} ==\
         {k: v for k, v in after["redis"].items() if not k.endswith(":audit")}
 
 
@@ -127,7 +127,7 @@ async def test_revoking_a_device_token_lists_it_for_the_edges(cloud: Cloud) -> N
     r = await cloud.edge("GET", "/api/v1/edges/revoked-tokens")
     assert r.status_code == 200 and r.json() == ["0123abcd4567", "client-3"]
     assert (await cloud.edge("GET", "/api/v1/edges/revoked-tokens", token=ADMIN_TOKEN)).status_code == 401
-    assert [t["token_id"] for t in (await cloud.admin("GET", "/api/v1/tokens/revoked")).json()] == \
+    assert [t["token_id"] for t in (await cloud.admin("GET", "/api/v1/tokens/revoked")).json()] ==\
         ["0123abcd4567", "client-3"]
 
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cloud.keys import Keys
-from cloud.orchestrator import Orchestrator
-from cloud.store import RedisStore
-from shared.algorithms.fedavg import FedAvg
-from shared.config import RunConfig
+from fl_services.cloud.keys import Keys
+from fl_services.cloud.orchestrator import Orchestrator
+from fl_services.cloud.store import RedisStore
+from fl_services.shared.core.algorithms.fedavg import FedAvg
+from fl_services.shared.core.config import RunConfig
 from tests.cloud.harness import ADMIN_TOKEN, Cloud, contribution, running_cloud, running_run, small_config
 from tests.web import bearer
 
@@ -95,7 +95,7 @@ def test_the_algorithm_cache_keeps_the_most_recent_runs_only() -> None:
 async def test_an_update_too_large_to_store_stops_the_run(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis drops a value over its limit, which redis-py reported as a lost WATCH: the update was then
     recomputed forever, silently. Now the run stops, and says why in the log."""
-    monkeypatch.setattr("cloud.store._REDIS_MAX_VALUE", 100)
+    monkeypatch.setattr("fl_services.cloud.store._REDIS_MAX_VALUE", 100)
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
     await stopped_at_version_0(cloud, run_id)
@@ -104,7 +104,7 @@ async def test_an_update_too_large_to_store_stops_the_run(cloud: Cloud, monkeypa
 async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud, monkeypatch: pytest.MonkeyPatch,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A non-finite global model would make every client fail on it, and recomputing gives the same. The
-    check is the shared cloud round's (shared/cloud_round.py), so the algorithm's own update diverges here."""
+    check is the shared cloud round's (shared/core/cloud_round.py), so the algorithm's own update diverges here."""
     cloud_update = FedAvg.cloud_update
 
     def diverged(self, *args, **kwargs):
@@ -115,7 +115,7 @@ async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud
     monkeypatch.setattr(FedAvg, "cloud_update", diverged)
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     v0 = await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))
-    with caplog.at_level(logging.ERROR, logger="cloud.orchestrator"):
+    with caplog.at_level(logging.ERROR, logger="fl_services.cloud.orchestrator"):
         assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
         await stopped_at_version_0(cloud, run_id)
     assert (await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))).content == v0.content

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cloud.keys import Keys
-from cloud.store import now
-from shared.schemas import GlobalStateHeader, RoundRecord
-from shared.transport.tensors import decode
+from fl_services.cloud.keys import Keys
+from fl_services.cloud.store import now
+from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.core.tensors import decode
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 from tests.cloud.harness import Cloud, contribution, running_cloud, running_run, small_config
 
 pytestmark = pytest.mark.anyio
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def replicas(redis_url: str) -> AsyncIterator[tuple[Cloud, Cloud]]:
-    async with running_cloud(redis_url, replica_id="a", lease_s=1.0) as a, \
+    async with running_cloud(redis_url, replica_id="a", lease_s=1.0) as a,\
             running_cloud(redis_url, prefix=a.prefix, replica_id="b", lease_s=1.0) as b:
         yield a, b
 

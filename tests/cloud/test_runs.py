@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from cloud.keys import Keys
-from shared.algorithms.fedavg import FedAvg
-from shared.schemas import GlobalStateHeader
-from shared.transport.tensors import decode
-from shared.transport.wire import LIVE_RUNS
+from fl_services.cloud.keys import Keys
+from fl_services.shared.core.algorithms.fedavg import FedAvg
+from fl_services.shared.core.tensors import decode
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
+from fl_services.shared.wire.protocol import LIVE_RUNS
 from tests.cloud.harness import Cloud, contribution, small_config, two_edge_config
 from tests.web import detail_of
 

@@ -13,25 +13,20 @@ import anyio
 import httpx
 import torch
 
-from edge.config import EdgeSettings
-from edge.main import create_app
-from edge.tasks import Task
-from fedctl.redis_server import free_port
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.federation import initial_model, known_num_samples
-from shared.schemas import (
-    ClientResultHeader,
-    ClientTaskHeader,
-    EdgeContributionHeader,
-    GlobalStateHeader,
-    ResultReceipt,
-    SubmitReceipt,
-)
-from shared.transport.records import Record, check, flatten
-from shared.transport.records import spec_of as record_spec
-from shared.transport.tensors import Tensors, decode, encode
-from shared.transport.wire import LIVE_RUNS, SAFETENSORS
+from fl_services.edge.config import EdgeSettings
+from fl_services.edge.main import create_app
+from fl_services.edge.tasks import Task
+from fl_services.fedctl.redis_server import free_port
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import initial_model, known_num_samples
+from fl_services.shared.core.records import Record, check, flatten
+from fl_services.shared.core.records import spec_of as record_spec
+from fl_services.shared.core.reports import EdgeContributionHeader
+from fl_services.shared.core.tensors import Tensors, decode, encode
+from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader, ResultReceipt
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader, SubmitReceipt
+from fl_services.shared.wire.protocol import LIVE_RUNS, SAFETENSORS
 from tests.web import bearer
 
 CLIENT_TOKEN = "test-client-token"
@@ -166,7 +161,7 @@ class CloudDouble:
                 return httpx.Response(200, content=b"not a state")
             if (set(seen) | busy) - {self.run_id}:  # a run the edge knows has ended: at once
                 return httpx.Response(204, headers=live)
-            if self.publishing and self.run_id not in busy and int(seen.get(self.run_id, -1)) < self.version \
+            if self.publishing and self.run_id not in busy and int(seen.get(self.run_id, -1)) < self.version\
                     and (self.run_id in seen or params.get("others") != "false"):
                 header = GlobalStateHeader(run_id=self.run_id, version=self.version, config=self.config)
                 return httpx.Response(200, content=encode(flatten(self.global_), header), headers=live)

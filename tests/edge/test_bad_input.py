@@ -17,9 +17,9 @@ import httpx
 import pytest
 import torch
 
-from shared.schemas import ClientRegistration
-from shared.transport.tensors import Tensors, encode
-from shared.transport.wire import SAFETENSORS, client_token
+from fl_services.shared.core.tensors import Tensors, encode
+from fl_services.shared.wire.client_edge import ClientRegistration
+from fl_services.shared.wire.protocol import SAFETENSORS, client_token
 from tests.edge.harness import (
     ACCEPTED,
     CLIENT_TOKEN,

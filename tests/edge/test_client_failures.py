@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from shared.schemas import ClientResultHeader, ClientTaskHeader
-from shared.transport.tensors import encode
+from fl_services.shared.core.tensors import encode
+from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
 from tests.edge.harness import (
     CONFIG,
     CloudDouble,

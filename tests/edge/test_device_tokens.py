@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from edge.revocations import Revocations
-from shared.transport.wire import client_token, device_token, device_token_id
+from fl_services.edge.revocations import Revocations
+from fl_services.shared.wire.protocol import client_token, device_token, device_token_id
 from tests.edge.harness import CLIENT_TOKEN, Edge, auth
 from tests.web import detail_of
 

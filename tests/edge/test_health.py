@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.schemas import EdgeHealth
+from fl_services.shared.wire.admin import EdgeHealth
 from tests.edge.harness import Edge
 
 pytestmark = pytest.mark.anyio

@@ -11,13 +11,13 @@ from functools import partial
 import pytest
 import torch
 
-from edge.tasks import Task
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.federation import initial_model
-from shared.schemas import ClientTaskHeader
-from shared.transport.records import flatten
-from shared.transport.tensors import Tensors, encode
+from fl_services.edge.tasks import Task
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.records import flatten
+from fl_services.shared.core.tensors import Tensors, encode
+from fl_services.shared.wire.client_edge import ClientTaskHeader
 from tests.edge.harness import (
     ACCEPTED,
     RUN_ID,
@@ -68,13 +68,13 @@ def _bad(case: str) -> tuple[Tensors, str]:
     if case == "label-equals-J":
         return answer(labels=torch.cat([labels[:-1], torch.tensor([NUM_CLASSES])])), in_range
     if case == "labels-longer":
-        return answer(labels=torch.cat([labels, torch.tensor([1])])), \
+        return answer(labels=torch.cat([labels, torch.tensor([1])])),\
             f"tensor 'sample/labels' has shape [{CAP + 1}], expected ['n={CAP}']"
     if case == "above-feature-cap":  # the cap is per client at the edge: feature_cap rows
-        return answer(CAP + 1), \
+        return answer(CAP + 1),\
             f"tensor 'sample/features' has shape [{CAP + 1}, {DIM}], expected ['n<={CAP}', {DIM}]"
     if case == "negative-class-count":
-        return answer(class_counts=torch.tensor([3, 0, 1, 4, 0, -2, 5, 0, 1, 2])), \
+        return answer(class_counts=torch.tensor([3, 0, 1, 4, 0, -2, 5, 0, 1, 2])),\
             "class counts must not be negative"
     bad = answer()
     target = {"nan-prototype": "prototypes/means", "nan-feature": "sample/features"}[case]

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from edge.metrics import REFUSALS
-from shared.metrics import RequestMetrics, ServiceMetrics
+from fl_services.edge.metrics import REFUSALS
+from fl_services.shared.server.metrics import RequestMetrics, ServiceMetrics
 from tests.edge.harness import CONFIG, CloudDouble, Edge, answer_tasks, result, running_edge, until
 from tests.prometheus import samples, value
 

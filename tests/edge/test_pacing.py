@@ -1,8 +1,9 @@
 """The budgets an edge puts in its tasks: the deadline of its slowest client, plus the buffer's slack."""
-from edge.pacing import EdgePacing
-from shared.algorithms.base import ClientResult
-from shared.config import RunConfig
-from shared.schemas import DeviceReport, GlobalStateHeader
+from fl_services.edge.pacing import EdgePacing
+from fl_services.shared.core.algorithms.base import ClientResult
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import DeviceReport
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
 
 def result(client_id: int, full_speed_s: float, took_s: float) -> ClientResult:

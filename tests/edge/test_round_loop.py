@@ -13,17 +13,18 @@ import httpx
 import pytest
 import torch
 
-import shared.web as web
-from cloud.config import CloudSettings
-from edge.config import EdgeSettings
-from edge.round_loop import EdgeRoundLoop
-from edge.tasks import Task, TaskBoard
-from shared.algorithms import registry
-from shared.algorithms.hfpl import CLIENTS, ClientMemory
-from shared.config import RunConfig
-from shared.schemas import ClientRegistration, ClientResultHeader, ClientTaskHeader, GlobalStateHeader
-from shared.transport.records import decode_state, flatten, unflatten, unpack
-from shared.transport.tensors import check_tensors, spec_of
+from fl_services.cloud.config import CloudSettings
+from fl_services.edge.config import EdgeSettings
+from fl_services.edge.round_loop import EdgeRoundLoop
+from fl_services.edge.tasks import Task, TaskBoard
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.hfpl import CLIENTS, ClientMemory
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.records import decode_state, flatten, unflatten, unpack
+from fl_services.shared.core.tensors import check_tensors, spec_of
+from fl_services.shared.server import bodies
+from fl_services.shared.wire.client_edge import ClientRegistration, ClientResultHeader, ClientTaskHeader
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 from tests.edge import test_hfpl_endpoints as hfpl
 from tests.edge.harness import (
     CONFIG,
@@ -46,7 +47,7 @@ FAST = CONFIG.model_copy(update={"policy": CONFIG.policy.model_copy(update={"dea
 
 
 def failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "edge.round_loop" and r.levelno >= logging.ERROR]
+    return [r for r in caplog.records if r.name == "fl_services.edge.round_loop" and r.levelno >= logging.ERROR]
 
 
 # =================================================================================================
@@ -182,7 +183,7 @@ async def test_round_tensor_work_runs_off_the_event_loop(monkeypatch) -> None:
 
 async def test_result_decoding_and_checks_run_off_the_event_loop(edge, monkeypatch) -> None:
     seen: list[tuple[str, int]] = []
-    real_decode = web.decode
+    real_decode = bodies.decode
 
     def decode(*args, **kwargs):
         seen.append(("decode", threading.get_ident()))
@@ -192,7 +193,7 @@ async def test_result_decoding_and_checks_run_off_the_event_loop(edge, monkeypat
         seen.append(("check", threading.get_ident()))
         check_tensors(flatten(tensors), spec_of(task_tensors(0)))
 
-    monkeypatch.setattr(web, "decode", decode)
+    monkeypatch.setattr(bodies, "decode", decode)
     await edge.register(0)
     header = ClientTaskHeader(task_id=task_id(0), run_id=RUN_ID, client_id=0, round=0, version=0, config=CONFIG)
     await edge.board.post([Task(header, unflatten(task_tensors(0)), check)])

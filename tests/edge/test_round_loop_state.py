@@ -1,8 +1,8 @@
 """The edge's algorithm state on disk: written atomically, read back on restart, a broken file survived."""
 import torch
 
-from edge.config import EdgeSettings
-from edge.round_loop import EdgeRoundLoop
+from fl_services.edge.config import EdgeSettings
+from fl_services.edge.round_loop import EdgeRoundLoop
 
 
 def loop(tmp_path) -> EdgeRoundLoop:

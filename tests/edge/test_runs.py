@@ -6,9 +6,14 @@ from functools import partial
 
 import pytest
 
-from edge.tasks import Task, TaskBoard
-from shared.schemas import ClientFailureReport, ClientRegistration, ClientResultHeader, ClientTaskHeader
-from shared.transport.records import check, spec_of
+from fl_services.edge.tasks import Task, TaskBoard
+from fl_services.shared.core.records import check, spec_of
+from fl_services.shared.wire.client_edge import (
+    ClientFailureReport,
+    ClientRegistration,
+    ClientResultHeader,
+    ClientTaskHeader,
+)
 from tests.edge.harness import CONFIG, task_record
 
 pytestmark = pytest.mark.anyio

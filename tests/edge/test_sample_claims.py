@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from shared.config import RunConfig
-from shared.federation import known_num_samples
-from shared.schemas import ClientResultHeader, ClientTaskHeader
-from shared.transport.tensors import Tensors, encode
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import known_num_samples
+from fl_services.shared.core.tensors import Tensors, encode
+from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
 from tests.edge.harness import CONFIG, CloudDouble, Edge, running_edge, serve_tasks, true_samples, until, zeros_like
 from tests.web import detail_of
 

@@ -7,8 +7,8 @@ import asyncio
 import anyio
 import pytest
 
-from edge.tasks import TaskBoard
-from shared.schemas import ClientRegistration
+from fl_services.edge.tasks import TaskBoard
+from fl_services.shared.wire.client_edge import ClientRegistration
 from tests.edge.harness import RUN_ID, CloudDouble, auth, running_edge
 
 pytestmark = pytest.mark.anyio

@@ -12,12 +12,12 @@ import anyio
 import pytest
 import torch
 
-from edge.tasks import TaskBoard
-from shared.schemas import ClientRegistration, ClientTaskHeader, TaskPoll
-from shared.transport import bundle
-from shared.transport.records import decode, encode, flatten
-from shared.transport.tensors import SharedEncoding
-from shared.transport.wire import (
+from fl_services.edge.tasks import TaskBoard
+from fl_services.shared.core.records import decode, encode, flatten
+from fl_services.shared.core.tensors import SharedEncoding
+from fl_services.shared.wire import bundle
+from fl_services.shared.wire.client_edge import ClientRegistration, ClientTaskHeader, TaskPoll
+from fl_services.shared.wire.protocol import (
     LIVE_RUNS,
     REFUSED_CLIENTS,
     TASK_BUNDLE,

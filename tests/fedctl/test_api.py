@@ -1,7 +1,7 @@
 import httpx
 import pytest
 
-from fedctl.api import CloudAPI
+from fl_services.fedctl.api import CloudAPI
 
 RUN = {"run_id": "r", "status": "running", "version": 1, "rounds": 3, "buffered": 0,
        "created_at": "2026-11-22T00:00:00Z",
@@ -27,7 +27,7 @@ def api_answering(*answers) -> tuple[CloudAPI, list[str]]:
 def sleeps(monkeypatch) -> list[float]:
     """The waits between attempts, not waited."""
     waited: list[float] = []
-    monkeypatch.setattr("shared.transport.retry.time.sleep", waited.append)
+    monkeypatch.setattr("fl_services.shared.wire.retry.time.sleep", waited.append)
     return waited
 
 

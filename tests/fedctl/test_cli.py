@@ -2,8 +2,8 @@ import json
 
 from typer.testing import CliRunner
 
-from fedctl.__main__ import app
-from shared.transport.wire import client_token
+from fl_services.fedctl.__main__ import app
+from fl_services.shared.wire.protocol import client_token
 
 
 def test_client_token_prints_the_devices_own_token():
@@ -13,7 +13,7 @@ def test_client_token_prints_the_devices_own_token():
 
 
 def test_issue_token_prints_a_new_revocable_token_each_time():
-    from shared.transport.wire import device_token_id
+    from fl_services.shared.wire.protocol import device_token_id
 
     first = CliRunner().invoke(app, ["issue-token", "7", "--secret", "s3cret"])
     second = CliRunner().invoke(app, ["issue-token", "7", "--secret", "s3cret"])
@@ -25,8 +25,8 @@ def test_issue_token_prints_a_new_revocable_token_each_time():
 
 
 def test_issue_token_for_several_clients_writes_one_each_to_a_private_file(tmp_path):
-    from client.config import ClientSettings
-    from shared.transport.wire import device_token_id
+    from fl_services.client.config import ClientSettings
+    from fl_services.shared.wire.protocol import device_token_id
 
     out = tmp_path / "client0_tokens"
     result = CliRunner().invoke(app, ["issue-token", "0,2-3", "--out", str(out), "--secret", "s3cret"])

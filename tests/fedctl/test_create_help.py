@@ -3,14 +3,14 @@ import os
 import subprocess
 import sys
 
-from fedctl.launch import ROOT
+from fl_services.fedctl.launch import ROOT
 
 
 def create_help() -> str:
     """`fedctl create --help` as one line of words (rich's box drawing and wrapping taken out)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "fedctl", "create", "--help"], cwd=ROOT, env=env, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-m", "fl_services.fedctl", "create", "--help"], cwd=ROOT, env=env,
+                         check=True,                          capture_output=True, text=True).stdout
     return " ".join(out.replace("│", " ").split())
 
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _fedctl(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "fedctl", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "fl_services.fedctl", *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=ROOT)
 
 

@@ -1,4 +1,4 @@
-"""Real tests for fedctl.redis_server: each one runs an actual redis-server process."""
+"""Real tests for fl_services.fedctl.redis_server: each one runs an actual redis-server process."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from fedctl.certs import write_deployment
-from fedctl.redis_server import RedisServer, find_redis_server, free_port
+from fl_services.fedctl.certs import write_deployment
+from fl_services.fedctl.redis_server import RedisServer, find_redis_server, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,7 +164,7 @@ def test_startup_failure_reports_log_tail(tmp_path: Path) -> None:
 
 def test_cli_main_runs_until_sigterm(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fedctl.redis_server", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "fl_services.fedctl.redis_server", "--dir", str(tmp_path)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

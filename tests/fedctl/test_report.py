@@ -4,13 +4,14 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fedctl.report import save_results
-from shared.algorithms.base import Contribution
-from shared.client_reports import client_reports, group_summary
-from shared.cloud_round import CloudRoundOutcome, round_record
-from shared.config import RunConfig
-from shared.schemas import ClientParticipation, RunInfo, RunStatus
-from shared.training import Evaluation
+from fl_services.fedctl.report import save_results
+from fl_services.shared.core.algorithms.base import Contribution
+from fl_services.shared.core.client_reports import client_reports, group_summary
+from fl_services.shared.core.cloud_round import CloudRoundOutcome, round_record
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import ClientParticipation, RunStatus
+from fl_services.shared.core.training import Evaluation
+from fl_services.shared.wire.admin import RunInfo
 
 # 6 clients over 3 edges; families take turns over k // 3: clients 0-2 mlp, 3-5 cnn.
 CONFIG = RunConfig.model_validate(dict(

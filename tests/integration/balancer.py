@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from fedctl.redis_server import free_port
+from fl_services.fedctl.redis_server import free_port
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
 

@@ -6,10 +6,10 @@ sub-models are all exercised across process boundaries; hierarchical runs use tw
 import pytest
 import torch
 
-from fedctl.api import CloudAPI
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RoundRecord, RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RoundRecord, RunStatus
 from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def assert_equals_reference(api: CloudAPI, run_id: str, config: RunConfig, timeo
     assert final.status == RunStatus.finished and final.version == config.rounds
     history = api.history(run_id)
     reference = run_reference(config)
-    assert [[(c.client_id, c.edge_id) for c in h.clients] for h in history] == \
+    assert [[(c.client_id, c.edge_id) for c in h.clients] for h in history] ==\
         [[(c.client_id, c.edge_id) for c in h.clients] for h in reference.history]
     model = api.model(run_id)
     expected = reference.global_state  # the model as the REST API serves it (model_parameters)

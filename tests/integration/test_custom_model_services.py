@@ -10,10 +10,10 @@ import tomllib
 
 import pytest
 
-from fedctl.launch import ROOT
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RunStatus
+from fl_services.fedctl.launch import ROOT
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
 from tests.integration.test_fedavg_services import assert_same_model, run
 from tests.integration.topology import federation
 from tests.web import detail_of
@@ -45,7 +45,7 @@ def example_config(**overrides) -> RunConfig:
 def services(tmp_path_factory, installed):
     env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{installed}", "FL_CLOUD_ALLOWED_IMPORTS": "fl_example_custom"}
     # Edges never build the model nor load the data: theirs lacks the package.
-    with federation(tmp_path_factory, num_clients=4, extra_env=env, edge_env={0: {"PYTHONPATH": str(ROOT)}}) \
+    with federation(tmp_path_factory, num_clients=4, extra_env=env, edge_env={0: {"PYTHONPATH": str(ROOT)}})\
             as (topo, api):
         yield topo, api
 
@@ -88,7 +88,8 @@ def test_client_holdout_zero_trains_on_every_row(services, example_importable):
                "num_clients": 2}}, ["client indices must lie in [0, 2)"]),
     ({"data": {"dataset": "fl_example_custom.data:missing"}}, ["has no function 'missing'"]),
     # A class is callable too, but outside FL_CLOUD_ALLOWED_IMPORTS.
-    ({"model": {"name": "shared.models:MLP"}}, ["outside the packages this cloud may import", "fl_example_custom"]),
+    ({"model": {"name": "fl_services.shared.core.models:MLP"}},
+     ["outside the packages this cloud may import", "fl_example_custom"]),
     # FedRolex narrows hidden layers it knows; an imported model's it does not.
     ({"algorithm": "fedrolex"}, ["sub-models need a built-in model"]),
 ])

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from shared.config import RunConfig
-from shared.schemas import RunStatus
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import RunStatus
 from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from fedctl.launch import ROOT
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RoundRecord, RunStatus
+from fl_services.fedctl.launch import ROOT
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RoundRecord, RunStatus
 from tests.integration.test_fedavg_services import assert_same_model
 from tests.integration.topology import federation
 
@@ -106,7 +106,7 @@ def test_fedctl_results_prints_each_updates_energy_and_the_running_total(runs):
     topology = runs["topology"]
     run_id, history, _ = runs["deadline"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "fedctl", "results", run_id, "--cloud", topology.cloud_url,
+    out = subprocess.run([sys.executable, "-m", "fl_services.fedctl", "results", run_id, "--cloud", topology.cloud_url,
                           "--token", topology.admin_token], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert "dvfs deadline" in out

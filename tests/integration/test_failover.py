@@ -11,12 +11,12 @@ import httpx
 import pytest
 import redis
 
-from cloud.keys import Keys
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RunStatus
+from fl_services.cloud.keys import Keys
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
 from tests.integration.balancer import NGINX, Nginx
 from tests.prometheus import samples, value
 
@@ -37,7 +37,7 @@ def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(t
     balancer = Nginx(tmp_path / "nginx")
     try:
         with LocalTopology(num_clients=4, num_edges=1, procs_per_edge=2, workdir=tmp_path, cloud_replicas=2,
-                           cloud_front=balancer.start, extra_env={"FL_CLOUD_LEASE_S": "3"}) as topo, \
+                           cloud_front=balancer.start, extra_env={"FL_CLOUD_LEASE_S": "3"}) as topo,\
                 CloudAPI(topo.cloud_url, topo.admin_token) as api:
             assert topo.cloud_url == balancer.url and len(topo.clouds) == 2
             keys, r = Keys(topo.key_prefix), redis.Redis.from_url(topo.redis_url)
@@ -77,7 +77,7 @@ def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(t
             assert set(computed_by[:killed_at]) <= {holder.name, survivor.name}
             # Nothing lost or counted twice: each accepted contribution (one idempotency key each) entered
             # exactly one version, the one it was computed on, and none waits in the buffer.
-            assert [(c.edge_id, c.base_version) for h in history for c in h.contributions] == \
+            assert [(c.edge_id, c.base_version) for h in history for c in h.contributions] ==\
                 [(0, v) for v in range(CONFIG.rounds)]
             assert r.hlen(keys.idempotency(run_id)) == CONFIG.rounds
             assert r.xlen(keys.buffer(run_id)) == 0 and r.hlen(keys.pending(run_id)) == 0

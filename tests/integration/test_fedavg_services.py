@@ -3,10 +3,10 @@ over real HTTP and a real redis-server, against the in-process reference runner.
 import pytest
 import torch
 
-from fedctl.api import CloudAPI
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
 from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ def test_fedsgd_partial_participation_equals_the_reference(api):
 def test_version_zero_model_is_downloadable_before_start(api):
     config = RunConfig(name="v0", rounds=1, model={"name": "logreg"})
     info = api.create_run(config)
-    from shared.federation import initial_model
+    from fl_services.shared.core.federation import initial_model
 
     expected = dict(initial_model(config).named_parameters())
     got = api.model(info.run_id)

@@ -7,10 +7,10 @@ import pytest
 import redis
 import torch
 
-from cloud.keys import Keys
-from shared.config import RunConfig
-from shared.reference import run_reference, schedule_of
-from shared.schemas import EdgeContributionHeader, RunStatus
+from fl_services.cloud.keys import Keys
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference, schedule_of
+from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus
 from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fedctl.launch import LocalTopology
-from shared.transport.wire import client_token
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.wire.protocol import client_token
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
 from tests.web import bearer, status_of
 
 pytestmark = pytest.mark.slow

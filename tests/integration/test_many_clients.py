@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RunStatus
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
 from tests.integration.test_fedavg_services import assert_same_model, run
 from tests.integration.topology import federation
 
@@ -32,7 +32,7 @@ def test_two_hundred_clients_in_two_processes_equal_the_reference(topology, frac
                        policy={"min_fraction": 1.0})
     _, history, model = run(api, config)
     reference = run_reference(config)
-    assert [sorted(c.client_id for c in h.clients) for h in history] == \
+    assert [sorted(c.client_id for c in h.clients) for h in history] ==\
         [sorted(c.client_id for c in h.clients) for h in reference.history]
     assert all(len(h.clients) == round(CLIENTS * fraction) for h in history)
     assert_same_model(model, reference.global_state)

@@ -9,10 +9,10 @@ from collections import Counter
 import httpx
 import pytest
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.schemas import RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import RunStatus
 from tests.prometheus import samples, value
 from tests.test_monitoring import dashboard_metric_names
 
@@ -89,12 +89,12 @@ def test_every_service_logs_json_lines_with_its_context(finished_run) -> None:
         assert all({"time", "level", "logger", "message"} <= set(line) for line in lines), name
     for e in (0, 1):
         assert all(line["edge_id"] == e for line in logs[f"edge{e}"])
-        rounds = [line for line in logs[f"edge{e}"] if line["logger"] == "edge.round_loop"
+        rounds = [line for line in logs[f"edge{e}"] if line["logger"] == "fl_services.edge.round_loop"
                   and "done with" in line["message"]]
         assert len(rounds) == ROUNDS and all(line["run_id"] == run_id for line in rounds)
-        tasks = [line for line in logs[f"client{e}.0"] if line["logger"] == "client.worker"]
+        tasks = [line for line in logs[f"client{e}.0"] if line["logger"] == "fl_services.client.worker"]
         assert Counter(line["client_id"] for line in tasks) == {k: ROUNDS for k in range(e, 8, 2)}
-    versions = [line for line in logs["cloud"] if line["logger"] == "cloud.orchestrator"]
+    versions = [line for line in logs["cloud"] if line["logger"] == "fl_services.cloud.orchestrator"]
     assert len(versions) == ROUNDS and all(line["run_id"] == run_id for line in versions)
 
 

@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
-from fedctl.api import CloudAPI
-from fedctl.launch import ROOT, LocalTopology
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import ROOT, LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 from tests.integration.test_fedavg_services import assert_same_model
 from tests.integration.test_tls_services import wait_for_log
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def fedctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "fedctl", *args], cwd=ROOT, env={**os.environ, **env},
+    done = subprocess.run([sys.executable, "-m", "fl_services.fedctl", *args], cwd=ROOT, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -79,7 +79,7 @@ def test_a_process_with_a_token_per_client_runs_and_a_revoked_token_stops_that_c
     1 alone: the process goes on, and the next run finishes with clients 0 and 2 at its deadline."""
     with LocalTopology(num_clients=3, num_edges=1, procs_per_edge=1, workdir=tmp_path, device_tokens=True,
                        client_token=secrets.token_hex(16), redis_url=os.environ.get("REDIS_URL"),
-                       extra_env={"FL_EDGE_REVOCATION_REFRESH_S": "0.5"}) as topology, \
+                       extra_env={"FL_EDGE_REVOCATION_REFRESH_S": "0.5"}) as topology,\
             CloudAPI(topology.cloud_url, topology.admin_token) as api:
         process = topology.clients[0]
         assert "FL_CLIENT_CLIENT_TOKEN" not in process.env and sorted(topology.tokens) == [0, 1, 2]

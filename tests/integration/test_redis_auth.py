@@ -10,13 +10,13 @@ from urllib.parse import quote
 
 import pytest
 
-from fedctl.api import CloudAPI
-from fedctl.certs import write_deployment
-from fedctl.launch import ROOT, LocalTopology, Service
-from fedctl.redis_server import RedisServer, free_port
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.certs import write_deployment
+from fl_services.fedctl.launch import ROOT, LocalTopology, Service
+from fl_services.fedctl.redis_server import RedisServer, free_port
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
 from tests.integration.test_fedavg_services import assert_same_model
 from tests.integration.test_resilience import wait_version
 
@@ -24,10 +24,10 @@ pytestmark = pytest.mark.slow
 
 
 def run_cloud(env: dict[str, str], timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-    """The cloud as `python -m cloud.main`, which must exit on its own within `timeout` (it starts in about
+    """The cloud as `python -m fl_services.cloud.main`, which must exit on its own within `timeout` (it starts in about
     15 s, importing torch; a machine shared with other work took 55 s)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FL_CLOUD_")}
-    return subprocess.run([sys.executable, "-m", "cloud.main"], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fl_services.cloud.main"], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**clean, "FL_CLOUD_PORT": str(free_port()), **env})
 
 
@@ -67,7 +67,7 @@ def test_the_cloud_serves_with_the_right_password_and_over_tls(tmp_path):
     write_deployment(tmp_path / "certs", edges=0, clients=0)
     with RedisServer(dir=tmp_path / "redis", appendonly=False, tls_dir=tmp_path / "certs") as server:
         port = free_port()
-        cloud = Service("cloud", ["-m", "cloud.main"], {
+        cloud = Service("cloud", ["-m", "fl_services.cloud.main"], {
             "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": server.url,
             "FL_CLOUD_REDIS_CA_FILE": str(tmp_path / "certs" / "ca.pem"),
             "FL_CLOUD_REDIS_CERT_FILE": str(tmp_path / "certs" / "cloud.pem"),
@@ -88,7 +88,7 @@ def test_a_cloud_restarted_with_a_wrong_password_touches_nothing_and_the_right_o
     config = RunConfig(name="wrong-password", rounds=10, model={"name": "logreg"}, local={"lr": 0.1},
                        data={"dataset": "digits", "num_clients": 4})
     # Its own Redis (not $REDIS_URL): the one it starts requires a password.
-    with LocalTopology(num_clients=4, num_edges=1, procs_per_edge=1, workdir=tmp_path) as topology, \
+    with LocalTopology(num_clients=4, num_edges=1, procs_per_edge=1, workdir=tmp_path) as topology,\
             CloudAPI(topology.cloud_url, topology.admin_token) as api:
         run_id = api.create_run(config).run_id
         api.action(run_id, "start")

@@ -7,11 +7,12 @@ import httpx
 import pytest
 import torch
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import EdgeHealth, RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
+from fl_services.shared.wire.admin import EdgeHealth
 from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow

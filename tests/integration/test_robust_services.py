@@ -14,16 +14,17 @@ import httpx
 import pytest
 import torch
 
-from fedctl.api import CloudAPI
-from shared.algorithms import privacy
-from shared.algorithms.base import MODEL, ClientResult
-from shared.config import RunConfig
-from shared.data.datasets import load_federated
-from shared.edge_round import ClientTask
-from shared.reference import InProcessClients, run_reference
-from shared.schemas import ClientResultHeader, ClientTaskHeader, RunStatus
-from shared.transport.http import binary_body
-from shared.transport.records import Record, decode, encode
+from fl_services.fedctl.api import CloudAPI
+from fl_services.shared.core.algorithms import privacy
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.edge_round import ClientTask
+from fl_services.shared.core.records import Record, decode, encode
+from fl_services.shared.core.reference import InProcessClients, run_reference
+from fl_services.shared.core.reports import RunStatus
+from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
+from fl_services.shared.wire.http import binary_body
 from tests.integration.topology import federation
 from tests.web import bearer
 

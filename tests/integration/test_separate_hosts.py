@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
 from tests.integration.test_fedavg_services import assert_same_model
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def test_clients_on_another_host_survive_a_cut_link_and_give_the_reference_model
     with LocalTopology(num_clients=4, procs_per_edge=2, workdir=tmp_path, redis_url=os.environ.get("REDIS_URL"),
                        edge_host=client_host.edge_address, client_prefix=client_host.exec_prefix(),
                        # beyond loopback, an edge refuses the built-in development token
-                       client_token=secrets.token_hex(16)) as topo, \
+                       client_token=secrets.token_hex(16)) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         assert {c.proc.pid for c in topo.clients} <= client_host.pids()  # the clients run over there
         info = api.create_run(config)

@@ -3,7 +3,7 @@ every run that includes them, each client process trains for every run its logic
 and each run ends on exactly its in-process reference model."""
 import pytest
 
-from shared.config import RunConfig
+from fl_services.shared.core.config import RunConfig
 from tests.integration.test_catalogue_services import BASE, assert_equals_reference
 from tests.integration.topology import federation
 

@@ -18,13 +18,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedctl.api import CloudAPI
-from fedctl.certs import Issued, issue, write_deployment
-from fedctl.launch import LocalTopology, Service
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import EdgeHealth, RunStatus
-from shared.transport.tls import client_context
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.certs import Issued, issue, write_deployment
+from fl_services.fedctl.launch import LocalTopology, Service
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
+from fl_services.shared.wire.admin import EdgeHealth
+from fl_services.shared.wire.tls import client_context
 from tests.fedctl.test_errors import _fedctl
 from tests.integration.test_fedavg_services import assert_same_model
 
@@ -52,7 +53,7 @@ def bad_device(topo: LocalTopology, name: str, tls_env: dict[str, str]) -> Servi
     """A client process with the right token but the given TLS settings, for logical client 4: edge 0's (4 mod
     2), outside the run, so that the edge's count of registered clients shows whether it got in."""
     edge = topo.edges[0]
-    return Service(name, ["-m", "client.main"], {
+    return Service(name, ["-m", "fl_services.client.main"], {
         "FL_CLIENT_EDGE_URL": edge.address(), "FL_CLIENT_CLIENTS": "4", "FL_CLIENT_CLIENT_TOKEN": topo.client_token,
         "FL_CLIENT_STATE_DIR": str(topo.workdir / f"{name}-state"), "FL_CLIENT_LOG_LEVEL": "warning", **tls_env,
     }, topo.workdir / f"{name}.log")

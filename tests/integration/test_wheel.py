@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import RunStatus
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import RunStatus
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,9 @@ def venv(tmp_path_factory) -> Path:
 
 
 def test_the_wheel_imports_from_its_own_venv_and_has_the_console_scripts(venv):
-    code = "import cloud.main, edge.main, client.main, fedctl.__main__, shared.algorithms; print(client.__file__)"
+    code = ("import fl_services.cloud.main, fl_services.edge.main, fl_services.client.main, "
+            "fl_services.fedctl.__main__, "
+            "fl_services.shared.core.algorithms; print(fl_services.client.__file__)")
     where = run(venv / "bin" / "python", "-c", code, cwd=venv.parent).stdout.strip()
     assert Path(where).is_relative_to(venv / "lib"), where
     for script in SCRIPTS:
@@ -103,7 +105,7 @@ def test_an_installed_fl_client_takes_part_in_a_real_run(venv, tmp_path, monkeyp
     config = RunConfig(name="wheel", rounds=3, model={"name": "logreg"}, data={"num_clients": 4})
     # Client process 0 (clients 0 and 2) is the wheel's fl-client; process 1 runs from this checkout.
     with LocalTopology(num_clients=4, num_edges=1, procs_per_edge=2, workdir=tmp_path,
-                       client_programs={0: [str(venv / "bin" / "fl-client")]}) as topo, \
+                       client_programs={0: [str(venv / "bin" / "fl-client")]}) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         installed = topo.clients[0].proc
         assert Path(f"/proc/{installed.pid}/cwd").resolve() == tmp_path.resolve()

@@ -5,8 +5,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fedctl.api import CloudAPI
-from fedctl.launch import LocalTopology
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
 
 
 @contextmanager
@@ -17,6 +17,6 @@ def federation(tmp_path_factory, num_clients: int, num_edges: int = 1, procs_per
     workdir = tmp_path_factory.mktemp(f"topo{num_edges}")
     with LocalTopology(num_clients=num_clients, num_edges=num_edges, procs_per_edge=procs_per_edge,
                        workdir=workdir, redis_url=os.environ.get("REDIS_URL"), edge_env=edge_env or {},
-                       extra_env=extra_env or {}) as topo, \
+                       extra_env=extra_env or {}) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         yield topo, api

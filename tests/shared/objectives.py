@@ -8,7 +8,7 @@ Three first-order methods run on it, each counting the gradient steps until ‖x
 - `gradient_descent`: x ← x − ∇f(x)/M;
 - `nesterov`: the classical accelerated gradient, y = x + μ(x − x_prev), x ← y − ∇f(y)/M with
   μ = (√M − √m)/(√M + √m);
-- `torch_nesterov`: the project's local optimiser (shared.training.make_optimizer with
+- `torch_nesterov`: the project's local optimiser (fl_services.shared.core.training.make_optimizer with
   optimizer="nesterov", i.e. torch's SGD(nesterov=True): buf ← μ·buf + g, p ← p − lr(g + μ·buf)).
   Its parameter p_k is exactly the classical look-ahead point y_k (x_{k+1} = p_k − lr·∇f(p_k) gives back
   the classical x), so both converge at the accelerated rate; they stop at slightly different counts
@@ -22,8 +22,8 @@ from typing import Callable
 
 import torch
 
-from shared.config import LocalTrainingConfig
-from shared.training import make_optimizer
+from fl_services.shared.core.config import LocalTrainingConfig
+from fl_services.shared.core.training import make_optimizer
 
 DEFAULT_A = ((4.0, 1.0), (1.0, 3.0))
 DEFAULT_B = (1.0, 2.0)

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from shared.backoff import Backoff
+from fl_services.shared.wire.backoff import Backoff
 
 
 def test_delays_grow_by_the_factor_up_to_the_cap_and_reset_after_a_success():

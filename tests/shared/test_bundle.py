@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from shared.transport.bundle import pack, unpack
-from shared.transport.tensors import PayloadError
+from fl_services.shared.core.tensors import PayloadError
+from fl_services.shared.wire.bundle import pack, unpack
 
 
 def test_a_bundle_reads_back_in_order_and_sends_shared_data_once() -> None:

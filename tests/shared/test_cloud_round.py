@@ -1,13 +1,13 @@
-"""One cloud update (shared/cloud_round.py): the divergence check, the server-metrics hook, the record."""
+"""One cloud update (shared/core/cloud_round.py): the divergence check, the server-metrics hook, the record."""
 import math
 from datetime import datetime, timezone
 
 import pytest
 import torch
 
-from shared.algorithms.base import MODEL, Contribution
-from shared.algorithms.fedavg import FedAvg
-from shared.cloud_round import (
+from fl_services.shared.core.algorithms.base import MODEL, Contribution
+from fl_services.shared.core.algorithms.fedavg import FedAvg
+from fl_services.shared.core.cloud_round import (
     NOT_EVALUATED,
     CloudRoundOutcome,
     Diverged,
@@ -16,10 +16,10 @@ from shared.cloud_round import (
     run_cloud_round,
     with_evaluation,
 )
-from shared.config import RunConfig
-from shared.reference import run_reference
-from shared.schemas import ClientParticipation, RoundRecord
-from shared.training import Evaluation
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reports import ClientParticipation, RoundRecord
+from fl_services.shared.core.training import Evaluation
 
 CONFIG = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=3)
 AT = datetime.now(timezone.utc)

@@ -1,8 +1,15 @@
 """The DVFS model: T = c·|D|/f, E = (α/2)·c·|D|·f² + P_s·T, and the frequency a deadline allows."""
 import pytest
 
-from shared.config import RunConfig
-from shared.dvfs import PROFILES, DeviceProfile, comm_seconds, epoch_energy, epoch_seconds, pick_frequency
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.dvfs import (
+    PROFILES,
+    DeviceProfile,
+    comm_seconds,
+    epoch_energy,
+    epoch_seconds,
+    pick_frequency,
+)
 
 DEVICE = DeviceProfile(frequencies_ghz=(2.0, 0.5, 1.0), cycles_per_sample=1e6, capacitance=2e-28)
 

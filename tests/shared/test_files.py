@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.files import atomic_write
+from fl_services.shared.runtime.files import atomic_write
 
 
 def test_writes_replaces_and_creates_the_directory(tmp_path):
@@ -51,7 +51,7 @@ def test_a_write_that_fails_leaves_the_old_content_and_no_debris(tmp_path, monke
 WRITER = """
 import sys
 from pathlib import Path
-from shared.files import atomic_write
+from fl_services.shared.runtime.files import atomic_write
 path, size = Path(sys.argv[1]), int(sys.argv[2])
 i = 0
 while True:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.log import bind, configure_logging
+from fl_services.shared.runtime.log import bind, configure_logging
 
 
 @pytest.fixture
@@ -32,35 +32,35 @@ def test_json_lines_carry_the_context_of_their_task(stream) -> None:
     async def logical_client(k: int) -> None:
         bind(client_id=k)  # each task its own context
         await asyncio.sleep(0)
-        logging.getLogger("client.worker").info("trained %d", k)
+        logging.getLogger("fl_services.client.worker").info("trained %d", k)
 
     async def main() -> None:
         bind(run_id="r1")
         await asyncio.gather(logical_client(0), logical_client(1))
-        logging.getLogger("edge.round_loop").warning("round done", extra={"client_id": 9})
+        logging.getLogger("fl_services.edge.round_loop").warning("round done", extra={"client_id": 9})
 
     asyncio.run(main())
     logging.getLogger("shared.x").debug("below the level")
     try:
         raise ValueError("boom")
     except ValueError:
-        logging.getLogger("cloud.orchestrator").exception("failed")
+        logging.getLogger("fl_services.cloud.orchestrator").exception("failed")
     first, second, third, fourth = lines(stream)
-    assert {(first["message"], first["client_id"]), (second["message"], second["client_id"])} == \
+    assert {(first["message"], first["client_id"]), (second["message"], second["client_id"])} ==\
         {("trained 0", 0), ("trained 1", 1)}
-    assert first["logger"] == "client.worker" and first["level"] == "INFO"
+    assert first["logger"] == "fl_services.client.worker" and first["level"] == "INFO"
     assert first["run_id"] == "r1" and first["edge_id"] == 3  # the task's, and the process's default
-    assert (third["logger"], third["client_id"], third["run_id"]) == ("edge.round_loop", 9, "r1")
-    assert fourth["logger"] == "cloud.orchestrator" and "run_id" not in fourth  # outside the bound task
+    assert (third["logger"], third["client_id"], third["run_id"]) == ("fl_services.edge.round_loop", 9, "r1")
+    assert fourth["logger"] == "fl_services.cloud.orchestrator" and "run_id" not in fourth  # outside the bound task
     assert "ValueError: boom" in fourth["exc_info"]
     assert fourth["time"].endswith("+00:00")
 
 
 def test_text_lines_name_their_logger(stream) -> None:
     configure_logging("info", "text", stream=stream)
-    logging.getLogger("edge.tasks").info("hello")
+    logging.getLogger("fl_services.edge.tasks").info("hello")
     (line,) = stream.getvalue().splitlines()
-    assert line.endswith(" INFO edge.tasks: hello")
+    assert line.endswith(" INFO fl_services.edge.tasks: hello")
 
 
 def test_a_second_setup_replaces_the_first(stream) -> None:
@@ -71,8 +71,9 @@ def test_a_second_setup_replaces_the_first(stream) -> None:
     assert other.getvalue() == "" and lines(stream)[0]["message"] == "once"
 
 
-@pytest.mark.parametrize("settings_class", ["cloud.config.CloudSettings", "edge.config.EdgeSettings",
-                                            "client.config.ClientSettings"])
+@pytest.mark.parametrize("settings_class", ["fl_services.cloud.config.CloudSettings",
+                                            "fl_services.edge.config.EdgeSettings",
+                                            "fl_services.client.config.ClientSettings"])
 def test_every_service_reads_its_log_format(monkeypatch, settings_class: str) -> None:
     module, name = settings_class.rsplit(".", 1)
     cls = getattr(__import__(module, fromlist=[name]), name)
@@ -85,7 +86,8 @@ def test_every_service_reads_its_log_format(monkeypatch, settings_class: str) ->
 
 
 def test_an_uncaught_exception_is_a_json_line_too() -> None:
-    program = ("import threading\nfrom shared.log import configure_logging\nconfigure_logging('info', 'json')\n"
+    program = ("import threading\nfrom fl_services.shared.runtime.log import configure_logging\n"
+               "configure_logging('info', 'json')\n"
                "t = threading.Thread(target=lambda: 1 / 0)\nt.start()\nt.join()\nraise RuntimeError('boom')\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[2])

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from shared.longpoll import Announcer, wait_until
+from fl_services.shared.server.longpoll import Announcer, wait_until
 
 pytestmark = pytest.mark.anyio
 

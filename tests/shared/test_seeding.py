@@ -5,8 +5,8 @@ import threading
 
 import torch
 
-from shared.config import ModelConfig
-from shared.models import build_feature_extractor, build_model
+from fl_services.shared.core.config import ModelConfig
+from fl_services.shared.core.models import build_feature_extractor, build_model
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Client selection: m = max(⌊λN⌋, 1), seeded per (seed, round, edge)."""
 import pytest
 
-from shared.config import RunConfig
-from shared.selection import num_selected, select_clients
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.selection import num_selected, select_clients
 
 
 @pytest.mark.parametrize("fraction, n, m", [(1.0, 10, 10), (0.25, 20, 5), (0.1, 9, 1), (0.01, 5, 1), (0.3, 10, 3)])

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from client.config import ClientSettings
-from cloud.config import CloudSettings
-from edge.config import EdgeSettings
+from fl_services.client.config import ClientSettings
+from fl_services.cloud.config import CloudSettings
+from fl_services.edge.config import EdgeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def test_a_server_with_a_development_token_on_all_interfaces_does_not_start(serv
     """As an operator meets it: one line saying what is wrong and how to fix it, and a failed exit."""
     prefix = f"FL_{service.upper()}_"
     env = {"PATH": "/usr/bin:/bin", f"{prefix}HOST": "0.0.0.0", f"{prefix}PORT": "1"}
-    done = subprocess.run([sys.executable, "-m", f"{service}.main"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", f"fl_services.{service}.main"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0
     assert done.stderr.startswith("invalid settings: ") and len(done.stderr.splitlines()) == 1, done.stderr

@@ -2,9 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shared.config import LocalTrainingConfig
-from shared.data.datasets import ArrayDataset
-from shared.training import DpSgd, batches, local_sgd
+from fl_services.shared.core.config import LocalTrainingConfig
+from fl_services.shared.core.data.datasets import ArrayDataset
+from fl_services.shared.core.training import DpSgd, batches, local_sgd
 
 
 def test_batch_size_zero_is_one_full_batch():

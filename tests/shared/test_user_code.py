@@ -1,9 +1,9 @@
 """Which imports a cloud allows, and what creation says about an imported model that does not fit."""
 import pytest
 
-from cloud.initial_state import InvalidRun, initial_global
-from shared.config import RunConfig
-from shared.user_code import is_allowed
+from fl_services.cloud.initial_state import InvalidRun, initial_global
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.user_code import is_allowed
 
 FACTORIES = "tests.shared.user_factories"
 
@@ -37,7 +37,7 @@ def test_creation_builds_an_imported_model_that_fits():
     ({"name": f"{FACTORIES}:not_a_module"}, "returned a str"),
     ({"name": f"{FACTORIES}:nan_weights"}, r"starts with non-finite values in \['model/1.bias'\]"),
     ({"name": f"{FACTORIES}:exits"}, r"the model factory .* raised SystemExit: usage: train.py"),
-    ({"name": "shared.models:MLP"}, "outside the packages this cloud may import .*tests.shared"),
+    ({"name": "fl_services.shared.core.models:MLP"}, "outside the packages this cloud may import .*tests.shared"),
 ])
 def test_creation_refuses_an_imported_model_that_does_not(model, message):
     with pytest.raises(InvalidRun, match=message):

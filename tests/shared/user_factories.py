@@ -72,7 +72,7 @@ class _Samples(torch.utils.data.Dataset):
 
 def as_datasets():
     x, y, xt, yt = _arrays()
-    return _Samples(x, y), torch.utils.data.TensorDataset(torch.as_tensor(xt).float(), torch.as_tensor(yt)), \
+    return _Samples(x, y), torch.utils.data.TensorDataset(torch.as_tensor(xt).float(), torch.as_tensor(yt)),\
         np.arange(N_TRAIN) % 2
 
 

@@ -1,8 +1,8 @@
 """One determinism check for the algorithms with server memory: same seed → same run, other seed → not."""
 import torch
 
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 
 
 def assert_reference_is_deterministic(config: RunConfig, participants: int, min_accuracy: float) -> None:
@@ -11,7 +11,7 @@ def assert_reference_is_deterministic(config: RunConfig, participants: int, min_
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
     assert any(not torch.equal(a.global_state[n], c.global_state[n]) for n in a.global_state)
-    assert [[r.client_id for r in h.clients] for h in a.history] == \
+    assert [[r.client_id for r in h.clients] for h in a.history] ==\
         [[r.client_id for r in h.clients] for h in b.history]
     assert all(len(h.clients) == participants for h in a.history)
     assert a.history[-1].test_accuracy > min_accuracy

@@ -2,7 +2,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.algorithms import aggregate
+from fl_services.shared.core.algorithms import aggregate
 
 
 def test_weighted_mean_by_hand():

@@ -4,14 +4,14 @@ from functools import partial
 import pytest
 import torch
 
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
-from shared.algorithms.fedavg import FedAvg
-from shared.config import ModelConfig, RunConfig
-from shared.data.datasets import ArrayDataset, ClientData
-from shared.models import build_model
-from shared.reference import run_reference
-from shared.transport.tensors import MAX_ABS, InvalidContent
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
+from fl_services.shared.core.algorithms.fedavg import FedAvg
+from fl_services.shared.core.config import ModelConfig, RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.tensors import MAX_ABS, InvalidContent
 
 SMALL = dict(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 6}, local={"lr": 0.1})
 
@@ -58,7 +58,7 @@ def test_reference_is_deterministic_given_the_seed():
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
     assert any(not torch.equal(a.global_state[n], c.global_state[n]) for n in a.global_state)
-    assert [[c.client_id for c in h.clients] for h in a.history] == \
+    assert [[c.client_id for c in h.clients] for h in a.history] ==\
         [[c.client_id for c in h.clients] for h in b.history]
     assert all(len(h.clients) == 3 for h in a.history)
 

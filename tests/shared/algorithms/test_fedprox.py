@@ -6,15 +6,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, LocalJob
-from shared.algorithms.fedprox import FedProx
-from shared.config import ModelConfig, RunConfig
-from shared.data.datasets import ArrayDataset, ClientData
-from shared.federation import initial_model
-from shared.models import build_model
-from shared.reference import run_reference
-from shared.training import parameters_of
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, LocalJob
+from fl_services.shared.core.algorithms.fedprox import FedProx
+from fl_services.shared.core.config import ModelConfig, RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.training import parameters_of
 
 SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 6}, "local": {"lr": 0.1}}
 

@@ -25,11 +25,11 @@ cheapest run (~80 s on an idle core).
 import pytest
 import torch
 
-from shared.config import RunConfig
-from shared.data.datasets import ArrayDataset, load_federated
-from shared.federation import initial_model
-from shared.reference import run_reference
-from shared.training import evaluate, load_parameters
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, load_federated
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.training import evaluate, load_parameters
 
 SEED = 5
 ROUNDS = 30

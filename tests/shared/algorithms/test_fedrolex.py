@@ -2,17 +2,17 @@
 import pytest
 import torch
 
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, ClientResult, Contribution
-from shared.algorithms.fedrolex import COVERAGE, FedRolex, coverage_reduce
-from shared.algorithms.submodel import ARCHITECTURES, embed
-from shared.config import ModelConfig, RunConfig
-from shared.data.datasets import load_federated
-from shared.federation import initial_model, local_job
-from shared.models import build_model
-from shared.reference import run_reference
-from shared.transport.records import decode_state, encode, spec_of
-from shared.transport.tensors import InvalidContent
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution
+from fl_services.shared.core.algorithms.fedrolex import COVERAGE, FedRolex, coverage_reduce
+from fl_services.shared.core.algorithms.submodel import ARCHITECTURES, embed
+from fl_services.shared.core.config import ModelConfig, RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.federation import initial_model, local_job
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.records import decode_state, encode, spec_of
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.tensors import InvalidContent
 
 SMALL = {"algorithm": "fedrolex", "model": {"name": "mlp"}, "data": {"dataset": "digits", "num_clients": 6},
          "local": {"lr": 0.1, "epochs": 2}}
@@ -150,7 +150,7 @@ def test_reference_is_deterministic_and_moves_every_window():
     a, b = run_reference(config), run_reference(config)
     for name in a.global_state:
         assert torch.equal(a.global_state[name], b.global_state[name])
-    assert [[c.client_id for c in h.clients] for h in a.history] == \
+    assert [[c.client_id for c in h.clients] for h in a.history] ==\
         [[c.client_id for c in h.clients] for h in b.history]
     assert all(len(h.clients) == 3 for h in a.history)
 

@@ -8,8 +8,8 @@ seed 2: 0.898 / 0.907, i.e. gaps of 1.3, 1.7 and 0.9 points; the test asserts â‰
 """
 import pytest
 
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 
 
 @pytest.mark.slow

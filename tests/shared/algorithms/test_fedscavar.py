@@ -5,17 +5,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
-from shared.algorithms.control import CONTROL
-from shared.algorithms.fedscavar import FedSCAVAR
-from shared.algorithms.fedvarp import DELTAS, MEMORY, updated_memory, varp_direction
-from shared.config import ModelConfig, RunConfig
-from shared.data.datasets import ArrayDataset, ClientData
-from shared.federation import participation
-from shared.models import build_model
-from shared.reference import run_reference
-from shared.transport.records import decode_state, encode, spec_of
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
+from fl_services.shared.core.algorithms.control import CONTROL
+from fl_services.shared.core.algorithms.fedscavar import FedSCAVAR
+from fl_services.shared.core.algorithms.fedvarp import DELTAS, MEMORY, updated_memory, varp_direction
+from fl_services.shared.core.config import ModelConfig, RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+from fl_services.shared.core.federation import participation
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.records import decode_state, encode, spec_of
+from fl_services.shared.core.reference import run_reference
 
 SMALL = {"algorithm": "fedscavar", "model": {"name": "mlp"}, "data": {"dataset": "digits", "num_clients": 6},
          "local": {"lr": 0.1, "epochs": 2}}

@@ -1,7 +1,7 @@
 import torch
 
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 
 BASE = dict(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 6}, rounds=3, fraction=0.5)
 
@@ -12,7 +12,7 @@ def test_fedsgd_equals_fedavg_with_one_epoch_full_batch():
     avg = run_reference(RunConfig(**BASE, algorithm="fedavg", local=local))
     for name in avg.global_state:
         assert torch.allclose(sgd.global_state[name], avg.global_state[name], atol=1e-6), name
-    assert [[c.client_id for c in h.clients] for h in sgd.history] == \
+    assert [[c.client_id for c in h.clients] for h in sgd.history] ==\
         [[c.client_id for c in h.clients] for h in avg.history]
 
 
@@ -32,11 +32,11 @@ def test_local_gradient_and_cloud_step_by_hand():
     Cloud, two edges with p = [1/4, 3/4] and η = 0.5: w − 0.5·(¼·[4, 0] + ¾·[0, 4]) = [1, 1] − [0.5, 1.5]."""
     from functools import partial
 
-    from shared.algorithms.base import MODEL, Contribution, LocalJob
-    from shared.algorithms.fedsgd import FedSGD
-    from shared.config import ModelConfig
-    from shared.data.datasets import ArrayDataset, ClientData
-    from shared.models import build_model
+    from fl_services.shared.core.algorithms.base import MODEL, Contribution, LocalJob
+    from fl_services.shared.core.algorithms.fedsgd import FedSGD
+    from fl_services.shared.core.config import ModelConfig
+    from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+    from fl_services.shared.core.models import build_model
 
     algo = FedSGD(RunConfig(**BASE, algorithm="fedsgd", local={"lr": 0.5}))
     data = ArrayDataset(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]))

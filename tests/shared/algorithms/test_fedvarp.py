@@ -2,14 +2,14 @@
 import pytest
 import torch
 
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, ClientResult, Contribution
-from shared.algorithms.fedvarp import DELTAS, MEMORY, FedVARP
-from shared.config import RunConfig
-from shared.federation import participation
-from shared.reference import run_reference
-from shared.transport.records import check, decode_state, encode
-from shared.transport.tensors import InvalidContent
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution
+from fl_services.shared.core.algorithms.fedvarp import DELTAS, MEMORY, FedVARP
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import participation
+from fl_services.shared.core.records import check, decode_state, encode
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.tensors import InvalidContent
 from tests.shared.algorithms.determinism import assert_reference_is_deterministic
 
 SMALL = {"algorithm": "fedvarp", "model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 6},

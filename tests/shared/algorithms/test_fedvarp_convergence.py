@@ -13,12 +13,12 @@ all four seeds (the worst ratio is 0.79).
 import pytest
 import torch
 
-import shared.cloud_round
-from shared.config import RunConfig
-from shared.data.datasets import ArrayDataset, load_federated
-from shared.federation import initial_model
-from shared.reference import run_reference
-from shared.training import evaluate, load_parameters
+from fl_services.shared.core import cloud_round
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, load_federated
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.training import evaluate, load_parameters
 
 CONFIG = {
     "model": {"name": "mlp"},
@@ -39,7 +39,7 @@ def pooled_training_data(config: RunConfig) -> ArrayDataset:
 def training_losses(config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The global model's loss on the pooled training data after every round."""
     pool, losses = pooled_training_data(config), []
-    evaluate_global = shared.cloud_round.evaluate_global
+    evaluate_global = cloud_round.evaluate_global
 
     def recording(cfg, algorithm, global_, *rest):
         model = load_parameters(initial_model(cfg), algorithm.model_parameters(global_))
@@ -47,7 +47,7 @@ def training_losses(config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> list[
         return evaluate_global(cfg, algorithm, global_, *rest)
 
     with monkeypatch.context() as patch:
-        patch.setattr(shared.cloud_round, "evaluate_global", recording)
+        patch.setattr(cloud_round, "evaluate_global", recording)
         run_reference(config)
     assert len(losses) == config.rounds
     return losses

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from shared.algorithms import registry
-from shared.algorithms.base import ClientResult, Contribution
-from shared.algorithms.hfpl import (
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import ClientResult, Contribution
+from fl_services.shared.core.algorithms.hfpl import (
     COUNTS,
     EDGES,
     EVALUATION,
@@ -23,15 +23,21 @@ from shared.algorithms.hfpl import (
     WEIGHT,
     EdgeMemory,
 )
-from shared.config import RunConfig
-from shared.data.datasets import load_federated
-from shared.federation import initial_model, local_job
-from shared.reference import run_reference, schedule_of
-from shared.schemas import ClientParticipation
-from shared.seeding import CLASSIFIER, MODEL_INIT, derive_seed, seeded_default_generator, torch_generator
-from shared.training import Evaluation, batches
-from shared.transport.records import flatten, spec_of, unpack
-from shared.transport.tensors import InvalidContent
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.federation import initial_model, local_job
+from fl_services.shared.core.records import flatten, spec_of, unpack
+from fl_services.shared.core.reference import run_reference, schedule_of
+from fl_services.shared.core.reports import ClientParticipation
+from fl_services.shared.core.seeding import (
+    CLASSIFIER,
+    MODEL_INIT,
+    derive_seed,
+    seeded_default_generator,
+    torch_generator,
+)
+from fl_services.shared.core.tensors import InvalidContent
+from fl_services.shared.core.training import Evaluation, batches
 
 F64, F32, I64 = torch.float64, torch.float32, torch.int64
 SMALL = dict(algorithm="hfpl", rounds=3, seed=0,

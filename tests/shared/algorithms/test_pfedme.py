@@ -7,15 +7,15 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
-from shared.algorithms.pfedme import PERSONAL, PFedMe, personal_metrics
-from shared.config import ModelConfig, RunConfig
-from shared.data.datasets import ArrayDataset, ClientData, load_federated
-from shared.federation import initial_model, local_job
-from shared.models import build_model
-from shared.reference import run_reference
-from shared.selection import select_clients
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
+from fl_services.shared.core.algorithms.pfedme import PERSONAL, PFedMe, personal_metrics
+from fl_services.shared.core.config import ModelConfig, RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, ClientData, load_federated
+from fl_services.shared.core.federation import initial_model, local_job
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.selection import select_clients
 
 SMALL = dict(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 6}, local={"lr": 0.1},
              algorithm="pfedme")
@@ -193,7 +193,7 @@ def test_reference_runs_every_client_and_records_the_sample_s_with_its_personal_
     assert sorted(a.client_states) == list(range(6))
     for state in a.client_states.values():
         assert set(state) == {PERSONAL}
-        assert {n: (t.shape, t.dtype) for n, t in state[PERSONAL].items()} == \
+        assert {n: (t.shape, t.dtype) for n, t in state[PERSONAL].items()} ==\
             {n: (t.shape, torch.float32) for n, t in a.global_state.items()}
         # the state and the tensors survive safetensors unchanged
         back = st_load(st_save(state[PERSONAL]))
@@ -232,6 +232,6 @@ def test_with_two_edges_the_history_lists_each_edges_own_sample():
     for r, record in enumerate(result.history):
         samples = {edge: select_clients(config, config.clients_of_edge(edge), r, edge) for edge in (0, 1)}
         assert all(len(s) == 1 for s in samples.values())  # m = ⌊0.5·3⌋ of each edge's three clients
-        assert [(c.client_id, c.edge_id) for c in record.clients] == \
+        assert [(c.client_id, c.edge_id) for c in record.clients] ==\
             sorted((k, edge) for edge, s in samples.items() for k in s)
         assert [c.weight for c in record.contributions] == [1.0, 1.0]  # |S_l|

@@ -3,11 +3,11 @@ model θ_k, tested on the client's own held-out split, is more accurate than the
 is tested on the pooled test set or on the same client splits."""
 import pytest
 
-from shared.config import RunConfig
-from shared.data.datasets import load_federated
-from shared.federation import initial_model
-from shared.reference import run_reference
-from shared.training import evaluate, load_parameters
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.training import evaluate, load_parameters
 
 # Measured after round 5 (global accuracy on the pooled test set / final global model on the clients'
 # own held-out splits / mean personalised accuracy), one thread, ~25-30 s each:

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.algorithms.prototypes import (
+from fl_services.shared.core.algorithms.prototypes import (
     ClientPrototypes,
     EdgePrototypes,
     cloud_update_prototypes,

@@ -7,9 +7,9 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 
 SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 4}, "rounds": 1}
 
@@ -17,9 +17,10 @@ SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients
 def test_the_config_model_does_not_import_torch():
     # A fresh interpreter: this one has torch loaded by the other tests. Validating a config used to import
     # the registry, every algorithm and torch: a process that only reads configs paid for all of them.
-    code = ("import json, sys\nimport shared.config, shared.schemas\n"
-            "shared.config.RunConfig.model_validate({'algorithm': 'scaffold', 'params': {}})\n"
-            "print(json.dumps([m for m in ('torch', 'shared.algorithms.base', 'shared.algorithms.registry') "
+    code = ("import json, sys\nimport fl_services.shared.core.config, fl_services.shared.wire\n"
+            "fl_services.shared.core.config.RunConfig.model_validate({'algorithm': 'scaffold', 'params': {}})\n"
+            "print(json.dumps([m for m in ('torch', 'fl_services.shared.core.algorithms.base', "
+            "'fl_services.shared.core.algorithms.registry') "
             "if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []

@@ -10,10 +10,10 @@ import torch
 from opacus.accountants import RDPAccountant
 from scipy import stats
 
-from shared.algorithms import privacy, registry, robust
-from shared.config import AggregationConfig, RunConfig
-from shared.data.datasets import load_federated
-from shared.reference import run_reference
+from fl_services.shared.core.algorithms import privacy, registry, robust
+from fl_services.shared.core.config import AggregationConfig, RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.reference import run_reference
 
 
 def records(values: list[list[float]]) -> list[dict[str, dict[str, torch.Tensor]]]:

@@ -5,16 +5,16 @@ from functools import partial
 import pytest
 import torch
 
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
-from shared.algorithms.control import CONTROL, step_length
-from shared.algorithms.scaffold import Scaffold
-from shared.config import LocalTrainingConfig, ModelConfig, RunConfig
-from shared.data.datasets import ArrayDataset, ClientData, load_federated
-from shared.federation import initial_model, local_job, participation
-from shared.models import build_model
-from shared.reference import run_reference
-from shared.transport.records import decode_state, encode, spec_of
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
+from fl_services.shared.core.algorithms.control import CONTROL, step_length
+from fl_services.shared.core.algorithms.scaffold import Scaffold
+from fl_services.shared.core.config import LocalTrainingConfig, ModelConfig, RunConfig
+from fl_services.shared.core.data.datasets import ArrayDataset, ClientData, load_federated
+from fl_services.shared.core.federation import initial_model, local_job, participation
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.records import decode_state, encode, spec_of
+from fl_services.shared.core.reference import run_reference
 
 SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 6}, "algorithm": "scaffold"}
 M = torch.tensor([[-1.0, 1.0], [1.0, -1.0]])

@@ -13,8 +13,8 @@ B = 32, η_k = 0.05, 25 rounds. Rounds to 85% test accuracy (first round at or a
 """
 import pytest
 
-from shared.config import RunConfig
-from shared.reference import run_reference
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import run_reference
 
 TARGET = 0.85
 ROUNDS = 25

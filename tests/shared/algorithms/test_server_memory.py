@@ -5,10 +5,10 @@ run over 1000 clients needed 760 MiB, and its cloud silently recomputed the same
 """
 import pytest
 
-from shared.algorithms import registry
-from shared.config import RunConfig
-from shared.federation import initial_model
-from shared.reference import run_reference
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.reference import run_reference
 
 DIGITS = {"dataset": "digits", "num_clients": 6}
 CONFIGS = {

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from shared.algorithms.submodel import (
+from fl_services.shared.core.algorithms.submodel import (
     ARCHITECTURES,
     coverage,
     embed,
@@ -11,8 +11,8 @@ from shared.algorithms.submodel import (
     window_indices,
     window_size,
 )
-from shared.config import ModelConfig
-from shared.models import build_model
+from fl_services.shared.core.config import ModelConfig
+from fl_services.shared.core.models import build_model
 
 MLP, CNN = ARCHITECTURES["mlp"], ARCHITECTURES["cnn"]
 

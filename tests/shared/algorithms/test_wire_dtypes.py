@@ -8,15 +8,15 @@ import asyncio
 import pytest
 import torch
 
-from cloud.initial_state import _contribution_bytes
-from shared.algorithms import registry
-from shared.algorithms.base import MODEL, ClientResult, Contribution
-from shared.config import RunConfig
-from shared.edge_round import ClientTask, run_edge_round
-from shared.federation import initial_model
-from shared.schemas import ClientParticipation
-from shared.transport.records import flatten
-from shared.transport.tensors import InvalidContent
+from fl_services.cloud.initial_state import _contribution_bytes
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.edge_round import ClientTask, run_edge_round
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.records import flatten
+from fl_services.shared.core.reports import ClientParticipation
+from fl_services.shared.core.tensors import InvalidContent
 
 SMALL = dict(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 4}, rounds=1)
 
@@ -86,7 +86,7 @@ def test_per_client_float32_deltas_stay_float32_at_the_cloud():
                for g, members in algorithm.wire_spec(spec).items()}
     only = (ClientParticipation(client_id=0, num_samples=10, loss=0.5),)
     widened = algorithm.from_wire(global_, Contribution(0, 0, tensors, 10.0, only))
-    assert flatten({g: {n: t.dtype for n, t in m.items()} for g, m in widened.tensors.items()}) == \
+    assert flatten({g: {n: t.dtype for n, t in m.items()} for g, m in widened.tensors.items()}) ==\
         {k: dtype for k, (_, dtype) in flatten(spec).items()}
 
 

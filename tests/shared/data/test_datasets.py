@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared.config import DataConfig
-from shared.data import ArrayDataset, FederatedData, load_client, load_federated
+from fl_services.shared.core.config import DataConfig
+from fl_services.shared.core.data import ArrayDataset, FederatedData, load_client, load_federated
 
 BUILTIN = {"mnist5k": (5000, (1, 28, 28)), "digits": (1797, (1, 8, 8))}
 
@@ -169,7 +169,7 @@ def check_types(data: FederatedData, input_shape: tuple[int, ...]) -> None:
 
 
 def test_synthetic_natural_is_one_client_per_device() -> None:
-    from shared.data.synthetic import generate_synthetic
+    from fl_services.shared.core.data.synthetic import generate_synthetic
 
     data = load_federated(synthetic(num_clients=30), seed=5)
     check_types(data, (60,))
@@ -215,8 +215,8 @@ def test_synthetic_is_deterministic_and_follows_seed_and_config() -> None:
 
 
 def test_models_take_the_flat_generated_inputs() -> None:
-    from shared.config import ModelConfig
-    from shared.models import build_model
+    from fl_services.shared.core.config import ModelConfig
+    from fl_services.shared.core.models import build_model
 
     for input_shape in ((60,), (40,)):
         x = torch.zeros(3, *input_shape)
@@ -232,8 +232,8 @@ def test_logreg_learns_synthetic_0_0() -> None:
     device is dominated by a few classes it can recognise from the device's input mean)."""
     import torch.nn.functional as F
 
-    from shared.config import ModelConfig
-    from shared.models import build_model
+    from fl_services.shared.core.config import ModelConfig
+    from fl_services.shared.core.models import build_model
 
     data = load_federated(synthetic(ab=0.0), seed=0)
     x = torch.cat([c.train.x for c in data.clients])
@@ -281,7 +281,7 @@ def test_mnist1d_generation_is_seeded_offline_and_leaves_global_rngs_alone(
     import random
     import socket
 
-    from shared.data import datasets
+    from fl_services.shared.core.data import datasets
 
     def no_network(*args: object, **kwargs: object) -> None:
         raise AssertionError("mnist1d tried to use the network")

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from shared.config import DataConfig
-from shared.data import load_federated
-from shared.user_code import UserCodeError
+from fl_services.shared.core.config import DataConfig
+from fl_services.shared.core.data import load_federated
+from fl_services.shared.core.user_code import UserCodeError
 from tests.shared.user_factories import N_TRAIN
 
 LOADERS = "tests.shared.user_factories"

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.data import partition
+from fl_services.shared.core.data import partition
 
 NUM_CLASSES, PER_CLASS, NUM_CLIENTS = 10, 100, 10
 Partitioner = Callable[[np.random.Generator], list[np.ndarray]]

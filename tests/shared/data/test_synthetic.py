@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from shared.config import MAX_SYNTHETIC_DEVICES, DataConfig
-from shared.data.synthetic import (
+from fl_services.shared.core.config import MAX_SYNTHETIC_DEVICES, DataConfig
+from fl_services.shared.core.data.synthetic import (
     MAX_DEVICE_SIZE,
     SyntheticDevices,
     covariance_diagonal,

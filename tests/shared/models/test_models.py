@@ -3,11 +3,11 @@ import pytest
 import torch
 from torch import nn
 
-from shared.algorithms import registry
-from shared.algorithms.submodel import architecture_of, embed, extract, layer_windows
-from shared.config import ModelConfig, RunConfig
-from shared.models import CNN, build_model
-from shared.user_code import UserCodeError
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.submodel import architecture_of, embed, extract, layer_windows
+from fl_services.shared.core.config import ModelConfig, RunConfig
+from fl_services.shared.core.models import CNN, build_model
+from fl_services.shared.core.user_code import UserCodeError
 
 FACTORIES = "tests.shared.user_factories"
 

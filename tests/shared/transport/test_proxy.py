@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fedctl.api import CloudAPI
-from shared.transport.http import env_proxy, make_client
+from fl_services.fedctl.api import CloudAPI
+from fl_services.shared.wire.http import env_proxy, make_client
 
 pytestmark = pytest.mark.anyio
 

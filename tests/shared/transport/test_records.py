@@ -4,10 +4,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from shared.schemas import ClientResultHeader
-from shared.transport.records import decode, decode_state, encode, flatten, pack, unflatten, unpack
-from shared.transport.tensors import InvalidContent, PayloadError
-from shared.transport.tensors import encode as encode_flat
+from fl_services.shared.core.records import decode, decode_state, encode, flatten, pack, unflatten, unpack
+from fl_services.shared.core.tensors import InvalidContent, PayloadError
+from fl_services.shared.core.tensors import encode as encode_flat
+from fl_services.shared.wire.client_edge import ClientResultHeader
 
 
 def header() -> ClientResultHeader:

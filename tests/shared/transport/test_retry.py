@@ -7,9 +7,9 @@ from functools import partial
 import httpx
 import pytest
 
-from shared.backoff import Backoff
-from shared.transport.http import make_client
-from shared.transport.retry import DEDUPLICATED, RetryTransport, SyncRetryTransport
+from fl_services.shared.wire.backoff import Backoff
+from fl_services.shared.wire.http import make_client
+from fl_services.shared.wire.retry import DEDUPLICATED, RetryTransport, SyncRetryTransport
 
 pytestmark = pytest.mark.anyio
 FAST = partial(Backoff, 0.001, 0.004)
@@ -34,7 +34,7 @@ def client(inner: httpx.MockTransport, attempts: int | None = None) -> httpx.Asy
 
 
 def waits(caplog) -> list[float]:
-    return [r.args[-1] for r in caplog.records if r.name == "shared.transport.retry" and "retrying in" in r.msg]
+    return [r.args[-1] for r in caplog.records if r.name == "fl_services.shared.wire.retry" and "retrying in" in r.msg]
 
 
 async def test_a_read_goes_through_a_503_and_a_dropped_connection(caplog):
@@ -119,7 +119,7 @@ async def test_without_a_bound_it_retries_until_the_answer_comes(caplog):
 
 def test_the_synchronous_variant_follows_the_same_rules(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr("shared.transport.retry.time.sleep", slept.append)
+    monkeypatch.setattr("fl_services.shared.wire.retry.time.sleep", slept.append)
     inner, seen = server(503, httpx.ConnectError("refused"), 200, 503, 500, 500, 500)
     with httpx.Client(base_url="http://server", transport=SyncRetryTransport(inner, 3)) as http:
         assert http.get("/x").status_code == 200

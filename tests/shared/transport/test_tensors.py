@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.schemas import ClientResultHeader
-from shared.transport.tensors import InvalidContent, PayloadError, check_tensors, decode, encode, spec_of
+from fl_services.shared.core.tensors import InvalidContent, PayloadError, check_tensors, decode, encode, spec_of
+from fl_services.shared.wire.client_edge import ClientResultHeader
 
 
 def header() -> ClientResultHeader:

@@ -1,0 +1,346 @@
+"""The run configuration: everything that determines a training run's result.
+
+A `RunConfig` is what an administrator POSTs to the cloud and what the in-process reference
+runner takes; the same config and seed give the same global model either way.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+from fl_services.shared.core.dvfs import DEFAULT_PROFILE, PROFILES, DeviceProfile, Policy, check_frequencies
+
+
+class Strict(BaseModel):
+    # A typo in a config key must be an error, not a silently ignored option. JSON's 1e400 parses to inf,
+    # which would be stored as null and make the run unreadable: every float must be finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+MAX_SYNTHETIC_DEVICES = 1000
+
+
+BUILTIN_DATASETS = ("mnist5k", "digits", "npz", "synthetic", "mnist1d")
+BUILTIN_MODELS = ("logreg", "mlp", "cnn", "flower_cnn")
+# "package.module:attribute": user code the services import (see shared.core.user_code).
+IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_import_path(name: str) -> bool:
+    return IMPORT_PATH.fullmatch(name) is not None
+
+
+def _builtin_or_import_path(name: str, builtins: tuple[str, ...], what: str) -> str:
+    if name not in builtins and not is_import_path(name):
+        raise ValueError(f"{what} must be one of {', '.join(builtins)} or an import path "
+                         f"'package.module:function', got {name!r}")
+    return name
+
+
+def _check_json(options: dict[str, Any], where: str) -> None:
+    # JSON's 1e400 parses to inf, which would be stored as null: options must survive a round trip.
+    try:
+        json.dumps(options, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"{where} must hold finite numbers: {exc}") from exc
+
+
+class _HashableOptions(Strict):
+    """A config holding an `options` dict: its hash (the data/model caches key on configs) goes through
+    its canonical JSON, since a frozen pydantic model would hash the unhashable dict itself."""
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.model_dump(mode="json"), sort_keys=True))
+
+
+class DataConfig(_HashableOptions):
+    dataset: str = Field("mnist5k", description="mnist5k | digits | npz | synthetic | mnist1d, or "
+                         "'package.module:load', a loader function called as load(**options)")
+    # Only for dataset="npz": a file with x_train, y_train, client_train, x_test, y_test.
+    path: str | None = None
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments of an imported loader (JSON values)")
+    partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = Field(
+        "iid", description="iid | dirichlet | shards | file: the client index stored with the data (an npz's or "
+        "an imported loader's client_train) | natural: the synthetic generator's own devices")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
+    shards_per_client: int = Field(2, ge=1)
+    num_clients: int = Field(10, ge=1, le=100_000)
+    # FedProx's Synthetic(α, β): α controls how much local models differ, β how much local data differ.
+    synthetic_alpha: float = Field(1.0, ge=0, le=100)
+    synthetic_beta: float = Field(1.0, ge=0, le=100)
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
+    client_holdout: float = Field(
+        0.2, ge=0, lt=1, description="share of each client's rows held out as its own test split (personalised "
+        "evaluation), whatever the partition; training and the weights p_k use the rest; 0: every row trains")
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_name(cls, name: str) -> str:
+        return _builtin_or_import_path(name, BUILTIN_DATASETS, "data.dataset")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.dataset == "npz" and not self.path:
+            raise ValueError("dataset 'npz' needs a path")
+        if self.options and not is_import_path(self.dataset):
+            raise ValueError("data.options are the keyword arguments of an imported loader "
+                             "(dataset = 'package.module:load')")
+        _check_json(self.options, "data.options")
+        if self.partition == "file" and not (self.dataset == "npz" or is_import_path(self.dataset)):
+            raise ValueError("partition 'file' uses the client index stored with the data "
+                             "(an npz dataset or an imported loader)")
+        if self.partition == "natural" and self.dataset != "synthetic":
+            raise ValueError("partition 'natural' is the synthetic generator's own devices")
+        if self.partition == "natural" and self.client_holdout == 0:
+            # Its global test set is the union of the devices' held-out splits.
+            raise ValueError("partition 'natural' tests on the devices' held-out rows: client_holdout must be above 0")
+        if self.dataset == "synthetic" and self.num_clients > MAX_SYNTHETIC_DEVICES:
+            # Its data grows with the devices (≈ 0.7 GB at 1000, held by the cloud and every process).
+            raise ValueError(f"synthetic generates its data per device: at most {MAX_SYNTHETIC_DEVICES} clients")
+        return self
+
+
+class ModelConfig(_HashableOptions):
+    name: str = Field("cnn", description="logreg | mlp | cnn | flower_cnn (Flower's quickstart CNN), or "
+                      "'package.module:factory', a function called as "
+                      "factory(input_shape, num_classes, **options) that returns a torch nn.Module")
+    hidden: tuple[int, ...] = Field(
+        (200, 200), min_length=1, max_length=16, description="the mlp's hidden layer sizes (McMahan's 2NN: 200, 200)")
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments of an imported factory (JSON values)")
+
+    @field_validator("name")
+    @classmethod
+    def _model_name(cls, name: str) -> str:
+        return _builtin_or_import_path(name, BUILTIN_MODELS, "model.name")
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive(cls, hidden: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 1 <= h <= 100_000 for h in hidden):
+            raise ValueError(f"model.hidden sizes must lie in [1, 100000], got {list(hidden)}")
+        return hidden
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.hidden != (200, 200) and self.name != "mlp":
+            raise ValueError("model.hidden sets the mlp's hidden layers; pass an imported factory's sizes in "
+                             "model.options")
+        if self.options and not is_import_path(self.name):
+            raise ValueError("model.options are the keyword arguments of an imported factory "
+                             "(name = 'package.module:factory')")
+        _check_json(self.options, "model.options")
+        return self
+
+
+class LocalTrainingConfig(Strict):
+    epochs: int = Field(1, ge=1, le=1000, description="E: local epochs")
+    batch_size: int = Field(32, ge=0, description="B: minibatch size; 0 means full batch")
+    lr: float = Field(0.2, gt=0, le=1000, description="eta_k: client learning rate (0.2 suits the default CNN)")
+    optimizer: Literal["sgd", "nesterov"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
+
+
+class TopologyConfig(Strict):
+    num_edges: int = Field(1, ge=1, le=1000)
+    buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update")
+    edge_rounds: int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
+
+
+class RoundPolicy(Strict):
+    deadline_s: float = Field(120.0, ge=0.1, le=86_400, description="how long an edge waits for its clients")
+    min_fraction: float = Field(
+        0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
+    )
+    max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
+
+
+# 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
+# (1e9 s at 1e-300 Mbit/s), and the clients failed every task of the run.
+MIN_LINK_MBPS = 0.01
+
+
+class DeviceOverride(Strict):
+    """One client's device: a named profile and/or any of its figures replaced."""
+
+    profile: str | None = None
+    frequencies_ghz: tuple[float, ...] | None = Field(None, min_length=1, max_length=64)
+    cycles_per_sample: float | None = Field(None, gt=0, le=1e12)
+    capacitance: float | None = Field(None, gt=0, le=1e-20)
+    static_power_w: float | None = Field(None, ge=0, le=1000)
+    link_mbps: float | None = Field(None, ge=MIN_LINK_MBPS, le=1e6)
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, name: str | None) -> str | None:
+        return None if name is None else _known_profile(name)
+
+    @field_validator("frequencies_ghz")
+    @classmethod
+    def _frequencies(cls, freqs: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        return None if freqs is None else check_frequencies(freqs)
+
+
+def _known_profile(name: str) -> str:
+    if name not in PROFILES:
+        raise ValueError(f"unknown device profile {name!r}; known: {', '.join(PROFILES)}")
+    return name
+
+
+class DvfsConfig(Strict):
+    """Each client's device model and how it picks its CPU frequency before each local epoch (shared/core/dvfs.py)."""
+
+    policy: Policy = Field(
+        "max", description="max: no DVFS, full speed | deadline: per epoch, the slowest frequency that still "
+        "finishes before the edge round's deadline | slack: deadline plus the time the edge's contribution "
+        "would wait in the cloud's buffer")
+    profile: str = Field(DEFAULT_PROFILE, description=f"every client's device profile: {' | '.join(PROFILES)}")
+    profiles: tuple[str, ...] = Field(
+        (), max_length=100_000, description="device profiles cycled over client ids (client k gets the "
+        "one at position k mod n); replaces `profile`")
+    clients: dict[int, DeviceOverride] = Field(
+        default_factory=dict, max_length=100_000, description="per-client overrides by client id: profile, "
+        "frequencies_ghz, cycles_per_sample, capacitance, static_power_w, link_mbps")
+    link_mbps: float = Field(20.0, ge=MIN_LINK_MBPS, le=1e6,
+                             description="link rate of the modelled communication time, Mbit/s")
+    time_scale: float = Field(
+        0.0, ge=0, le=1000, description="emulated devices (no writable cpufreq): a client's wall time is "
+        "stretched to its modelled time × this; 0: not stretched")
+    deadline_s: float | None = Field(
+        None, gt=0, le=1e7, description="deadline and slack: modelled seconds an edge round's clients may take; "
+        "unset: the slowest selected client's time at full speed, as last reported")
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, name: str) -> str:
+        return _known_profile(name)
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_known_profile(n) for n in names)
+
+    def device(self, client_id: int) -> tuple[str, DeviceProfile, float]:
+        """Client `client_id`'s profile name, device model and link rate (Mbit/s)."""
+        name = self.profiles[client_id % len(self.profiles)] if self.profiles else self.profile
+        override = self.clients.get(client_id)
+        if override is None:
+            return name, PROFILES[name], self.link_mbps
+        name = override.profile or name
+        figures = override.model_dump(exclude={"profile", "link_mbps"}, exclude_none=True)
+        profile = PROFILES[name].model_copy(update=figures)  # each figure validated by DeviceOverride
+        return (f"{name}*" if figures else name), profile, override.link_mbps or self.link_mbps
+
+
+Aggregator = Literal["mean", "median", "trimmed_mean", "krum"]
+
+
+class AggregationConfig(Strict):
+    """How model steps are combined, at each level (shared/core/algorithms/robust.py). `mean` is the algorithm's own
+    weighted mean; the others are Byzantine-robust and count every update once, whatever samples it claims."""
+
+    edge: Aggregator = Field("mean", description="over an edge's client updates: mean | median (coordinate-wise) "
+                             "| trimmed_mean | krum")
+    cloud: Aggregator = Field("mean", description="over the edges' contributions (each edge's mean step): mean | "
+                              "median | trimmed_mean | krum")
+    trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="β of trimmed_mean: the share of values dropped "
+                                 "at each end of every coordinate")
+    krum_byzantine: int = Field(1, ge=0, le=10_000, description="f of krum: the attackers tolerated; "
+                                "krum needs at least 2f + 3 updates")
+    krum_selected: int = Field(1, ge=1, le=100_000, description="m of multi-Krum: the best-scored updates "
+                               "averaged (1: Krum)")
+
+
+# Below this, ε is beyond any meaning (some 1e14 at 1e-6), and near 1e-154 the accountant breaks: σ² underflows
+# and opacus divides by zero (every cloud update of the run failed) or, with a sampling rate below 1, never
+# returns (a cloud update, or the run's creation, held a thread for good).
+MIN_NOISE_MULTIPLIER = 1e-6
+
+
+class PrivacyConfig(Strict):
+    """Client-level differential privacy, DP-FedAvg (McMahan et al., ICLR 2018; shared/core/algorithms/privacy.py)."""
+
+    noise: Literal["off", "edge", "client"] = Field(
+        "off", description="off | edge: each edge clips its clients' updates to clip_norm and adds Gaussian "
+        "noise to their sum | client: each client clips and noises its own update (local DP)")
+    clip_norm: float = Field(1.0, gt=0, le=1e6, description="S: the L2 bound of one client's update")
+    noise_multiplier: float = Field(1.0, ge=MIN_NOISE_MULTIPLIER, le=1e4,
+                                    description="σ: the noise's standard deviation is σ·S")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ at which ε is reported")
+    dp_sgd_noise_multiplier: float | None = Field(
+        None, ge=MIN_NOISE_MULTIPLIER, le=1e4, description="DP-SGD inside each client's local training (opacus): σ "
+        "of the Gaussian noise added to each minibatch's sum of per-example gradients clipped to dp_sgd_clip_norm "
+        "(None: off)")
+    dp_sgd_clip_norm: float = Field(1.0, gt=0, le=1e6, description="C of DP-SGD: the L2 bound of one example's "
+                                    "gradient")
+    epsilon_budget: float | None = Field(None, gt=0, description="ε at which the run stops: it ends after the last "
+                                         "round whose ε is within the budget (None: runs every round)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PrivacyConfig":
+        if self.epsilon_budget is not None and self.noise == "off":
+            raise ValueError("privacy.epsilon_budget needs noise: set privacy.noise to 'edge' or 'client'")
+        return self
+
+
+class RunConfig(Strict):
+    # The largest JSON body POST /runs reads (413 beyond): a config is a few KiB; user code's options
+    # and params have room, a data set does not.
+    max_body_bytes: ClassVar[int] = 2**20
+    name: str = Field("run", min_length=1, max_length=200)
+    seed: int = Field(0, ge=0, lt=2**31)
+    # The algorithm and its params are checked by shared.core.algorithms.registry (`parse_config`, `check`),
+    # where runs are created and where the reference runner starts: they need the algorithm's class,
+    # and importing it here would make this plain model import torch (and close an import cycle).
+    algorithm: str = "fedavg"
+    params: dict[str, Any] = Field(default_factory=dict)
+    rounds: int = Field(10, ge=1, le=100_000, description="T: global rounds")
+    fraction: float = Field(1.0, gt=0, le=1, description="lambda: client participation fraction")
+    weighting: Literal["samples", "uniform"] = Field(
+        "samples", description="p_k: option 1 |D_k|/sum |D_i| or option 2 1/m"
+    )
+    server_lr: float = Field(1.0, gt=0, le=1000, description="eta_s")
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    local: LocalTrainingConfig = LocalTrainingConfig()
+    topology: TopologyConfig = TopologyConfig()
+    policy: RoundPolicy = RoundPolicy()
+    dvfs: DvfsConfig = DvfsConfig()
+    aggregation: AggregationConfig = AggregationConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        _check_finite(self.params, "params")
+        if self.model.name in ("cnn", "flower_cnn") and self.data.dataset in ("synthetic", "mnist1d"):
+            raise ValueError(f"the {self.model.name} needs images; {self.data.dataset} has 1-D features "
+                             "(use logreg or mlp)")
+        if self.data.num_clients < self.topology.num_edges:
+            raise ValueError("every edge needs at least one client")
+        strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)
+        if strangers:
+            raise ValueError(f"dvfs.clients names clients {strangers} outside 0..{self.data.num_clients - 1}")
+        return self
+
+    def clients_of_edge(self, edge_index: int) -> list[int]:
+        """Client indices an edge serves: round-robin over edges, so edge l has k ≡ l (mod L)."""
+        return list(range(edge_index, self.data.num_clients, self.topology.num_edges))
+
+    def edge_of_client(self, client_id: int) -> int:
+        return client_id % self.topology.num_edges
+
+
+def _check_finite(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")

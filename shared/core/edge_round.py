@@ -1,0 +1,65 @@
+"""One global round as an edge runs it, written once for the edge service and the reference runner.
+
+The edge trains its selected clients on the global state (κ = 1), or runs κ edge rounds on its own
+edge model before it reports (hierarchical FedAvg). How clients are trained is the caller's: the edge
+service dispatches tasks over HTTP and waits, the reference runner calls `local_update` in-process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable
+
+from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, EdgeAggregate
+from fl_services.shared.core.federation import client_round
+from fl_services.shared.core.records import Record
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    client_id: int
+    round: int
+    tensors: Record
+
+
+# Trains the given tasks and returns the results that came back (stragglers may be missing).
+Train = Callable[[list[ClientTask]], Awaitable[list[ClientResult]]]
+# Runs a CPU-bound hook call: the edge service passes asyncio.to_thread, so that building tasks and
+# aggregating do not hold up its event loop (long-polls, health); in process, a plain call.
+Offload = Callable[..., Awaitable[Any]]
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+@dataclass(frozen=True)
+class EdgeRoundOutcome:
+    aggregate: EdgeAggregate
+    edge_state: Record
+    results: list[ClientResult]  # of every edge round, those its aggregate sums: for the history
+
+
+async def run_edge_round(
+    algorithm: Algorithm, global_: Record, version: int, edge_id: int, edge_state: Record, train: Train,
+    offload: Offload = _inline,
+) -> EdgeRoundOutcome:
+    config = algorithm.config
+    kappa = config.topology.edge_rounds
+    edge_global, all_results = global_, list[ClientResult]()
+    for e in range(kappa):
+        r = client_round(config, version, e)
+        chosen = algorithm.select(config.clients_of_edge(edge_id), r, edge_id)
+        results = await train(await offload(_tasks, algorithm, edge_global, chosen, r))
+        aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r)
+        all_results.extend(x for x in results if aggregate.clients is None or x.client_id in aggregate.clients)
+        if e < kappa - 1:
+            edge_global = await offload(algorithm.edge_round_update, edge_global, aggregate)
+    if kappa > 1:
+        aggregate = await offload(algorithm.edge_contribution, global_, edge_global, aggregate)
+    # As it travels to the cloud (float32 sums, Algorithm.wire_spec): in the reference runner too.
+    aggregate = replace(aggregate, tensors=algorithm.to_wire(aggregate.tensors))
+    return EdgeRoundOutcome(aggregate, edge_state, all_results)
+
+
+def _tasks(algorithm: Algorithm, global_: Record, chosen: list[int], round: int) -> list[ClientTask]:
+    return [ClientTask(k, round, algorithm.client_task(global_, k, round)) for k in chosen]

@@ -1,0 +1,78 @@
+"""What the services and the reference runner must agree on to produce the same model.
+
+The initial model, the round index and RNG of each client's local update, the hooks' view of an edge's
+contribution and of its clients' participation, and the global evaluation are defined here once; the
+edge, the client, the cloud and `fl_services.shared.core.reference` all call these functions (client selection is
+shared/core/selection.py; the rounds themselves are shared/core/edge_round.py and shared/core/cloud_round.py).
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from torch import nn
+
+from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Contribution, LocalJob
+from fl_services.shared.core.config import RunConfig, is_import_path
+from fl_services.shared.core.data.datasets import ClientData, load_federated
+from fl_services.shared.core.models import build_model
+from fl_services.shared.core.records import Record
+from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
+from fl_services.shared.core.seeding import LOCAL_TRAINING, MODEL_INIT, derive_seed, torch_generator
+from fl_services.shared.core.training import Evaluation, evaluate, load_parameters
+
+
+def model_factory(config: RunConfig) -> partial[nn.Module]:
+    data = load_federated(config.data, config.seed)
+    return partial(build_model, config.model, data.input_shape, data.num_classes)
+
+
+def known_num_samples(config: RunConfig) -> list[int] | None:
+    """Every client's training sample count, what its results must claim (a client reports the size of its
+    training split), where an edge can derive it from the config and seed alone: the built-in data sets,
+    and an npz file (a `file` partition's client index) readable at the config's path. None for an
+    imported loader, whose code the edge does not run, or an npz file the edge does not hold."""
+    data = config.data
+    if is_import_path(data.dataset) or (data.dataset == "npz" and not (data.path and Path(data.path).is_file())):
+        return None
+    return [len(client.train) for client in load_federated(data, config.seed).clients]
+
+
+def initial_model(config: RunConfig) -> nn.Module:
+    return model_factory(config)(seed=derive_seed(config.seed, MODEL_INIT))
+
+
+def client_round(config: RunConfig, version: int, edge_round: int) -> int:
+    """The round index clients see: global version v, edge round e of κ → v·κ + e (κ = 1: just v)."""
+    return version * config.topology.edge_rounds + edge_round
+
+
+def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -> LocalJob:
+    return LocalJob(
+        client_id=client_id,
+        round=round,
+        data=data,
+        model_factory=model_factory(config),
+        generator=torch_generator(config.seed, LOCAL_TRAINING, round, client_id),
+    )
+
+
+def contribution(header: EdgeContributionHeader, tensors: Record) -> Contribution:
+    """An accepted edge message as the cloud's update sees it."""
+    return Contribution(header.edge_id, header.base_version, tensors, header.weight, tuple(header.clients),
+                        tuple(header.failures))
+
+
+def participation(results: list[ClientResult]) -> list[ClientParticipation]:
+    return [ClientParticipation(client_id=r.client_id, num_samples=r.num_samples, loss=r.loss, metrics=r.metrics,
+                                device=r.device)
+            for r in sorted(results, key=lambda r: r.client_id)]
+
+
+def evaluate_global(config: RunConfig, algorithm: Algorithm, global_, cloud_state) -> Evaluation:
+    own = algorithm.evaluate(global_, cloud_state)
+    if own is not None:
+        return own
+    data = load_federated(config.data, config.seed)
+    model = load_parameters(initial_model(config), algorithm.model_parameters(global_))
+    return evaluate(model, data.test)

@@ -1,0 +1,132 @@
+"""The in-process reference runner: the services' round loop without HTTP, Redis or processes.
+
+It runs the same edge round (shared/core/edge_round.py) and cloud round (shared/core/cloud_round.py, which raises
+Diverged on a non-finite model), the same algorithm hooks, selection and seeds as cloud/edge/client, so
+for a given config it yields the same global model as a distributed run (up to float summation order),
+and the same history records, except that a record lists its contributions in the order its buffer
+received them, which in a service run is the order the edges happened to submit.
+
+Which edge triples each cloud update consumes is the one thing timing decides. Synchronous algorithms
+(B = L) consume every edge's triple each time. With B < L the runner either replays a `schedule` (the
+(edge, base_version) pairs of each update, e.g. read from a service run's history) or simulates
+virtual time: an edge round of edge l takes `edge_slowdown[l]` units (1 by default), triples enter the
+buffer in order of completion (ties by edge id), and an edge restarts on the version its triple
+produced, as the services' edges do.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from fl_services.shared.core.algorithms import privacy, registry
+from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Contribution
+from fl_services.shared.core.cloud_round import round_record, run_cloud_round
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
+from fl_services.shared.core.federation import initial_model, local_job, participation
+from fl_services.shared.core.records import Record
+from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.core.tensors import Tensors
+
+# One cloud update's buffer: (edge_id, base_version) per triple.
+Schedule = list[list[tuple[int, int]]]
+
+
+@dataclass
+class ReferenceResult:
+    global_state: Tensors  # the model as the REST API serves it (Algorithm.model_parameters)
+    global_record: Record  # the whole global state
+    history: list[RoundRecord] = field(default_factory=list)
+    client_states: dict[int, Record] = field(default_factory=dict)
+    cloud_state: Record = field(default_factory=dict)
+
+
+class InProcessClients:
+    """Trains tasks by calling local_update directly, keeping each client's state in a dict. A benchmark may
+    pass a subclass to `run_reference` (e.g. bench/robust.py's clients that poison their updates)."""
+
+    def __init__(self, algorithm: Algorithm):
+        self.algorithm = algorithm
+        self.data = load_federated(algorithm.config.data, algorithm.config.seed)
+        self.states: dict[int, Record] = {}
+
+    async def train(self, tasks: list[ClientTask]) -> list[ClientResult]:
+        results = []
+        for t in tasks:
+            job = local_job(self.algorithm.config, t.client_id, t.round, self.data.clients[t.client_id])
+            update = self.algorithm.local_update(job, t.tensors, self.states.get(t.client_id, {}))
+            self.states[t.client_id] = update.state
+            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics))
+        return results
+
+
+@dataclass
+class _Pending:
+    base_version: int
+    outcome: EdgeRoundOutcome
+    done_at: float
+
+
+def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Schedule | None = None,
+                  edge_slowdown: dict[int, float] | None = None,
+                  clients: type[InProcessClients] = InProcessClients) -> ReferenceResult:
+    rounds = privacy.rounds_to_run(config) if rounds is None else rounds
+    if schedule is not None and len(schedule) < rounds:
+        raise ValueError(f"the schedule covers {len(schedule)} updates, not {rounds}")
+    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, clients))
+
+
+def schedule_of(history: list[RoundRecord]) -> Schedule:
+    """The buffers a (service) run consumed, in its order, for `run_reference(schedule=...)`."""
+    return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
+
+
+async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
+               slowdown: dict[int, float], clients_type: type[InProcessClients]) -> ReferenceResult:
+    algorithm = registry.create(config)
+    clients = clients_type(algorithm)
+    globals_ = [algorithm.init_global(initial_model(config))]
+    edge_states: dict[int, Record] = {e: {} for e in range(config.topology.num_edges)}
+    pending: dict[int, _Pending] = {}
+
+    async def start(edge_id: int, version: int, now: float) -> None:
+        outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
+                                       clients.train)
+        edge_states[edge_id] = outcome.edge_state
+        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0))
+
+    result = ReferenceResult(algorithm.model_parameters(globals_[0]), globals_[0], client_states=clients.states)
+    run_started = started = datetime.now(timezone.utc)
+    now = 0.0
+    if schedule is None:
+        for edge_id in range(config.topology.num_edges):
+            await start(edge_id, 0, now)
+    for version in range(rounds):
+        if schedule is None:
+            arrived = sorted(pending, key=lambda e: (pending[e].done_at, e))[: config.topology.buffer_size]
+        else:
+            arrived = [edge_id for edge_id, _ in schedule[version]]
+            for edge_id, base in schedule[version]:
+                if edge_id not in pending or pending[edge_id].base_version != base:
+                    if base > version:
+                        raise ValueError(f"update {version} cannot consume a triple computed on version {base}")
+                    await start(edge_id, base, now)
+        consumed = [pending.pop(e) for e in arrived]
+        now = max([now, *(p.done_at for p in consumed)])
+        contributions = [
+            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight,
+                         tuple(participation(p.outcome.results)))
+            for e, p in zip(arrived, consumed, strict=True)
+        ]
+        outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
+        finished = datetime.now(timezone.utc)
+        result.history.append(round_record(version, contributions, outcome, started, run_started, finished))
+        globals_.append(outcome.global_)
+        result.global_state, result.global_record = algorithm.model_parameters(outcome.global_), outcome.global_
+        result.cloud_state, started = outcome.cloud_state, finished
+        if schedule is None and version + 1 < rounds:
+            for e in arrived:
+                await start(e, version + 1, now)
+    return result

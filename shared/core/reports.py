@@ -1,0 +1,150 @@
+"""What clients and edges report of their work (participations, failures, an edge's contribution) and
+the history's round records made of them. The wire carries them; the rounds and the reference runner build them."""
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Message(BaseModel):
+    # NaN stays NaN in JSON (a round nobody evaluated), instead of a null that would not read back.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    # The largest JSON body a route reading this message accepts (shared.server.bodies.read_json; 413 beyond): every
+    # field is bounded, and this is far above their sum even with every character \u-escaped. Messages
+    # that travel inside safetensors are bounded by the service's max_payload_bytes instead.
+    max_body_bytes: ClassVar[int] = 64 * 2**10
+
+
+Id = Field(ge=0, le=2**31 - 1)
+
+
+# Far above any real data set, and small enough that weights stay finite floats.
+MAX_SAMPLES = 10**12
+
+
+class RunStatus(str, Enum):
+    created = "created"
+    running = "running"
+    paused = "paused"
+    stopped = "stopped"
+    finished = "finished"
+
+
+# A loss or metric a client reports. Bounded so that the round's sample-weighted means (up to
+# MAX_SAMPLES · MAX_SCALAR per client) stay finite: a reported -1e300 would make the history's loss -inf.
+MAX_SCALAR = 1e15
+
+
+Scalar = Annotated[float, Field(ge=-MAX_SCALAR, le=MAX_SCALAR, allow_inf_nan=False)]
+
+
+Metrics = Annotated[dict[str, Scalar], Field(max_length=32)]
+
+
+# The bounds of a device report's figures: a run whose devices would report more is refused at creation
+# (cloud/initial_state.py), since its clients could send no result.
+MAX_SECONDS = 1e9
+
+
+MAX_ENERGY_J = 1e12
+
+
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+
+class DeviceReport(Message):
+    """What a client's device did for one task under the DVFS model (shared/core/dvfs.py): modelled, not measured."""
+
+    backend: Literal["emulated", "cpufreq"]
+    profile: str = Field(max_length=64)
+    policy: str = Field(max_length=16)
+    frequencies_ghz: list[Annotated[float, Field(gt=0, le=10)]] = Field(max_length=1000)  # per local epoch
+    compute_s: Seconds  # modelled computation time, Σ c·|D|/f
+    comm_s: Seconds  # modelled download + upload time at the link rate
+    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]  # dynamic + static, computation
+    full_speed_s: Seconds  # compute + comm at the top frequency: what the edge's deadline is made of
+    budget_s: Seconds | None = None  # the modelled seconds the edge gave the task (deadline, slack)
+
+
+class ClientParticipation(Message):
+    client_id: int = Id
+    num_samples: int = Field(ge=1, le=MAX_SAMPLES)
+    loss: Scalar
+    metrics: Metrics = Field(default_factory=dict)
+    device: DeviceReport | None = None  # None: the result came from outside a client process (reference runner)
+
+
+# What a client reports about a task it could not train (e.g. its environment cannot import the run's model
+# factory or data loader): bounded, since it is stored in the history.
+FailureText = Field(min_length=1, max_length=1000)
+
+
+class ClientFailure(Message):
+    client_id: int = Id
+    error: str = FailureText
+
+
+class EdgeContributionHeader(Message):
+    run_id: str = Field(min_length=1, max_length=64)
+    edge_id: int = Id
+    base_version: int = Field(ge=0)
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    weight: float = Field(gt=0, allow_inf_nan=False)
+    clients: list[ClientParticipation] = Field(min_length=1)
+    # Selected clients that reported they could not train their task this round.
+    failures: list[ClientFailure] = Field(default_factory=list, max_length=100_000)
+
+
+# ---- control API (admin <-> cloud) ------------------------------------------------------------
+class ClientRecord(Message):
+    client_id: int
+    edge_id: int
+    num_samples: int
+    loss: float
+    metrics: dict[str, float] = Field(default_factory=dict)
+    device: DeviceReport | None = None
+
+
+class ClientFailureRecord(Message):
+    client_id: int
+    edge_id: int
+    error: str
+
+
+class ContributionRecord(Message):
+    edge_id: int
+    base_version: int
+    staleness: int
+    weight: float
+
+
+class RoundRecord(Message):
+    round: int
+    version: int
+    edges: list[int]
+    clients: list[ClientRecord]
+    # Selected clients that could not train (what each reported), e.g. lacking the run's model package.
+    failed_clients: list[ClientFailureRecord] = Field(default_factory=list)
+    contributions: list[ContributionRecord]
+    train_loss: float
+    test_loss: float
+    test_accuracy: float
+    # Sample-weighted means of what clients reported (e.g. pFedMe's personalised accuracy).
+    client_metrics: dict[str, float] = Field(default_factory=dict)
+    # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).
+    server_metrics: dict[str, float] = Field(default_factory=dict)
+    # Modelled client energy (DVFS) of the results this update consumed, joules.
+    energy_j: float = 0.0
+    # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.
+    epsilon: float | None = None
+    # DP-SGD's ε (privacy.dp_sgd_noise_multiplier) per training example, for the least protected client, as if
+    # every client trained in every round so far; None without DP-SGD.
+    dp_sgd_epsilon: float | None = None
+    started_at: datetime
+    finished_at: datetime
+    elapsed_s: float
+    # The cloud replica that computed this update (FL_CLOUD_REPLICA_ID); None in the reference runner.
+    computed_by: str | None = None

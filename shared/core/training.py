@@ -1,0 +1,164 @@
+"""Local optimisation and evaluation, shared by every algorithm's client side and by the cloud."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_services.shared.core.config import LocalTrainingConfig
+from fl_services.shared.core.data.datasets import ArrayDataset
+from fl_services.shared.core.dvfs import before_epoch
+from fl_services.shared.core.tensors import Tensors
+
+# A regulariser adds to the minibatch loss (FedProx's proximal term); a correction is added to each
+# parameter's gradient after backward (SCAFFOLD's c - c_k).
+Regulariser = Callable[[nn.Module], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DpSgd:
+    """DP-SGD (Abadi et al., CCS 2016) through opacus: every example's gradient clipped to L2 norm `clip_norm`,
+    Gaussian noise of std `noise_multiplier`·`clip_norm` added to each minibatch's sum of them."""
+
+    noise_multiplier: float
+    clip_norm: float
+
+
+@dataclass(frozen=True)
+class LocalStats:
+    steps: int
+    mean_loss: float  # mean minibatch loss over all steps (before each step)
+
+
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    """p's gradient after backward(): a parameter the loss does not reach has none, which is a model bug."""
+    if p.grad is None:
+        raise ValueError("a parameter received no gradient: the loss does not depend on it")
+    return p.grad
+
+
+def parameters_of(model: nn.Module) -> Tensors:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def load_parameters(model: nn.Module, tensors: Tensors) -> nn.Module:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(tensors[name])
+    return model
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """One epoch of minibatch indices; batch size 0 means one full batch (and no shuffle)."""
+    if batch_size == 0 or batch_size >= n:
+        return [torch.arange(n)]
+    return list(torch.randperm(n, generator=generator).split(batch_size))
+
+
+def make_optimizer(params, cfg: LocalTrainingConfig) -> torch.optim.Optimizer:
+    # A fresh optimiser per round is what resets the Nesterov momentum buffer each round.
+    if cfg.optimizer == "nesterov":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
+    return torch.optim.SGD(params, lr=cfg.lr)
+
+
+def local_sgd(
+    model: nn.Module,
+    data: ArrayDataset,
+    cfg: LocalTrainingConfig,
+    generator: torch.Generator,
+    *,
+    regulariser: Regulariser | None = None,
+    correction: Tensors | None = None,
+    dp_sgd: DpSgd | None = None,
+) -> LocalStats:
+    """E epochs of minibatch SGD (or Nesterov) on `data`, in place on `model`; with `dp_sgd`, private SGD (its
+    noise drawn from `generator`, after the batch order: the same seed gives the same model)."""
+    model.train()
+    named = dict(model.named_parameters())
+    opt = make_optimizer(named.values(), cfg)
+    forward: nn.Module = model
+    if dp_sgd is not None:
+        if regulariser is not None or correction is not None:
+            # opacus replaces each gradient by the noised sum of per-example ones: a term added to the loss or
+            # to the gradient would be dropped.
+            raise ValueError("DP-SGD takes neither a regulariser nor a gradient correction")
+        forward, opt = _private(model, opt, dp_sgd, len(data), cfg.batch_size, generator)
+    try:
+        steps, loss_sum = _epochs(forward, named, opt, data, cfg, generator, regulariser, correction)
+    finally:
+        if forward is not model:
+            forward._close()  # type: ignore[operator]  # opacus's hooks off the model
+    return LocalStats(steps, loss_sum / max(steps, 1))
+
+
+def _private(model: nn.Module, opt: torch.optim.Optimizer, dp_sgd: DpSgd, n: int, batch_size: int,
+             generator: torch.Generator) -> tuple[nn.Module, torch.optim.Optimizer]:
+    # Imported here: opacus takes seconds to import, and only runs with DP-SGD need it.
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    # opacus's hooks fire on the first layer although the inputs need no gradient, as they never do here.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
+                            "respect to module outputs", category=UserWarning)
+
+    expected = batch_size if 0 < batch_size < n else n  # a mean loss over the batch: its sum / expected
+    return GradSampleModule(model), DPOptimizer(opt, noise_multiplier=dp_sgd.noise_multiplier,
+                                                max_grad_norm=dp_sgd.clip_norm, expected_batch_size=expected,
+                                                generator=generator)
+
+
+def _epochs(model: nn.Module, named: dict[str, nn.Parameter], opt: torch.optim.Optimizer, data: ArrayDataset,
+            cfg: LocalTrainingConfig, generator: torch.Generator, regulariser: Regulariser | None,
+            correction: Tensors | None) -> tuple[int, float]:
+    steps, loss_sum = 0, 0.0
+    for epoch in range(cfg.epochs):
+        before_epoch(epoch)  # DVFS: the client picks its frequency (a no-op outside a client process)
+        for idx in batches(len(data), cfg.batch_size, generator):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(data.x[idx]), data.y[idx])
+            loss_sum += loss.item()
+            if regulariser is not None:
+                loss = loss + regulariser(model)
+            loss.backward()
+            if correction is not None:
+                for name, p in named.items():
+                    grad_of(p).add_(correction[name])
+            opt.step()
+            steps += 1
+    return steps, loss_sum
+
+
+def full_gradient(model: nn.Module, data: ArrayDataset) -> tuple[Tensors, float]:
+    """g_k = grad of the mean loss over all of D_k at the current weights (FedSGD)."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(data.x), data.y)
+    loss.backward()
+    grads = {name: grad_of(p).detach().clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads, loss.item()
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    loss: float
+    accuracy: float
+    samples: int
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1024) -> Evaluation:
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(data), batch_size):
+        x, y = data.x[start : start + batch_size], data.y[start : start + batch_size]
+        logits = model(x)
+        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(1) == y).sum())
+    n = max(len(data), 1)
+    return Evaluation(loss_sum / n, correct / n, len(data))

@@ -1,0 +1,10 @@
+"""What every process needs whatever it serves: its settings' sources, its logging and durable files.
+Imports no other layer."""
+from __future__ import annotations
+
+from fl_services.shared.runtime.files import atomic_write, write_private
+from fl_services.shared.runtime.log import bind, configure_logging
+from fl_services.shared.runtime.settings import ServiceSettings, is_loopback, load_settings
+
+__all__ = ["ServiceSettings", "atomic_write", "bind", "configure_logging", "is_loopback", "load_settings",
+           "write_private"]

@@ -1,0 +1,100 @@
+"""Messages of the control API (an administrator, fedctl and the dashboard with the cloud) and of /health."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import Message, RoundRecord, RunStatus
+from fl_services.shared.wire.protocol import TOKEN_ID
+
+
+class RunInfo(Message):
+    run_id: str
+    status: RunStatus
+    config: RunConfig
+    version: int
+    rounds: int
+    buffered: int
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_round: RoundRecord | None = None
+
+
+# ---- security (admin <-> cloud, cloud -> edge) -----------------------------------------------------
+# A per-device token's id (shared/wire/protocol.py, device_token): what revoking it names.
+TokenId = Annotated[str, Field(pattern=f"^{TOKEN_ID.pattern}$")]
+
+
+class Revocation(Message):
+    """What an administrator posts to revoke one device's token."""
+
+    token_id: TokenId
+
+
+class RevokedToken(Revocation):
+    revoked_at: datetime
+
+
+class AuditRecord(Message):
+    """One administrative action, kept in the cloud's audit log (a capped Redis stream)."""
+
+    at: datetime
+    actor: str  # who: the name of the admin token used ("admin", or one of admin_tokens), or "retention"
+    address: str | None = None  # the caller's network address, as the cloud saw it
+    action: str  # create | start | pause | resume | stop | delete | revoke
+    target: str  # the run id, or the token id
+    detail: str | None = None
+
+
+# ---- health (anyone) --------------------------------------------------------------------------
+class CloudHealth(Message):
+    status: Literal["ok"] = "ok"
+    service: Literal["cloud"] = "cloud"
+
+
+class EdgeHealth(Message):
+    status: Literal["ok"] = "ok"
+    service: Literal["edge"] = "edge"
+    edge_id: int
+    clients: int  # registered logical clients
+    run_id: str | None = None  # the run of the last global state it received
+    version: int | None = None
+
+
+# ---- cloud -> dashboard (admin) -----------------------------------------------------------------
+class EdgeStatus(Message):
+    """One edge of a run as the cloud sees it: its last contribution and whether one waits in the buffer."""
+
+    edge_id: int
+    registered: bool
+    waiting: bool  # a contribution of this edge is in the buffer, not yet consumed by a cloud update
+    base_version: int | None = None  # the version its last contribution was computed on
+    # Waiting: how stale it would be if consumed now (run version − base_version); else as recorded.
+    staleness: int | None = None
+    received_at: datetime | None = None  # when the waiting contribution was accepted
+    consumed_in: int | None = None  # the version whose cloud update consumed its last contribution
+    consumed: int = 0  # how many of its contributions the run consumed
+
+
+class RunEdges(Message):
+    """The buffer of a run against B, and each of its edges."""
+
+    run_id: str
+    version: int
+    buffer_size: int  # B
+    buffered: int
+    edges: list[EdgeStatus]
+
+
+class RunUpdate(Message):
+    """One event of a run's live stream (`GET /api/v1/runs/{id}/events`)."""
+
+    info: RunInfo
+    edges: RunEdges
+    # Mean and spread (population std) over clients of their latest reports, per client group.
+    groups: dict[str, dict[str, tuple[float, float]]]
+    rounds: list[RoundRecord]  # history records this stream has not sent before
