@@ -36,7 +36,9 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # console script -> "package.module:function"
 SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
-TOP_LEVEL = {package.split(".")[0] for package in PYPROJECT["tool"]["setuptools"]["packages"]}
+# What the wheel is built from: the import package and the directories its links point at.
+TOP_LEVEL = {"fl_services", *(package.split(".")[1] for package in PYPROJECT["tool"]["setuptools"]["packages"]
+                              if package.count(".") == 1)}
 TORCH_PIN = "torch==2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
