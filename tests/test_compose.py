@@ -289,7 +289,7 @@ def test_dockerfile_installs_the_package_and_runs_its_console_script(name):
     installs = [i for i, (keyword, args) in enumerate(ins)
                 if keyword == "RUN" and shlex.split(args)[:4] == ["pip", "install", "--no-cache-dir", "."]]
     assert installs and installs[-1] > copied_at, "the package must be installed after its sources are copied"
-    assert SCRIPTS[cmd_of(dockerfile)[0]] == f"{pkg}.main:main"
+    assert SCRIPTS[cmd_of(dockerfile)[0]] == f"fl_services.{pkg}.main:main"
     users = [args for keyword, args in ins if keyword == "USER"]
     assert users and users[-1] not in ("root", "0"), "containers must not run as root"
     # The USER switch happens before CMD, so the service itself runs unprivileged.
