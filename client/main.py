@@ -35,9 +35,8 @@ def run(
     state_dir: Optional[Path] = typer.Option(None, help=_help("where per-client state is kept", "state_dir")),
     data_path: Optional[str] = typer.Option(None, help=_help("this machine's copy of an npz federated dataset",
                                                              "data_path")),
-    data: Optional[str] = typer.Option(None, help=_help("this device's own data: a source spec, e.g. "
-                                                        "npz:/data/site.npz, csv:/data/t.csv?label=target or "
-                                                        "image-folder:/data/imgs?shape=1x28x28", "data")),
+    data: Optional[str] = typer.Option(None, help=_help("this device's own data, e.g. npz:/data/site.npz or "
+                                                        "csv:/data/t.csv?label=target", "data")),
     threads: Optional[int] = typer.Option(None, help=_help("torch threads for local training", "torch_threads")),
     edge_ca_file: Optional[Path] = typer.Option(None, help=_help("CA bundle an https:// edge is verified against",
                                                                  "edge_ca_file")),

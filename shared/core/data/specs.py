@@ -131,6 +131,13 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _image_shape(text: str) -> tuple[int, ...]:
+    shape = _shape(text)
+    if len(shape) != 3:
+        raise DataSourceError(f"shape {text!r} must be channels x height x width, e.g. 1x28x28")
+    return shape
+
+
 def _path(text: str) -> Path:
     return Path(text).expanduser()
 
@@ -156,7 +163,7 @@ _OWN: dict[str, _Option] = {"held_out": ("held_out", _AS_IS), "seed": ("seed", _
 _OPTIONS: dict[str, dict[str, _Option]] = {
     "npz": _OWN,
     "csv": {**_OWN, "label": ("label", _AS_IS), "test": ("test", _path), "shape": ("shape", _shape)},
-    "image-folder": {**_OWN, "shape": ("shape", _shape), "test": ("test", _path), "classes": ("classes", _names),
+    "image-folder": {**_OWN, "shape": ("shape", _image_shape), "test": ("test", _path), "classes": ("classes", _names),
                      "mean": ("mean", _AS_IS), "std": ("std", _AS_IS)},
     "import": _OWN,
 }
