@@ -10,7 +10,8 @@ Every source holds out part of its data for evaluation on the device. The data's
 names one (an npz's x_test/y_test, a table's or folder's `test=PATH`, a loader's x_test/y_test); otherwise
 `held_out` (default 0.2) of the samples is drawn at random, seeded by `seed` (default 0): the same data and
 spec always give the same split. `held_out=0` trains on every sample. A partition's held-out split is the
-client's own (`held_out` sets the run's client_holdout).
+client's own (`held_out` sets the run's client_holdout). An `import:` spec's other options are the loader's
+keyword arguments, each read as JSON where it parses (5, 0.1, true, [1, 2]) and as text otherwise.
 
 Parquet is not read: it needs pyarrow, which the device install does not carry. Convert the table to CSV, or
 read it in a loader of your own (`import:`).
@@ -155,16 +156,14 @@ def _json_or_text(text: str) -> JsonValue:
     return value
 
 
-# Each kind's options as written in a spec: the field each sets and how its text is read (as is: pydantic
-# reads numbers from text).
-_Option = tuple[str, Callable[[str], Any]]
-_AS_IS: Callable[[str], Any] = str
-_OWN: dict[str, _Option] = {"held_out": ("held_out", _AS_IS), "seed": ("seed", _AS_IS)}
-_OPTIONS: dict[str, dict[str, _Option]] = {
+# Each kind's options as written in a spec (each sets the field of its name) and how its text is read (as
+# is: pydantic reads numbers from text).
+_Read = Callable[[str], Any]
+_OWN: dict[str, _Read] = {"held_out": str, "seed": str}
+_OPTIONS: dict[str, dict[str, _Read]] = {
     "npz": _OWN,
-    "csv": {**_OWN, "label": ("label", _AS_IS), "test": ("test", _path), "shape": ("shape", _shape)},
-    "image-folder": {**_OWN, "shape": ("shape", _image_shape), "test": ("test", _path), "classes": ("classes", _names),
-                     "mean": ("mean", _AS_IS), "std": ("std", _AS_IS)},
+    "csv": {**_OWN, "label": str, "test": _path, "shape": _shape},
+    "image-folder": {**_OWN, "shape": _image_shape, "test": _path, "classes": _names, "mean": str, "std": str},
     "import": _OWN,
 }
 # A partition's options name DataConfig's fields (but index and seed, the spec's own).
@@ -231,8 +230,7 @@ def _fields(kind: str, location: str, options: dict[str, str]) -> tuple[dict[str
     for key, value in options.items():
         if key not in known:
             raise DataSourceError(_unknown(key, kind, list(known)))
-        field, read = known[key]
-        fields[field] = read(value)
+        fields[key] = known[key](value)
     return fields, {}
 
 
