@@ -3,9 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from fl_services.shared.core.data import parse_source
 from fl_services.shared.runtime.settings import ServiceSettings
 from fl_services.shared.wire.protocol import issued_token_parts
 
@@ -32,6 +33,11 @@ class ClientSettings(ServiceSettings):
     state_dir: Path = Path(".fl-state")
     # Overrides the run's npz path with this machine's copy of the federated dataset file.
     data_path: str | None = None
+    # The device's own data, a source spec (shared/core/data/specs.py), e.g. "npz:/data/site.npz" or
+    # "image-folder:/data/imgs?shape=1x28x28": tasks train on its training split, whatever the run's data set.
+    # For a process hosting one device (one logical client). Unset: each client trains on its partition of the
+    # run's data set.
+    data: str | None = None
     long_poll_s: float = Field(20.0, gt=0)
     # A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits
     # retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait.
@@ -47,6 +53,13 @@ class ClientSettings(ServiceSettings):
     # id keeps its state directory; the default hosts them all.
     shard_index: int = Field(0, ge=0)
     shard_count: int = Field(1, ge=1)
+
+    @field_validator("data")
+    @classmethod
+    def _data_source(cls, spec: str | None) -> str | None:
+        if spec is not None:
+            parse_source(spec)  # a spec that names nothing readable fails at start-up, saying why
+        return spec
 
     @model_validator(mode="after")
     def _shard_in_range(self) -> ClientSettings:
@@ -70,6 +83,9 @@ class ClientSettings(ServiceSettings):
         if not ids:
             raise ValueError(f"shard {self.shard_index} of {self.shard_count} holds none of the clients "
                              f"{self.clients!r}")
+        if self.data is not None and len(ids) > 1:
+            raise ValueError(f"data names one device's own data: host one client with it, not {len(ids)} "
+                             f"({self.clients!r})")
         missing = ", ".join(str(k) for k in ids if self.client_tokens and k not in self.client_tokens)
         if missing:
             raise ValueError(f"client_tokens holds no token for client(s) {missing} of those this process hosts")

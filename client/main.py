@@ -11,7 +11,8 @@ import typer
 
 from fl_services.client.config import ClientSettings
 from fl_services.client.feed import ClientsStopped
-from fl_services.client.worker import Worker
+from fl_services.client.worker import Worker, own_source
+from fl_services.shared.core.data import DataSourceError
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.wire.http import make_client
 from fl_services.shared.wire.tls import client_context
@@ -34,6 +35,8 @@ def run(
     state_dir: Optional[Path] = typer.Option(None, help=_help("where per-client state is kept", "state_dir")),
     data_path: Optional[str] = typer.Option(None, help=_help("this machine's copy of an npz federated dataset",
                                                              "data_path")),
+    data: Optional[str] = typer.Option(None, help=_help("this device's own data, e.g. npz:/data/site.npz or "
+                                                        "csv:/data/t.csv?label=target", "data")),
     threads: Optional[int] = typer.Option(None, help=_help("torch threads for local training", "torch_threads")),
     edge_ca_file: Optional[Path] = typer.Option(None, help=_help("CA bundle an https:// edge is verified against",
                                                                  "edge_ca_file")),
@@ -43,7 +46,7 @@ def run(
 ) -> None:
     overrides: dict[str, Any] = {k: v for k, v in {
         "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,
-        "data_path": data_path, "torch_threads": threads, "edge_ca_file": edge_ca_file,
+        "data_path": data_path, "data": data, "torch_threads": threads, "edge_ca_file": edge_ca_file,
         "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file,
     }.items() if v is not None}
     settings = ClientSettings(**overrides)
@@ -54,6 +57,13 @@ def run(
     except ValueError as exc:  # e.g. more shards than clients: a configuration error, said in one line
         log.critical("%s; exiting", exc)
         raise typer.Exit(code=2) from None
+    if settings.data is not None:
+        try:  # read now: a device whose data cannot be read says so at start-up, not at its first task
+            summary = own_source(settings.data).summary()
+        except DataSourceError as exc:
+            log.critical("%s; exiting", exc)
+            raise typer.Exit(code=2) from None
+        log.info("client %d trains on its own data %s: %s", ids[0], settings.data, summary.model_dump_json())
     try:
         asyncio.run(_serve(settings, ids))
     except ClientsStopped as exc:  # nothing left to serve: exit non-zero rather than sit idle

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fl_services.shared.core.config import LocalTrainingConfig
-from fl_services.shared.core.data.datasets import ArrayDataset
+from fl_services.shared.core.data import ArrayDataset
 from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.tensors import Tensors
 

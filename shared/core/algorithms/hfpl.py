@@ -48,7 +48,7 @@ from fl_services.shared.core.algorithms.prototypes import (
     empty,
 )
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, load_client, load_federated
+from fl_services.shared.core.data import ArrayDataset, load_client, load_federated
 from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
 from fl_services.shared.core.records import Record, RecordSpec, pack, unpack

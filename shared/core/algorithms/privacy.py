@@ -25,7 +25,7 @@ import torch
 
 from fl_services.shared.core.algorithms import aggregate
 from fl_services.shared.core.config import PrivacyConfig, RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.seeding import PRIVACY_NOISE, torch_generator
 from fl_services.shared.core.selection import num_selected
