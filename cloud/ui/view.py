@@ -61,7 +61,7 @@ class LiveRun:
     def __init__(self, store: Store, run_id: str):
         self.store, self.run_id = store, run_id
         self.history: list[RoundRecord] = []
-        self._shown: tuple[str, RunEdges] | None = None  # the info as JSON, where NaN equals NaN
+        self._shown: tuple[str, RunEdges] | None = None  # the info as JSON, where an unevaluated figure (null) equals itself
         self._groups: dict[str, dict[str, tuple[float, float]]] = {}
 
     async def update(self) -> RunUpdate | None:
@@ -73,7 +73,7 @@ class LiveRun:
         pending = bool(self.history) and math.isnan(self.history[-1].test_accuracy)
         start = len(self.history) - pending
         read = await self.store.history_since(self.run_id, start)
-        new = [r for i, r in enumerate(read)  # compared as JSON, where NaN equals NaN
+        new = [r for i, r in enumerate(read)  # compared as JSON, where null equals null (NaN != NaN)
                if start + i >= len(self.history) or self.history[start + i].model_dump_json() != r.model_dump_json()]
         self.history[start:] = read
         edges = await read_edges(self.store, info, self.history)

@@ -148,7 +148,8 @@ class LocalTrainingConfig(Strict):
 
 class TopologyConfig(Strict):
     num_edges: int = Field(1, ge=1, le=1000)
-    buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update")
+    buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update (left out: num_edges for "
+                             "a synchronous algorithm, 1 for an asynchronous one)")
     edge_rounds: int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
 
 
@@ -313,6 +314,34 @@ class RunConfig(Strict):
     dvfs: DvfsConfig = DvfsConfig()
     aggregation: AggregationConfig = AggregationConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_buffer_size(cls, data: Any) -> Any:
+        """B left out of a config with several edges: every edge's contribution in each update for a synchronous
+        algorithm (the only B it runs with), one for an asynchronous one (TopologyConfig's default)."""
+        if not isinstance(data, dict):
+            return data
+        topology = data.get("topology")
+        if isinstance(topology, TopologyConfig):
+            given, edges = "buffer_size" in topology.model_fields_set, topology.num_edges
+        elif isinstance(topology, dict):
+            given, edges = "buffer_size" in topology, topology.get("num_edges", 1)
+        else:
+            return data
+        if given or not isinstance(edges, int) or isinstance(edges, bool) or edges <= 1:
+            return data
+        # Imported here, and only for this case: the algorithm's module imports torch (see `algorithm` below).
+        from fl_services.shared.core.algorithms.registry import get_algorithm_class
+
+        try:
+            synchronous = get_algorithm_class(str(data.get("algorithm", "fedavg"))).synchronous
+        except ValueError:  # an unknown algorithm: the registry says so where the config is checked
+            return data
+        if not synchronous:
+            return data
+        fields = topology.model_dump(exclude_unset=True) if isinstance(topology, TopologyConfig) else topology
+        return {**data, "topology": {**fields, "buffer_size": edges}}
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":

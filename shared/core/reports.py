@@ -2,16 +2,18 @@
 the history's round records made of them. The wire carries them; the rounds and the reference runner build them."""
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 
 class Message(BaseModel):
-    # NaN stays NaN in JSON (a round nobody evaluated), instead of a null that would not read back.
-    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    # A float with no value (NaN: a round nobody evaluated yet) is null in JSON: strict parsers refuse NaN and
+    # Infinity, which are not JSON. Figure fields read null back as NaN.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="null")
     # The largest JSON body a route reading this message accepts (shared.server.bodies.read_json; 413 beyond): every
     # field is bounded, and this is far above their sum even with every character \u-escaped. Messages
     # that travel inside safetensors are bounded by the service's max_payload_bytes instead.
@@ -19,6 +21,16 @@ class Message(BaseModel):
 
 
 Id = Field(ge=0, le=2**31 - 1)
+
+
+def _nan_from_null(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
+# A figure that may not exist yet (a test loss before the cloud evaluated the round): NaN in Python, so that
+# arithmetic and comparisons need no None case, and null in JSON, as the schema says.
+Figure = Annotated[float, BeforeValidator(_nan_from_null),
+                   WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
 
 
 # Far above any real data set, and small enough that weights stay finite floats.
@@ -129,13 +141,13 @@ class RoundRecord(Message):
     # Selected clients that could not train (what each reported), e.g. lacking the run's model package.
     failed_clients: list[ClientFailureRecord] = Field(default_factory=list)
     contributions: list[ContributionRecord]
-    train_loss: float
-    test_loss: float
-    test_accuracy: float
+    train_loss: Figure
+    test_loss: Figure = Field(description="null until the cloud has evaluated the round's model")
+    test_accuracy: Figure = Field(description="null until the cloud has evaluated the round's model")
     # Sample-weighted means of what clients reported (e.g. pFedMe's personalised accuracy).
-    client_metrics: dict[str, float] = Field(default_factory=dict)
+    client_metrics: dict[str, Figure] = Field(default_factory=dict)
     # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).
-    server_metrics: dict[str, float] = Field(default_factory=dict)
+    server_metrics: dict[str, Figure] = Field(default_factory=dict)
     # Modelled client energy (DVFS) of the results this update consumed, joules.
     energy_j: float = 0.0
     # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.

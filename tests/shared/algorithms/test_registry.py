@@ -54,3 +54,21 @@ def test_an_accepted_config_is_returned_as_is():
     config = RunConfig(**SMALL, algorithm="fedprox", params={"mu": 0.1})
     assert registry.check(config) is config
     assert registry.parse_config(config.model_dump()) == config
+
+
+@pytest.mark.parametrize(("algorithm", "params", "buffer_size"), [("fedavg", {}, 3), ("scaffold", {}, 3), ("hfpl", {}, 1)])
+def test_buffer_size_left_out_is_num_edges_for_a_synchronous_algorithm(algorithm, params, buffer_size):
+    given = {**SMALL, "algorithm": algorithm, "params": params, "topology": {"num_edges": 3}}
+    for config in (registry.parse_config(given), RunConfig.model_validate(given), RunConfig(**given)):
+        assert config.topology.buffer_size == buffer_size
+        assert registry.check(config) is config
+    assert RunConfig.model_validate({**given, "topology": {"num_edges": 3, "buffer_size": 2}}).topology.buffer_size == 2
+
+
+def test_a_stored_config_with_several_edges_reads_back_without_torch():
+    # What the services read back holds buffer_size: the default needs no algorithm class there.
+    stored = RunConfig.model_validate({**SMALL, "topology": {"num_edges": 2}}).model_dump_json()
+    code = ("import sys\nfrom fl_services.shared.core.config import RunConfig\n"
+            f"print(RunConfig.model_validate_json({stored!r}).topology.buffer_size, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["2", "False"]

@@ -13,15 +13,10 @@ export class ApiError extends Error {
 const token = () => sessionStorage.getItem(KEY);
 const auth = () => ({ Authorization: `Bearer ${token()}` });
 
-// The API writes a round nobody evaluated as NaN (Python's JSON), which JSON.parse refuses.
-export function parseJSON(text) {
-  return JSON.parse(text.replace(/([:\[,]\s*)(-?Infinity|NaN)(?=\s*[,\]}])/g, "$1null"));
-}
-
 async function failure(response) {
   const text = await response.text();
   let detail = text;
-  try { detail = parseJSON(text).detail ?? text; } catch { /* not JSON: the text says it */ }
+  try { detail = JSON.parse(text).detail ?? text; } catch { /* not JSON: the text says it */ }
   if (response.status === 401) showLogin("The cloud refused the token: enter it again.");
   return new ApiError(response.status, detail);
 }
@@ -30,7 +25,7 @@ export async function api(path, { method = "GET", json } = {}) {
   const headers = { ...auth(), ...(json === undefined ? {} : { "Content-Type": "application/json" }) };
   const response = await fetch(path, { method, headers, body: json === undefined ? undefined : JSON.stringify(json) });
   if (!response.ok) throw await failure(response);
-  return parseJSON(await response.text());
+  return response.json();
 }
 
 export const control = (runId, action) => api(`/api/v1/runs/${runId}/${action}`, { method: "POST" });

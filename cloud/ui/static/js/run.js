@@ -1,6 +1,6 @@
 // One run, live: its state, accuracy and loss curves, edges against the buffer, history and clients.
 // Everything arrives on the run's event stream; the page never reloads.
-import { ApiError, controls, element, fixed, follow, parseJSON, percent, when, withToken } from "./api.js";
+import { ApiError, controls, element, fixed, follow, percent, when, withToken } from "./api.js";
 
 const runId = new URLSearchParams(location.search).get("id");
 const history = [];
@@ -13,9 +13,10 @@ function chart(id, series, yLabel) {
   const plot = new uPlot({
     width: width(), height: 260,
     scales: { x: { time: false } },
-    // Versions are whole numbers: no tick at 1.5.
-    axes: [{ label: "round (global model version)", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: yLabel }],
-    series: [{ label: "version" }, ...series.map(([label, stroke]) => ({ label, stroke, width: 2, points: { size: 5 } }))],
+    // Rounds are whole numbers, counted from 0 as in the history's round field (the CSV and fedctl too): no
+    // tick at 1.5.
+    axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: yLabel }],
+    series: [{ label: "round" }, ...series.map(([label, stroke]) => ({ label, stroke, width: 2, points: { size: 5 } }))],
   }, [[], ...series.map(() => [])], target);
   new ResizeObserver(() => plot.setSize({ width: width(), height: 260 })).observe(target);
   return plot;
@@ -28,7 +29,7 @@ function cumulativeEnergy() {
 }
 
 function drawCharts() {
-  const x = history.map((h) => h.version);
+  const x = history.map((h) => h.round);
   charts.accuracy.setData([x, history.map((h) => (h.test_accuracy === null ? null : 100 * h.test_accuracy))]);
   charts.loss.setData([x, history.map((h) => h.train_loss), history.map((h) => h.test_loss)]);
   const cumulative = cumulativeEnergy();
@@ -145,7 +146,7 @@ async function live() {
       state.textContent = "connected";
       await follow(`/api/v1/runs/${runId}/events`, (name, data) => {
         if (name !== "update") return;
-        const update = parseJSON(data);
+        const update = JSON.parse(data);
         onUpdate(update, fresh);
         fresh = false;
         wait = 1000;
