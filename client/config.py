@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -53,6 +54,16 @@ class ClientSettings(ServiceSettings):
     # id keeps its state directory; the default hosts them all.
     shard_index: int = Field(0, ge=0)
     shard_count: int = Field(1, ge=1)
+
+    @field_validator("edge_url")
+    @classmethod
+    def _edge_url_has_a_scheme(cls, url: str) -> str:
+        # "edge:8100" parses as scheme "edge": without this, every request failed and was retried for ever.
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            bare = url.split("://", 1)[-1]
+            raise ValueError(f"{url!r} is not an http:// or https:// URL: give the scheme, e.g. http://{bare}")
+        return url
 
     @field_validator("data")
     @classmethod

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
+import httpx
 import torch
 import typer
 
@@ -14,6 +15,7 @@ from fl_services.client.feed import ClientsStopped
 from fl_services.client.worker import Worker, own_source
 from fl_services.shared.core.data import DataSourceError
 from fl_services.shared.runtime.log import configure_logging
+from fl_services.shared.runtime.settings import load_settings, settings_help
 from fl_services.shared.wire.http import make_client
 from fl_services.shared.wire.tls import client_context
 
@@ -27,7 +29,8 @@ def _help(what: str, field: str) -> str:
     return f"{what} (env FL_CLIENT_{field.upper()}; default {'unset' if default is None else default})"
 
 
-@app.command()
+# Every setting, also those without an option (each option names its variable too).
+@app.command(epilog=settings_help(ClientSettings))
 def run(
     edge: Optional[str] = typer.Option(None, help=_help("edge URL", "edge_url")),
     clients: Optional[str] = typer.Option(None, help=_help('logical client ids, e.g. "0-4" or "1,3,5"', "clients")),
@@ -49,7 +52,7 @@ def run(
         "data_path": data_path, "data": data, "torch_threads": threads, "edge_ca_file": edge_ca_file,
         "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file,
     }.items() if v is not None}
-    settings = ClientSettings(**overrides)
+    settings = load_settings(ClientSettings, **overrides)
     configure_logging(settings.log_level, settings.log_format)
     torch.set_num_threads(settings.torch_threads)
     try:
@@ -69,12 +72,39 @@ def run(
     except ClientsStopped as exc:  # nothing left to serve: exit non-zero rather than sit idle
         log.critical("%s; exiting", exc)
         raise typer.Exit(code=1) from None
+    except NotAnEdge as exc:
+        log.critical("%s; exiting", exc)
+        raise typer.Exit(code=2) from None
+
+
+class NotAnEdge(Exception):
+    """What answers at the edge URL is another service: retrying would never make it an edge."""
 
 
 async def _serve(settings: ClientSettings, ids: list[int]) -> None:
     tls = client_context(settings.edge_ca_file, settings.edge_cert_file, settings.edge_key_file)
     async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s, tls=tls) as edge:
+        await check_edge(edge, settings.edge_url)
         await Worker(settings, ids, edge).run()
+
+
+async def check_edge(edge: httpx.AsyncClient, url: str) -> None:
+    """Raises NotAnEdge when the service at `url` says it is not an edge (its /health names another service,
+    e.g. the cloud's URL given by mistake) or has no /health at all. An edge that is not up yet is waited for
+    (the client's retries), and an error status leaves the decision to the worker, whose calls say more."""
+    response = await edge.get("/health")
+    hint = "FL_CLIENT_EDGE_URL (--edge) must name an edge (`fedctl up` prints the edges' URLs)"
+    if response.status_code == 404:
+        raise NotAnEdge(f"{url} has no /health: it is not an edge; {hint}")
+    if response.status_code != 200:
+        return
+    try:
+        service = response.json().get("service")
+    except (ValueError, AttributeError):
+        service = None
+    if service != "edge":
+        what = f"the {service}" if isinstance(service, str) else "a service that does not say what it is"
+        raise NotAnEdge(f"{url} is {what}, not an edge; {hint}")
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.routes import admin, edges, health, runs, ui
 from fl_services.cloud.store import UNAVAILABLE, Conflict, NotFound, RedisRefused, RedisStore, check_redis
 from fl_services.shared.runtime.log import configure_logging
-from fl_services.shared.runtime.settings import load_settings
+from fl_services.shared.runtime.settings import answer_help, load_settings
 from fl_services.shared.server.app import Stopping, service_app
 from fl_services.shared.server.metrics import switchable
 from fl_services.shared.server.serve import serve
@@ -88,7 +88,14 @@ async def _wake_on_stop(stopping: Stopping, orchestrator: Orchestrator) -> None:
     await orchestrator.wake_waiters()
 
 
+USAGE = """usage: fl-cloud
+
+The cloud service: the control API, the dashboard (/ui/) and the edges' API over HTTP, with its state in Redis
+(FL_CLOUD_REDIS_URL). Listens on FL_CLOUD_HOST:FL_CLOUD_PORT until SIGTERM or Ctrl-C."""
+
+
 def main() -> None:
+    answer_help(CloudSettings, USAGE)
     settings = load_settings(CloudSettings)
     configure_logging(settings.log_level, settings.log_format)
     try:

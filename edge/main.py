@@ -16,7 +16,7 @@ from fl_services.edge.round_loop import EdgeRoundLoop
 from fl_services.edge.routes import clients, health
 from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from fl_services.shared.runtime.log import configure_logging
-from fl_services.shared.runtime.settings import load_settings
+from fl_services.shared.runtime.settings import answer_help, load_settings
 from fl_services.shared.server.app import Stopping, service_app
 from fl_services.shared.server.metrics import switchable
 from fl_services.shared.server.serve import serve
@@ -63,7 +63,14 @@ async def _close_on_stop(stopping: Stopping, board: TaskBoard) -> None:
     await board.close()
 
 
+USAGE = """usage: fl-edge
+
+An edge service: takes the cloud's global state (FL_EDGE_CLOUD_URL), runs rounds with the clients registered to
+it and sends the cloud its contribution. Listens on FL_EDGE_HOST:FL_EDGE_PORT until SIGTERM or Ctrl-C."""
+
+
 def main() -> None:
+    answer_help(EdgeSettings, USAGE)
     settings = load_settings(EdgeSettings)
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
     serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)

@@ -1,40 +1,28 @@
-"""fedctl: `fedctl demo` runs a whole federation on this machine; the other commands drive
-a cloud anywhere through its REST API."""
+"""fedctl: `fedctl up` starts a standing federation on this machine (`fedctl down` stops it), `fedctl demo`
+trains one run on a fresh one; the other commands drive a cloud anywhere through its REST API."""
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
-import time
-import tomllib
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import httpx
 import typer
-from rich import box
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
-from fl_services.client.config import parse_ids
-from fl_services.fedctl.api import CloudAPI
-from fl_services.fedctl.certs import write_deployment
-from fl_services.fedctl.launch import LocalTopology
-from fl_services.fedctl.report import save_results
-from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.client_reports import client_reports, group_summary
-from fl_services.shared.core.config import DataConfig, DvfsConfig, ModelConfig, RunConfig
-from fl_services.shared.core.reports import RoundRecord
-from fl_services.shared.runtime.files import write_private
-from fl_services.shared.wire.admin import RunInfo
-from fl_services.shared.wire.protocol import client_token, derived_token_id, issue_device_tokens, tokens_file_text
-from fl_services.shared.wire.tls import client_context
+# Only typer at import: `fedctl --help` and a mistyped command answer at once. Each command imports what it
+# uses (torch among it, for the model and the data) in its body.
+if TYPE_CHECKING:
+    from fl_services.fedctl.api import CloudAPI
+    from fl_services.shared.core.config import RunConfig
 
-app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
-console = Console()
+SETTINGS = """Settings (environment variables, each also an option of the commands that use it):
+FL_CLOUD_URL: the cloud's base URL (default http://127.0.0.1:8000, where `fedctl up` puts it);
+FL_ADMIN_TOKEN: an admin token of the cloud (`fedctl up` writes its own to tokens.env);
+FL_CA_FILE, FL_CERT_FILE, FL_KEY_FILE: TLS: the CA an https:// cloud is verified against, the certificate
+(and key) presented under mutual TLS; FL_EDGE_CLIENT_TOKEN: the edges' client secret (client-token,
+issue-token); FL_UP_DIR: where `fedctl up` keeps its state and logs."""
+
+app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True, epilog=SETTINGS)
 
 CLOUD = typer.Option("http://127.0.0.1:8000", envvar="FL_CLOUD_URL", help="cloud base URL")
 TOKEN = typer.Option("dev-admin-token", envvar="FL_ADMIN_TOKEN", help="admin bearer token")
@@ -66,73 +54,22 @@ def dial(ca_file: Optional[Path] = typer.Option(None, envvar="FL_CA_FILE",
 
 
 def cloud_api(cloud: str, token: str) -> CloudAPI:
+    from fl_services.fedctl.api import CloudAPI
+    from fl_services.shared.wire.tls import client_context
+
     return CloudAPI(cloud, token, tls=client_context(_dial.ca_file, _dial.cert_file, _dial.key_file))
 
 
-def load_config(path: Optional[Path], **overrides) -> RunConfig:
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = path.read_text()
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        if not isinstance(data, dict):  # a list or a string: a traceback (AttributeError) before
-            raise ValueError(f"{path}: a run config is a JSON object of settings, not a {type(data).__name__}")
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    return registry.parse_config(data)
+def load_config(path: Optional[Path], **overrides: Any) -> RunConfig:
+    from fl_services.fedctl.configs import load_config as load
 
-
-def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:
-    return history_table(api.history(info.run_id), f"run {info.run_id} · {info.config.algorithm} · "
-                         f"{info.status.value} · version {info.version}/{info.rounds} · buffered {info.buffered} · "
-                         f"{time.monotonic() - started:.1f}s", last=15)
-
-
-def history_table(history: list[RoundRecord], title: str, last: int | None = None) -> Table:
-    """One row per cloud update; energy is the modelled client energy (DVFS) of the update and of the run so far."""
-    # Units in the headers and a light box: the nine columns fit an 80-column terminal without wrapping.
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                  collapse_padding=True)
-    for col in ("round", "clients", "edges", "train loss", "test loss", "test acc", "time", "energy J",
-                "total J"):
-        table.add_column(col, justify="right")
-    cumulative = list(itertools.accumulate(h.energy_j for h in history))
-    for h, total in list(zip(history, cumulative, strict=True))[-last if last else 0:]:
-        table.add_row(str(h.version), str(len(h.clients)), ",".join(map(str, h.edges)), f"{h.train_loss:.4f}",
-                      f"{h.test_loss:.4f}", f"{100 * h.test_accuracy:.2f}%", f"{h.elapsed_s:.1f}s",
-                      f"{h.energy_j:.1f}", f"{total:.1f}")
-    return table
-
-
-def watch_run(api: CloudAPI, run_id: str, timeout_s: float = 3600) -> RunInfo:
-    started = time.monotonic()
-    with Live(console=console, refresh_per_second=4) as live:
-        return api.wait(run_id, timeout_s=timeout_s, poll_s=0.5,
-                        on_poll=lambda info: live.update(progress_table(api, info, started)))
-
-
-def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:
-    console.print()
-    history = api.history(info.run_id)
-    paths = save_results(out, info, history, api.model(info.run_id))
-    final = history[-1].test_accuracy if history else float("nan")
-    console.print(f"[bold]final test accuracy: {100 * final:.2f}%[/] after {len(history)} rounds "
-                  f"({history[-1].elapsed_s:.1f}s)" if history else "no rounds completed")
-    summary = group_summary(info.config, client_reports(history))
-    if any(summary.values()):
-        table = Table(title="clients' latest reports: mean ± spread over clients")
-        names = sorted({n for metrics in summary.values() for n in metrics})
-        for col in ("group", *names):
-            table.add_column(col, justify="right")
-        for group, metrics in summary.items():
-            table.add_row(group, *(f"{metrics[n][0]:.4f} ± {metrics[n][1]:.4f}" if n in metrics else "–"
-                                   for n in names))
-        console.print(table)
-    for name, path in paths.items():
-        console.print(f"  {name:13s} {path}")
+    return load(path, **overrides)
 
 
 @app.command()
 def demo(
-    config: Optional[Path] = typer.Option(None, help="RunConfig as .json or .toml (defaults: FedAvg, CNN, MNIST 5k)"),
+    config: Optional[Path] = typer.Option(None, help="RunConfig as .json, .toml or .yaml (defaults: FedAvg, CNN, "
+                                                     "MNIST 5k)"),
     rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
     algorithm: Optional[str] = typer.Option(None, help="override the algorithm"),
     clients_per_process: int = typer.Option(5, help="logical clients hosted by one client process"),
@@ -142,17 +79,27 @@ def demo(
     tls: bool = typer.Option(False, "--tls", help="every hop over HTTPS with mutual TLS, with certificates made "
                                                    "in the run's services/certs directory"),
 ) -> None:
-    """Start Redis, the cloud, the edges and the clients as processes here, train, and save results."""
+    """Start Redis, the cloud, the edges and the clients as processes here, train, and save results. Ctrl-C,
+    SIGTERM or SIGHUP stops every process it started."""
+    import time
+    from datetime import datetime
+
+    from fl_services.fedctl.api import CloudAPI
+    from fl_services.fedctl.display import console, finish, watch_run
+    from fl_services.fedctl.launch import LocalTopology, stop_on_signals
+
     cfg = load_config(config, rounds=rounds, algorithm=algorithm)
     n, edges = cfg.data.num_clients, cfg.topology.num_edges
     procs = max(1, -(-n // (edges * clients_per_process)))
     workdir = out / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.name}"
     console.print(f"starting redis, cloud, {edges} edge(s), {n} clients in {procs * edges} client processes "
-                  f"(logs in {workdir})")
-    with LocalTopology(num_clients=n, num_edges=edges, procs_per_edge=procs, workdir=workdir / "services",
-                       mutual_tls=tls) as topo:
+                  f"(logs in {workdir / 'services'})")
+    with stop_on_signals(), LocalTopology(num_clients=n, num_edges=edges, procs_per_edge=procs,
+                                          workdir=workdir / "services", mutual_tls=tls, log_level="info") as topo:
         console.print(f"dashboard: [bold]{topo.cloud_url}/ui/[/] (sign in with the cloud's admin token, "
                       f"FL_CLOUD_ADMIN_TOKEN; this demo's is {topo.admin_token!r})")
+        for l, edge in enumerate(topo.edges):
+            console.print(f"edge {l}: {edge.url}")
         if tls:
             console.print(f"certificates in {topo.certs}: a browser needs ca.pem trusted and admin.pem as its "
                           "client certificate")
@@ -163,13 +110,50 @@ def demo(
             finish(api, info, workdir)
         if keep:
             console.print(f"the services are still up: the dashboard at {topo.cloud_url}/ui/; Ctrl-C stops them")
-            with contextlib.suppress(KeyboardInterrupt):
+            try:
                 while True:
                     time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+
+
+UP_DIR = typer.Option(None, "--dir", envvar="FL_UP_DIR",
+                      help="where the topology keeps its state (pids, ports), tokens, logs and Redis' data "
+                           "(default: ~/.local/state/fl-services/up)")
+
+
+@app.command()
+def up(directory: Optional[Path] = UP_DIR,
+       edges: int = typer.Option(1, min=1, max=100, help="edges (edge l serves the clients k with k mod N = l)"),
+       clients: int = typer.Option(0, min=0, help="simulated clients (0..M-1) as processes here; 0: none, the "
+                                                  "devices connect themselves"),
+       procs_per_edge: int = typer.Option(1, min=1, help="client processes per edge hosting the simulated clients"),
+       cloud_port: int = typer.Option(8000, min=0, max=65535, help="the cloud's port (0: a free one)"),
+       edge_port: int = typer.Option(8100, min=0, max=65535, help="edge 0's port, edge l's is this + l (0: free "
+                                                                  "ones)"),
+       log_level: str = typer.Option("info", help="the services' log level (their logs are in --dir)")) -> None:
+    """A standing local topology: Redis, the cloud and N edges (and M simulated clients) as processes here, up
+    until Ctrl-C, SIGTERM, SIGHUP or `fedctl down`. Prints every URL and how to get tokens."""
+    from fl_services.fedctl.standing import default_dir
+    from fl_services.fedctl.standing import up as bring_up
+
+    bring_up(directory=directory or default_dir(), edges=edges, clients=clients, procs_per_edge=procs_per_edge,
+             cloud_port=cloud_port, edge_port=edge_port, log_level=log_level)
+
+
+@app.command()
+def down(directory: Optional[Path] = UP_DIR) -> None:
+    """Stop the topology `fedctl up` runs (its fedctl, which stops the rest; any process left after it)."""
+    from fl_services.fedctl.standing import default_dir
+    from fl_services.fedctl.standing import down as bring_down
+
+    bring_down(directory=directory or default_dir())
 
 
 def _model_and_data_fields() -> str:
     """The model, data and dvfs fields with their defaults, from the config classes themselves (one source)."""
+    from fl_services.shared.core.config import DataConfig, DvfsConfig, ModelConfig
+
     lines = []
     for section, cls in (("model", ModelConfig), ("data", DataConfig), ("dvfs", DvfsConfig)):
         for name, field in cls.model_fields.items():
@@ -179,14 +163,26 @@ def _model_and_data_fields() -> str:
     return "\n\n".join(lines)
 
 
-@app.command(epilog=_model_and_data_fields())
-def create(config: Optional[Path] = typer.Argument(None, help="RunConfig as .json or .toml (defaults: FedAvg, CNN, "
-                                                              "MNIST 5k)"),
+class _FieldsEpilog(typer.core.TyperCommand):
+    """`create --help`'s epilog, made when the help is shown: the config classes are not imported otherwise."""
+
+    @property
+    def epilog(self) -> str:
+        return _model_and_data_fields()
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:
+        pass
+
+
+@app.command(cls=_FieldsEpilog)
+def create(config: Optional[Path] = typer.Argument(None, help="RunConfig as .json, .toml or .yaml (defaults: "
+                                                              "FedAvg, CNN, MNIST 5k)"),
            cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Create a run from a config file and print its id. The cloud refuses (422) a config it cannot run,
     e.g. a model factory or data loader it cannot import, or a model that does not fit the data."""
     with cloud_api(cloud, token) as api:
-        console.print(api.create_run(load_config(config)).run_id)
+        typer.echo(api.create_run(load_config(config)).run_id)
 
 
 @app.command()
@@ -194,7 +190,7 @@ def control(run_id: str, action: str = typer.Argument(..., help="start | pause |
             cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Start, pause, resume or stop a run."""
     with cloud_api(cloud, token) as api:
-        console.print(api.action(run_id, action).status.value)
+        typer.echo(api.action(run_id, action).status.value)
 
 
 @app.command()
@@ -202,27 +198,46 @@ def runs(cloud: str = CLOUD, token: str = TOKEN) -> None:
     """List runs."""
     with cloud_api(cloud, token) as api:
         for info in api.runs():
-            console.print(f"{info.run_id}  {info.status.value:9s} {info.config.algorithm:8s} "
-                          f"version {info.version}/{info.rounds}  {info.config.name}")
+            typer.echo(f"{info.run_id}  {info.status.value:9s} {info.config.algorithm:8s} "
+                       f"version {info.version}/{info.rounds}  {info.config.name}")
 
 
 @app.command()
 def watch(run_id: str, cloud: str = CLOUD, token: str = TOKEN,
           out: Path = typer.Option(Path("results"), help="where results are written at the end")) -> None:
     """Live progress of a run until it ends, then save its results."""
+    from fl_services.fedctl.display import finish, watch_run
+
     with cloud_api(cloud, token) as api:
         finish(api, watch_run(api, run_id), out / run_id)
 
 
 @app.command()
 def results(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
-    """A run's history: per update its clients, loss, accuracy, time and modelled client energy (DVFS), with
-    the energy summed over the run so far."""
+    """A run's history: per round (numbered from 0, as the dashboard and the CSV number them) its clients,
+    failed clients, loss, accuracy, time and modelled client energy (DVFS), with the energy summed over the run
+    so far; then each client that failed, with what it reported."""
+    from fl_services.fedctl.display import show_results
+
     with cloud_api(cloud, token) as api:
-        info = api.run(run_id)
-        console.print(history_table(api.history(run_id), f"run {run_id} · {info.config.algorithm} · "
-                                    f"{info.status.value} · version {info.version}/{info.rounds} · "
-                                    f"dvfs {info.config.dvfs.policy}"))
+        show_results(api.run(run_id), api.history(run_id))
+
+
+@app.command()
+def export(run_id: str, format: str = typer.Option("csv", "--format", help="csv | json | png"),
+           out: Optional[Path] = typer.Option(None, help="the file written (default: RUN_ID.FORMAT here; - : "
+                                                         "standard output, csv and json)"),
+           cloud: str = CLOUD, token: str = TOKEN) -> None:
+    """Export a run's history: csv (one row per round, failed clients with their reasons), json (the records as
+    the API serves them) or png (the accuracy curve)."""
+    from fl_services.fedctl.report import export_history
+
+    if format not in ("csv", "json", "png"):
+        raise typer.BadParameter(f"{format!r}: csv, json or png", param_hint="--format")
+    with cloud_api(cloud, token) as api:
+        where = export_history(api.run(run_id), api.history(run_id), format, out)  # type: ignore[arg-type]
+    if where != "standard output":
+        typer.echo(f"wrote {where}", err=True)
 
 
 @app.command()
@@ -238,12 +253,14 @@ def certs(directory: Path = typer.Argument(..., help="where the CA and the certi
                                                             "signed stops being trusted)")) -> None:
     """Create a CA and the certificates of a TLS deployment: the cloud, each edge, Redis, each client device
     and the operator (admin, for fedctl). See the README's Security section for the settings that use them."""
+    from fl_services.fedctl.certs import write_deployment
+
     if (directory / "ca.key").exists() and not force:
         raise ValueError(f"{directory / 'ca.key'} exists: a new CA would make every certificate it signed "
                          "untrusted (--force replaces it)")
     written = write_deployment(directory, edges=edges, clients=clients, hosts=host, days=days)
     for name, (cert, key) in written.items():
-        console.print(f"  {name:10s} {cert}  {key}")
+        typer.echo(f"  {name:10s} {cert}  {key}")
 
 
 @app.command()
@@ -251,7 +268,7 @@ def delete(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Delete a run that is not active (stop it first), with its model and history."""
     with cloud_api(cloud, token) as api:
         api.delete_run(run_id)
-        console.print(f"deleted {run_id}")
+        typer.echo(f"deleted {run_id}")
 
 
 @app.command()
@@ -274,6 +291,8 @@ SECRET = typer.Option(..., envvar="FL_EDGE_CLIENT_TOKEN", prompt=True, hide_inpu
 def client_token_command(client_id: int = CLIENT_ID, secret: str = SECRET) -> None:
     """Print a device's derived token: with it, the device can act as that client only. Its id, to revoke
     it, is client-<id>; a revoked derived token stays revoked, so prefer issue-token."""
+    from fl_services.shared.wire.protocol import client_token
+
     typer.echo(client_token(secret, client_id))
 
 
@@ -287,6 +306,10 @@ def issue_token(client_ids: str = typer.Argument(..., help='the client id the de
     """Issue a device a token of its own with a new id (printed on stderr): with it, the device can act as
     that client only, and `fedctl revoke-token <id>` revokes this device alone. With several clients, one
     token each (a JSON map from client id to token, as the client setting client_tokens takes)."""
+    from fl_services.client.config import parse_ids
+    from fl_services.shared.runtime.files import write_private
+    from fl_services.shared.wire.protocol import issue_device_tokens, tokens_file_text
+
     try:
         ids = parse_ids(client_ids)
     except ValueError as exc:
@@ -308,25 +331,32 @@ def issue_token(client_ids: str = typer.Argument(..., help='the client id the de
 
 
 @app.command("revoke-token")
-def revoke_token(token_id: str = typer.Argument(..., help=f"the id issue-token printed, or {derived_token_id(0)} "
-                                                           "for client 0's derived token"),
+def revoke_token(token_id: str = typer.Argument(..., help="the id issue-token printed, or client-<id> for a "
+                                                           "client's derived token (client-token)"),
                  cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Revoke one device's token: the edges refuse it from their next refresh on (revocation_refresh_s)."""
     with cloud_api(cloud, token) as api:
         revoked = api.revoke_token(token_id)
-        console.print(f"revoked {revoked.token_id} at {revoked.revoked_at:%Y-%m-%d %H:%M:%S}")
+        typer.echo(f"revoked {revoked.token_id} at {revoked.revoked_at:%Y-%m-%d %H:%M:%S}")
 
 
 def main() -> None:
     """The `fedctl` console script."""
+    import logging
+
+    # A passing fault is retried quietly: what fails in the end is said once, below.
+    logging.getLogger("fl_services.shared.wire.retry").setLevel(logging.ERROR)
     try:
         app()
-    # An operator's mistake or an unreachable cloud is one line to read, not a page of traceback: a config
-    # the cloud refuses (the API's RuntimeError with its detail), a file that is not a valid RunConfig
-    # (ValueError, pydantic's included), a cloud that does not answer (httpx), a missing file (OSError).
-    except (RuntimeError, ValueError, OSError, httpx.HTTPError) as exc:
-        console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}", markup=True, highlight=False,
-                      soft_wrap=True)
+    # An operator's mistake or an unreachable cloud is one line to read, with what to change, not a page of
+    # traceback: a config the cloud or its model refuses, a file that cannot be read, a cloud that does not
+    # answer or refuses the token. Anything else is a defect and keeps its traceback.
+    except Exception as exc:
+        from fl_services.fedctl.errors import describe, is_operator_error
+
+        if not is_operator_error(exc):
+            raise
+        typer.echo(f"error: {describe(exc)}", err=True)
         raise SystemExit(1) from None
 
 

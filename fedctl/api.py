@@ -7,6 +7,7 @@ from urllib.parse import quote
 
 import httpx
 
+from fl_services.fedctl.errors import CloudError
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.core.tensors import Tensors, decode_tensors
@@ -14,6 +15,18 @@ from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken,
 from fl_services.shared.wire.http import env_proxy
 from fl_services.shared.wire.retry import SyncRetryTransport
 from fl_services.shared.wire.tls import client_context
+
+
+def _detail(response: httpx.Response) -> str:
+    """The cloud's `detail` as one line (a 422's list of errors joined), else the body's start."""
+    try:
+        detail = response.json().get("detail", response.text)
+    except (ValueError, AttributeError):
+        return " ".join(response.text[:500].split())
+    if isinstance(detail, list):
+        detail = "; ".join(f"{'.'.join(str(p) for p in d.get('loc', ()) if p != 'body')}: {d.get('msg')}"
+                           if isinstance(d, dict) else str(d) for d in detail)
+    return " ".join(str(detail)[:500].split())
 
 
 def _run_path(run_id: str) -> str:
@@ -45,8 +58,8 @@ class CloudAPI:
 
     def _ok(self, response: httpx.Response) -> httpx.Response:
         if response.status_code >= 400:
-            raise RuntimeError(f"{response.request.method} {response.request.url.path}: "
-                               f"{response.status_code} {response.text[:500]}")
+            raise CloudError(response.request.method, response.request.url.path, response.status_code,
+                             _detail(response))
         return response
 
     def _get(self, path: str) -> httpx.Response:

@@ -1,18 +1,27 @@
 """Starts the whole topology on this machine as separate processes: a private Redis, the cloud,
-L edges and client processes hosting logical clients. The demo, the integration tests and bench/
-use it; docker-compose.yml describes the same topology for a Docker engine."""
+L edges and client processes hosting logical clients. `fedctl demo`, `fedctl up`, the integration tests and
+bench/ use it; docker-compose.yml describes the same topology for a Docker engine.
+
+Each service runs in a process session of its own (a Ctrl-C in the terminal reaches fedctl, not them), so
+whoever starts a topology stops it: `with LocalTopology(...)` does, also when SIGTERM or SIGHUP ends the
+process inside `stop_on_signals()`. The topology records its processes in `workdir/topology.json`, from
+which `stop_recorded` stops them from another process (`fedctl down`)."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -142,6 +151,11 @@ class LocalTopology:
     # mutual_tls, the cloud and the edges also require a certificate of that CA from every caller.
     tls: bool = False
     mutual_tls: bool = False
+    # The services' log level (their logs are workdir/<name>.log).
+    log_level: str = "warning"
+    # Where the cloud and the edges listen: 0 picks a free port; edge l listens on edge_port + l.
+    cloud_port: int = 0
+    edge_port: int = 0
     # Each client process holds a device token per logical client it hosts (`fedctl issue-token --out`, its
     # client_tokens setting), not the edges' client secret, as the compose TLS variant's containers do.
     device_tokens: bool = False
@@ -157,6 +171,8 @@ class LocalTopology:
         self.clients: list[Service] = []
         # With device_tokens: each logical client's token (its id, to revoke it, is the token's third part).
         self.tokens: dict[int, str] = {}
+        # What the state file holds besides the processes and URLs (e.g. `fedctl up`'s settings).
+        self.notes: dict[str, Any] = {}
 
     @property
     def cloud_url(self) -> str:
@@ -236,11 +252,21 @@ class LocalTopology:
             "FL_CLOUD_PORT": str(port), "FL_CLOUD_REDIS_URL": self.redis_url,
             "FL_CLOUD_KEY_PREFIX": self.key_prefix, "FL_CLOUD_ADMIN_TOKEN": self.admin_token,
             "FL_CLOUD_EDGE_TOKEN": self.edge_token, "FL_CLOUD_TORCH_THREADS": str(self.torch_threads),
-            "FL_CLOUD_LOG_LEVEL": "warning", "FL_CLOUD_REPLICA_ID": name, **self._tls_env("FL_CLOUD_", "cloud"),
+            "FL_CLOUD_LOG_LEVEL": self.log_level, "FL_CLOUD_REPLICA_ID": name, **self._tls_env("FL_CLOUD_", "cloud"),
             **self._redis_tls_env(), **self.extra_env,
         }, self.workdir / f"{name}.log", url=f"{self.scheme}://127.0.0.1:{port}", tls=self.client_tls())
 
     def start(self) -> "LocalTopology":
+        """Starts every process and waits until the services answer and the clients are registered; whatever
+        ends the start (an error, a signal turned KeyboardInterrupt) stops what it had started."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
         if self.scheme == "https":
             write_deployment(self.certs, edges=self.num_edges, clients=self.num_edges * self.procs_per_edge,
                              hosts=[self.edge_host], days=2)
@@ -248,9 +274,12 @@ class LocalTopology:
             self.redis = RedisServer(dir=self.workdir / "redis",
                                      tls_dir=self.certs if self.scheme == "https" else None).start()
             self.redis_url = self.redis.url
-        self.clouds = [self._cloud_service(free_port(), k) for k in range(self.cloud_replicas)]
+            self.record()
+        self.clouds = [self._cloud_service(self.cloud_port + k if self.cloud_port else free_port(), k)
+                       for k in range(self.cloud_replicas)]
         for cloud in self.clouds:
             cloud.start()
+            self.record()
         self.cloud = self.clouds[0]
         if self.cloud_front is not None:
             # The front only once every replica answers: a balancer that finds its upstreams refusing marks
@@ -258,45 +287,42 @@ class LocalTopology:
             self._ready(self.clouds)
             self.front_url = self.cloud_front([c.address() for c in self.clouds])
         for edge_id in range(self.num_edges):
-            port = free_port()
+            port = self.edge_port + edge_id if self.edge_port else free_port()
             edge = Service(f"edge{edge_id}", ["-m", "fl_services.edge.main"], {
                 "FL_EDGE_EDGE_ID": str(edge_id), "FL_EDGE_HOST": self.edge_host, "FL_EDGE_PORT": str(port),
                 "FL_EDGE_CLOUD_URL": self.cloud_url,
                 "FL_EDGE_EDGE_TOKEN": self.edge_token, "FL_EDGE_CLIENT_TOKEN": self.client_token,
-                "FL_EDGE_TORCH_THREADS": str(self.torch_threads), "FL_EDGE_LOG_LEVEL": "warning",
+                "FL_EDGE_TORCH_THREADS": str(self.torch_threads), "FL_EDGE_LOG_LEVEL": self.log_level,
                 "FL_EDGE_STATE_DIR": str(self.workdir / "edge-state"), **self._tls_env("FL_EDGE_", f"edge{edge_id}"),
                 **self._dial_env("FL_EDGE_", "CLOUD", f"edge{edge_id}"), **self.extra_env,
                 **self.edge_env.get(edge_id, {}),
             }, self.workdir / f"edge{edge_id}.log", url=f"{self.scheme}://{self.edge_host}:{port}",
                 tls=self.client_tls())
-            edge.start()
             self.edges.append(edge)
+            edge.start()
+            self.record()
         for edge_id, edge in enumerate(self.edges):
-            for p, ids in enumerate(split(list(range(edge_id, self.num_clients, self.num_edges)), self.procs_per_edge)):
+            edge_clients = list(range(edge_id, self.num_clients, self.num_edges))
+            for p, ids in enumerate(split(edge_clients, self.procs_per_edge) if edge_clients else []):
                 program = self.client_programs.get(len(self.clients))
                 client = Service(f"client{edge_id}.{p}", [] if program else ["-m", "fl_services.client.main"], {
                     "FL_CLIENT_EDGE_URL": edge.address(), "FL_CLIENT_CLIENTS": ids_spec(ids),
                     **self._token_env(ids, f"client{edge_id}.{p}"), "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
-                    "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
+                    "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": self.log_level,
                     **self._dial_env("FL_CLIENT_", "EDGE", f"client{len(self.clients)}"), **self.extra_env,
                     **self.client_env.get(len(self.clients), {}),
                 }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program)
-                client.start()
                 self.clients.append(client)
+                client.start()
+                self.record()
         self._ready(self.clouds + self.edges, registered=True)
-        return self
 
     def _ready(self, services: list[Service], registered: bool = False) -> None:
-        """Waits for `services` to be healthy (and, with `registered`, for every client to be registered);
-        stops the whole topology when one never is."""
-        try:
-            for service in services:
-                service.wait_healthy()
-            if registered:
-                self.wait_registered()
-        except Exception:
-            self.stop()
-            raise
+        """Waits for `services` to be healthy (and, with `registered`, for every client to be registered)."""
+        for service in services:
+            service.wait_healthy()
+        if registered:
+            self.wait_registered()
 
     def wait_registered(self, timeout: float = 60.0) -> None:
         """Blocks until every edge sees all of its clients, so round 0 starts with everyone present."""
@@ -317,6 +343,7 @@ class LocalTopology:
         self._cloud().stop(sig)
         self.cloud = self.clouds[0] = self._cloud_service(port)
         self.cloud.start()
+        self.record()
         self.cloud.wait_healthy()
 
     def restart_edge(self, edge_id: int, sig: int = signal.SIGKILL) -> None:
@@ -324,16 +351,138 @@ class LocalTopology:
         edge = self.edges[edge_id]
         edge.stop(sig)
         edge.start()
+        self.record()
         edge.wait_healthy()
 
     def stop(self) -> None:
-        for service in [*self.clients, *self.edges, *self.clouds]:
-            service.stop()
-        if self.redis is not None:
-            self.redis.stop()
+        with _signals_held():  # a second Ctrl-C or SIGTERM must not cut the stop short and orphan the rest
+            for service in [*self.clients, *self.edges, *self.clouds]:
+                service.stop()
+            if self.redis is not None:
+                self.redis.stop()
+            self.state_file.unlink(missing_ok=True)
+
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / STATE_FILE
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every running process of the topology: name, pid, its start time (to tell a reused pid), URL, log."""
+        found: list[dict[str, Any]] = []
+        if self.redis is not None and self.redis.process is not None:
+            found.append({"name": "redis", "pid": self.redis.process.pid, "url": None,
+                          "log": str(self.redis.log_path)})
+        for service in [*self.clouds, *self.edges, *self.clients]:
+            if service.proc is not None:
+                found.append({"name": service.name, "pid": service.proc.pid, "url": service.url,
+                              "log": str(service.log)})
+        for process in found:
+            process["started"] = process_start_time(int(process["pid"]))
+        return found
+
+    def record(self) -> None:
+        """Writes the state file (readable by its owner only: it holds the Redis URL and its password)."""
+        state = {"owner": {"pid": os.getpid(), "started": process_start_time(os.getpid())},
+                 "redis_url": self.redis_url, "cloud_url": self.front_url or (self.cloud.url if self.cloud else None),
+                 "edge_urls": [e.url for e in self.edges], "processes": self.processes(), **self.notes}
+        write_private(self.state_file, json.dumps(state, indent=1).encode())
 
     def __enter__(self) -> "LocalTopology":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+STATE_FILE = "topology.json"
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal) end the process as Ctrl-C does, with a KeyboardInterrupt, so that
+    `with LocalTopology(...)` stops every service: each runs in its own session, which neither the terminal's
+    Ctrl-C nor its hang-up reaches, and a plain SIGTERM would end this process without running its exits."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """The stop signals wait (pending) until the block ends; only the main thread receives Python's handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat), or None if it is gone or a zombie:
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def read_state(workdir: Path) -> dict[str, Any] | None:
+    """The state a running topology recorded in `workdir`, or None if none is recorded there."""
+    try:
+        state: dict[str, Any] = json.loads((Path(workdir) / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    return state
+
+
+def running(process: dict[str, Any]) -> bool:
+    """Whether a recorded process (pid and start time) still runs."""
+    started = process_start_time(process["pid"])
+    return started is not None and started == process.get("started")
+
+
+def stop_recorded(workdir: Path, timeout: float = 30.0) -> list[str]:
+    """Stops the topology recorded in `workdir` from another process (`fedctl down`): its owner first, with
+    SIGTERM, which stops the rest as it exits; then whatever still runs (the owner was killed, or it did not
+    stop in time), with SIGTERM and after 10 s SIGKILL. Returns the names of the processes it signalled."""
+    state = read_state(workdir)
+    if state is None:
+        return []
+    signalled = []
+    owner = {"name": "owner", **state["owner"]}
+    if owner["pid"] != os.getpid() and running(owner):
+        os.kill(owner["pid"], signal.SIGTERM)
+        signalled.append(f"fedctl (pid {owner['pid']})")
+        _wait_gone([owner], timeout)
+    left = [p for p in state["processes"] if running(p)]
+    for process in left:
+        os.kill(process["pid"], signal.SIGTERM)
+        signalled.append(f"{process['name']} (pid {process['pid']})")
+    if not _wait_gone(left, 10.0):
+        for process in left:
+            if running(process):
+                os.kill(process["pid"], signal.SIGKILL)
+        _wait_gone(left, 5.0)
+    (Path(workdir) / STATE_FILE).unlink(missing_ok=True)
+    return signalled
+
+
+def _wait_gone(processes: list[dict[str, Any]], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in processes):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -1,9 +1,17 @@
-"""Run results on disk: history as JSON and CSV, per-client reports, an accuracy plot, the final model."""
+"""Run results on disk: history as JSON and CSV, per-client reports, an accuracy plot, the final model.
+
+Rounds are numbered as the history's `round` field numbers them (from 0), as the dashboard and `fedctl results`
+show them; a figure not evaluated yet is null in JSON and an empty cell in CSV."""
 from __future__ import annotations
 
 import csv
 import json
+import math
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal, TextIO
 
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.client_reports import client_reports
@@ -22,17 +30,8 @@ def save_results(out_dir: Path, info: RunInfo, history: list[RoundRecord], model
         "model": out_dir / "model.safetensors",
     }
     paths["run"].write_text(info.model_dump_json(indent=2))
-    paths["history_json"].write_text(json.dumps([h.model_dump(mode="json") for h in history], indent=2))
-    with paths["history_csv"].open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["round", "version", "participants", "edges", "train_loss", "test_loss", "test_accuracy",
-                         "elapsed_s", "energy_j", "cumulative_energy_j", "client_ids"])
-        cumulative = 0.0
-        for h in history:
-            cumulative += h.energy_j
-            writer.writerow([h.round, h.version, len(h.clients), " ".join(map(str, h.edges)), f"{h.train_loss:.6f}",
-                             f"{h.test_loss:.6f}", f"{h.test_accuracy:.6f}", f"{h.elapsed_s:.3f}",
-                             f"{h.energy_j:.6f}", f"{cumulative:.6f}", " ".join(str(c.client_id) for c in h.clients)])
+    write_history_json(paths["history_json"], history)
+    write_history_csv(paths["history_csv"], history)
     reports = client_reports(history)
     if any(len(r) > 2 for r in reports.values()):  # clients reported metrics of their own
         algorithm = registry.create(info.config)
@@ -49,19 +48,85 @@ def save_results(out_dir: Path, info: RunInfo, history: list[RoundRecord], model
     return paths
 
 
+HISTORY_COLUMNS = ["round", "version", "participants", "edges", "train_loss", "test_loss", "test_accuracy",
+                   "elapsed_s", "energy_j", "cumulative_energy_j", "client_ids", "failed", "failed_clients"]
+
+
+def write_history_json(path: Path | TextIO, history: list[RoundRecord]) -> None:
+    """The history as the API serves it (failed clients with their errors included): a JSON list, strict JSON."""
+    text = json.dumps([json.loads(h.model_dump_json()) for h in history], indent=2, allow_nan=False) + "\n"
+    _write(path, text)
+
+
+def write_history_csv(path: Path | TextIO, history: list[RoundRecord]) -> None:
+    """One row per round; `failed_clients` holds each client that could not train with what it reported
+    ("3: No module named 'pkg' | 5: ...")."""
+    with _open(path) as f:
+        writer = csv.writer(f)
+        writer.writerow(HISTORY_COLUMNS)
+        cumulative = 0.0
+        for h in history:
+            cumulative += h.energy_j
+            writer.writerow([h.round, h.version, len(h.clients), " ".join(map(str, h.edges)), _cell(h.train_loss),
+                             _cell(h.test_loss), _cell(h.test_accuracy), f"{h.elapsed_s:.3f}", _cell(h.energy_j),
+                             _cell(cumulative), " ".join(str(c.client_id) for c in h.clients), len(h.failed_clients),
+                             " | ".join(f"{f.client_id}: {' '.join(f.error.split())}" for f in h.failed_clients)])
+
+
+ExportFormat = Literal["csv", "json", "png"]
+
+
+def export_history(info: RunInfo, history: list[RoundRecord], fmt: ExportFormat, out: Path | None) -> str:
+    """Writes a run's history as `fmt` to `out` (None: RUN_ID.FORMAT here; "-": standard output, csv and json
+    only) and says where."""
+    out = out or Path(f"{info.run_id}.{fmt}")
+    if fmt == "png":
+        if str(out) == "-":
+            raise ValueError("a png goes to a file: give --out FILE.png")
+        plot_accuracy({info.config.name: history}, out, title=f"{info.run_id}: test accuracy per round")
+        return str(out)
+    target: Path | TextIO = sys.stdout if str(out) == "-" else out
+    (write_history_csv if fmt == "csv" else write_history_json)(target, history)
+    return "standard output" if target is sys.stdout else str(out)
+
+
+def _cell(x: float) -> str:
+    return "" if math.isnan(x) else f"{x:.6f}"
+
+
+@contextmanager
+def _open(target: Path | TextIO) -> Iterator[TextIO]:
+    """A path opened for writing text (and closed after), or a stream as it is (left open)."""
+    if isinstance(target, Path):
+        with target.open("w", newline="") as f:
+            yield f
+    else:
+        yield target
+
+
+def _write(target: Path | TextIO, text: str) -> None:
+    with _open(target) as f:
+        f.write(text)
+
+
 def plot_accuracy(curves: dict[str, list[RoundRecord]], path: Path, title: str = "Test accuracy per round") -> Path:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # an extra: a device's install has no plotting
+        raise ValueError("plotting needs matplotlib: pip install 'fl-services[plot]'") from None
 
     matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, history in curves.items():
-        ax.plot([h.version for h in history], [100 * h.test_accuracy for h in history], marker="o", ms=3, label=label)
+        evaluated = [h for h in history if not math.isnan(h.test_accuracy)]
+        ax.plot([h.round for h in evaluated], [100 * h.test_accuracy for h in evaluated], marker="o", ms=3,
+                label=label)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round (global model version)")
+    ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -61,7 +61,7 @@ class LiveRun:
     def __init__(self, store: Store, run_id: str):
         self.store, self.run_id = store, run_id
         self.history: list[RoundRecord] = []
-        self._shown: tuple[str, RunEdges] | None = None  # the info as JSON, where an unevaluated figure (null) equals itself
+        self._shown: tuple[str, RunEdges] | None = None  # the info as JSON: null == null
         self._groups: dict[str, dict[str, tuple[float, float]]] = {}
 
     async def update(self) -> RunUpdate | None:

@@ -5,7 +5,10 @@ FL_CLOUD_REDIS_URL; FL_CLOUD_CONFIG_FILE names an optional TOML file with the sa
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,15 +94,43 @@ def is_loopback(host: str) -> bool:
 S = TypeVar("S", bound=BaseSettings)
 
 
-def load_settings(settings_cls: type[S]) -> S:
-    """The service's settings, or exit with one line per problem (status 2). Never pydantic's own report:
-    it repeats the input, tokens included."""
+def load_settings(settings_cls: type[S], **overrides: Any) -> S:
+    """The service's settings (`overrides`, e.g. command-line options, over the environment), or exit with one
+    line per problem (status 1). Never pydantic's own report: it repeats the input, tokens included."""
     try:
-        return settings_cls()
+        return settings_cls(**overrides)
     except ValidationError as exc:
         prefix = settings_cls.model_config.get("env_prefix", "")
-        problems = [f"{prefix}{str(e['loc'][0]).upper()}: {e['msg']}" if e["loc"] else e["msg"].removeprefix(
-            "Value error, ") for e in exc.errors(include_url=False, include_input=False)]
+        problems = [f"{prefix}{str(e['loc'][0]).upper()}: " * bool(e["loc"]) + e["msg"].removeprefix("Value error, ")
+                    for e in exc.errors(include_url=False, include_input=False)]
         raise SystemExit("invalid settings: " + "; ".join(problems)) from None
     except SettingsError as exc:
         raise SystemExit(f"invalid settings: {exc}") from None
+
+
+def settings_help(settings_cls: type[BaseSettings]) -> str:
+    """The settings a service reads, from its settings class itself (so the help cannot drift from it): each as
+    its environment variable with its default, then the file variants."""
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    lines = ["Settings (environment variables; a TOML file named by "
+             f"{prefix}CONFIG_FILE may hold the same keys in lower case, without the prefix):"]
+    for name, field in settings_cls.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = "unset" if default is None else json.dumps(default, default=str)
+        lines.append(f"  {prefix}{name.upper()}  (default {shown})")
+    lines.append(f"Any of them from a file instead (a Docker secret): {prefix}<NAME>_FILE=path.")
+    return "\n".join(lines)
+
+
+def answer_help(settings_cls: type[BaseSettings], usage: str, argv: Sequence[str] | None = None) -> None:
+    """For a service configured by its environment alone: `-h`/`--help` prints `usage` and the settings and
+    exits 0, any other argument is refused (status 2); either way before anything starts. No argument: returns."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        return
+    if args in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{settings_help(settings_cls)}")
+        raise SystemExit(0)
+    print(f"{usage}\n\nerror: it takes no arguments ({' '.join(args)!r}): its settings come from the environment "
+          "(--help lists them)", file=sys.stderr)
+    raise SystemExit(2)

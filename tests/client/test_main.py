@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from fl_services.client import main as client_main
@@ -47,3 +48,32 @@ def test_a_shard_that_holds_no_client_exits_with_one_line(tmp_path, monkeypatch,
     assert result.exit_code == 2
     assert isinstance(result.exception, SystemExit), result.exception
     assert "shard 3 of 4 holds none of the clients '0-2'" in caplog.text
+
+
+def test_an_edge_url_without_a_scheme_is_refused_at_start_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("FL_CLIENT_CONFIG_FILE", raising=False)
+    result = CliRunner().invoke(client_main.app, ["--edge", "edge0:8100", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert "FL_CLIENT_EDGE_URL: 'edge0:8100' is not an http:// or https:// URL: give the scheme, e.g. " \
+           "http://edge0:8100" in str(result.exception.code)
+
+
+def answering(body: dict | None, status: int = 200) -> httpx.MockTransport:
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/health", request.url  # nothing else is asked of a service that is not an edge
+        return httpx.Response(status, json=body) if body is not None else httpx.Response(status, text="<html>")
+    return httpx.MockTransport(answer)
+
+
+@pytest.mark.parametrize(("transport", "said"), [
+    (answering({"status": "ok", "service": "cloud"}), "is the cloud, not an edge"),
+    (answering(None), "is a service that does not say what it is, not an edge"),
+    (answering({"detail": "Not Found"}, 404), "has no /health: it is not an edge"),
+], ids=["the-cloud", "a-web-page", "no-health"])
+def test_a_url_that_is_not_an_edge_fails_fast_with_a_hint(tmp_path, monkeypatch, caplog, transport, said):
+    monkeypatch.setattr(client_main, "make_client", lambda *a, **kw: make_client(*a, transport=transport, **kw))
+    monkeypatch.delenv("FL_CLIENT_CONFIG_FILE", raising=False)
+    result = CliRunner().invoke(client_main.app, ["--edge", "http://cloud:8000", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.exception
+    assert f"http://cloud:8000 {said}" in caplog.text
+    assert "FL_CLIENT_EDGE_URL (--edge) must name an edge" in caplog.text

@@ -1,4 +1,5 @@
-"""fedctl as an operator meets it: a mistake is one error line and exit status 1, not a traceback."""
+"""fedctl as an operator meets it: a mistake is one error line, naming the file (and line) or the variable to
+set, and exit status 1, not a traceback."""
 from __future__ import annotations
 
 import os
@@ -24,24 +25,47 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ('{"rounds": 0}', ["error: ValidationError", "rounds"]),
-    ("[1, 2]", ["error: ValueError", "a run config is a JSON object of settings, not a list"]),  # a traceback before
-    ('"fedavg"', ["error: ValueError", "not a str"]),
-], ids=["invalid-field", "a-list", "a-string"])
-def test_an_invalid_config_is_one_error_line(tmp_path, text: str, expected: list[str]):
-    bad = tmp_path / "bad.json"
-    bad.write_text(text)
-    done = _fedctl("create", str(bad), "--cloud", f"http://127.0.0.1:{_closed_port()}")
-    assert done.returncode == 1
+def one_error_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 1, (done.stdout, done.stderr)
     out = done.stdout + done.stderr
     assert "Traceback" not in out
-    assert all(fragment in out for fragment in expected), out
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out
+    return lines[0]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("bad.json", '{"rounds": 0}', ["bad.json: rounds: Input should be greater than or equal to 1"]),
+    ("bad.json", "[1, 2]", ["bad.json: a run config is a JSON object of settings, not a list"]),
+    ("bad.json", '"fedavg"', ["bad.json: a run config is a JSON object of settings, not a str"]),
+    ("bad.json", '{"rounds": 3,\n "seed": }', ["bad.json:2:10: not valid JSON: Expecting value"]),
+    ("bad.toml", 'rounds = 3\nseed = \n', ["bad.toml: not valid TOML", "line 2"]),
+    ("bad.yaml", "rounds: 3\nseed: [1,\n", ["bad.yaml:", "not valid YAML"]),
+    ("ok.yaml", "rounds: 0\n", ["ok.yaml: rounds: Input should be greater than or equal to 1"]),
+    ("bad.json", '{"topology": {"num_edges": 2, "buffer_size": 1}, "data": {"num_clients": 4}}',
+     ["bad.json: fedavg is synchronous: topology.buffer_size must equal num_edges (2), got 1"]),
+    ("missing.json", None, ["missing.json: cannot read it: No such file or directory"]),
+], ids=["invalid-field", "a-list", "a-string", "json-syntax", "toml-syntax", "yaml-syntax", "yaml-field",
+        "algorithm-refuses", "missing-file"])
+def test_an_invalid_config_is_one_error_line_naming_the_file(tmp_path, name, text, expected):
+    bad = tmp_path / name
+    if text is not None:
+        bad.write_text(text)
+    line = one_error_line(_fedctl("create", str(bad), "--cloud", f"http://127.0.0.1:{_closed_port()}"))
+    assert all(fragment in line for fragment in expected), line
+
+
+def test_yaml_without_pyyaml_is_refused_clearly(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("rounds: 2\n")
+    blocker = tmp_path / "sitecustomize.py"  # what a venv without pyyaml meets: `import yaml` fails
+    blocker.write_text("import sys\nsys.modules['yaml'] = None\n")
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    line = one_error_line(_fedctl("create", str(config), "--cloud", f"http://127.0.0.1:{_closed_port()}", env=env))
+    assert "run.yaml: reading YAML needs the pyyaml package (pip install pyyaml)" in line, line
 
 
 def test_an_unreachable_cloud_is_one_error_line():
-    done = _fedctl("runs", "--cloud", f"http://127.0.0.1:{_closed_port()}")
-    assert done.returncode == 1
-    out = done.stdout + done.stderr
-    assert "Traceback" not in out
-    assert "error: ConnectError" in out
+    port = _closed_port()
+    line = one_error_line(_fedctl("runs", "--cloud", f"http://127.0.0.1:{port}"))
+    assert f"cannot reach the cloud at http://127.0.0.1:{port}" in line and "FL_CLOUD_URL" in line, line

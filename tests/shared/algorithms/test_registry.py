@@ -56,9 +56,9 @@ def test_an_accepted_config_is_returned_as_is():
     assert registry.parse_config(config.model_dump()) == config
 
 
-@pytest.mark.parametrize(("algorithm", "params", "buffer_size"), [("fedavg", {}, 3), ("scaffold", {}, 3), ("hfpl", {}, 1)])
-def test_buffer_size_left_out_is_num_edges_for_a_synchronous_algorithm(algorithm, params, buffer_size):
-    given = {**SMALL, "algorithm": algorithm, "params": params, "topology": {"num_edges": 3}}
+@pytest.mark.parametrize(("algorithm", "buffer_size"), [("fedavg", 3), ("scaffold", 3), ("hfpl", 1)])
+def test_buffer_size_left_out_is_num_edges_for_a_synchronous_algorithm(algorithm, buffer_size):
+    given = {**SMALL, "algorithm": algorithm, "topology": {"num_edges": 3}}
     for config in (registry.parse_config(given), RunConfig.model_validate(given), RunConfig(**given)):
         assert config.topology.buffer_size == buffer_size
         assert registry.check(config) is config

@@ -1,0 +1,103 @@
+"""What fedctl shows in a terminal: a run's history as a table (live while it trains), its final summary."""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.report import save_results
+from fl_services.shared.core.client_reports import client_reports, group_summary
+from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.wire.admin import RunInfo
+
+console = Console()
+
+
+def _figure(x: float, fmt: str) -> str:
+    """A figure, or – for one not evaluated yet (NaN, null in JSON)."""
+    return "–" if math.isnan(x) else format(x, fmt)
+
+
+def run_title(info: RunInfo) -> str:
+    return (f"run {info.run_id} · {info.config.algorithm} · {info.status.value} · version {info.version}/"
+            f"{info.rounds} · dvfs {info.config.dvfs.policy}")
+
+
+def history_table(history: list[RoundRecord], title: str, last: int | None = None) -> Table:
+    """One row per cloud update, numbered by the history's round (from 0, as the dashboard and the CSV number
+    them); energy is the modelled client energy (DVFS) of the update and of the run so far; failed: selected
+    clients that reported they could not train."""
+    # Units in the headers and a light box: the ten columns fit an 80-column terminal without wrapping.
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for col in ("round", "clients", "failed", "edges", "train loss", "test loss", "test acc", "time", "energy J",
+                "total J"):
+        table.add_column(col, justify="right")
+    cumulative = list(itertools.accumulate(h.energy_j for h in history))
+    for h, total in list(zip(history, cumulative, strict=True))[-last if last else 0:]:
+        table.add_row(str(h.round), str(len(h.clients)), str(len(h.failed_clients)), ",".join(map(str, h.edges)),
+                      _figure(h.train_loss, ".4f"), _figure(h.test_loss, ".4f"),
+                      _figure(100 * h.test_accuracy, ".2f") + "%" * (not math.isnan(h.test_accuracy)),
+                      f"{h.elapsed_s:.1f}s", f"{h.energy_j:.1f}", f"{total:.1f}")
+    return table
+
+
+def failures(history: list[RoundRecord]) -> list[str]:
+    """Each client that failed a round: what it reported last, and in how many rounds it failed."""
+    latest: dict[int, tuple[int, str, int]] = {}
+    for h in history:
+        for f in h.failed_clients:
+            count = latest.get(f.client_id, (0, "", 0))[2] + 1
+            latest[f.client_id] = (h.round, f.error, count)
+    return [f"client {k} failed {n} round(s), last in round {r}: {' '.join(error.split())}"
+            for k, (r, error, n) in sorted(latest.items())]
+
+
+def show_results(info: RunInfo, history: list[RoundRecord]) -> None:
+    console.print(history_table(history, run_title(info)))
+    for line in failures(history):
+        console.print(line, style="red", highlight=False)
+
+
+def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:
+    return history_table(api.history(info.run_id), f"run {info.run_id} · {info.config.algorithm} · "
+                         f"{info.status.value} · version {info.version}/{info.rounds} · buffered {info.buffered} · "
+                         f"{time.monotonic() - started:.1f}s", last=15)
+
+
+def watch_run(api: CloudAPI, run_id: str, timeout_s: float = 3600) -> RunInfo:
+    started = time.monotonic()
+    with Live(console=console, refresh_per_second=4) as live:
+        return api.wait(run_id, timeout_s=timeout_s, poll_s=0.5,
+                        on_poll=lambda info: live.update(progress_table(api, info, started)))
+
+
+def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:
+    console.print()
+    history = api.history(info.run_id)
+    paths = save_results(out, info, history, api.model(info.run_id))
+    if history:
+        console.print(f"[bold]final test accuracy: {_figure(100 * history[-1].test_accuracy, '.2f')}%[/] after "
+                      f"{len(history)} rounds ({history[-1].elapsed_s:.1f}s)")
+    else:
+        console.print("no rounds completed")
+    for line in failures(history):
+        console.print(line, style="red", highlight=False)
+    summary = group_summary(info.config, client_reports(history))
+    if any(summary.values()):
+        table = Table(title="clients' latest reports: mean ± spread over clients")
+        names = sorted({n for metrics in summary.values() for n in metrics})
+        for col in ("group", *names):
+            table.add_column(col, justify="right")
+        for group, metrics in summary.items():
+            table.add_row(group, *(f"{metrics[n][0]:.4f} ± {metrics[n][1]:.4f}" if n in metrics else "–"
+                                   for n in names))
+        console.print(table)
+    for name, path in paths.items():
+        console.print(f"  {name:13s} {path}")
