@@ -385,7 +385,10 @@ class LocalTopology:
         state = {"owner": {"pid": os.getpid(), "started": process_start_time(os.getpid())},
                  "redis_url": self.redis_url, "cloud_url": self.front_url or (self.cloud.url if self.cloud else None),
                  "edge_urls": [e.url for e in self.edges], "processes": self.processes(), **self.notes}
-        write_private(self.state_file, json.dumps(state, indent=1).encode())
+        # Written beside it and renamed over it: `fedctl down` reads a whole file, the old or the new.
+        partial = self.state_file.with_name(f".{STATE_FILE}.{os.getpid()}")
+        write_private(partial, json.dumps(state, indent=1).encode())
+        os.replace(partial, self.state_file)
 
     def __enter__(self) -> "LocalTopology":
         return self.start()
