@@ -5,6 +5,8 @@ import ssl
 
 import httpx
 
+from fl_services.shared.runtime.extras import MissingExtra
+
 
 class CloudError(RuntimeError):
     """An error answer of the cloud: what was asked, the status and the cloud's detail."""
@@ -20,7 +22,7 @@ CLOUD_HINT = "is it up? set FL_CLOUD_URL (or --cloud) to its address; `fedctl up
 
 def is_operator_error(exc: BaseException) -> bool:
     """A mistake or an unreachable peer, said in one line; anything else is a defect, shown with its traceback."""
-    return isinstance(exc, (RuntimeError, ValueError, OSError, TimeoutError, httpx.HTTPError))
+    return isinstance(exc, (RuntimeError, ValueError, OSError, TimeoutError, httpx.HTTPError, ModuleNotFoundError))
 
 
 def describe(exc: BaseException) -> str:
@@ -36,6 +38,11 @@ def describe(exc: BaseException) -> str:
         return f"the cloud at {_url(exc)} did not answer in time ({type(exc).__name__})"
     if isinstance(exc, httpx.HTTPError):
         return f"{type(exc).__name__}: {_first_line(exc)}"
+    if isinstance(exc, MissingExtra):
+        return str(exc)
+    if isinstance(exc, ModuleNotFoundError):  # `fedctl up` or `demo` on a device's install: the servers' packages
+        return (f"{exc.name} is not installed: this command needs fl-services' extras (pip install "
+                "'fl-services[all]')")
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     if isinstance(exc, ValueError) and type(exc).__name__ == "ValidationError":  # pydantic's, lazily imported

@@ -17,6 +17,7 @@ from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.client_reports import client_reports
 from fl_services.shared.core.reports import RoundRecord
 from fl_services.shared.core.tensors import Tensors, encode
+from fl_services.shared.runtime.extras import optional
 from fl_services.shared.wire.admin import RunInfo
 
 
@@ -110,11 +111,7 @@ def _write(target: Path | TextIO, text: str) -> None:
 
 
 def plot_accuracy(curves: dict[str, list[RoundRecord]], path: Path, title: str = "Test accuracy per round") -> Path:
-    try:
-        import matplotlib
-    except ImportError:  # an extra: a device's install has no plotting
-        raise ValueError("plotting needs matplotlib: pip install 'fl-services[plot]'") from None
-
+    matplotlib = optional("matplotlib", "plot", "plotting")  # an extra: a device's install has no plotting
     matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
 

@@ -284,10 +284,10 @@ def test_dockerfile_installs_the_package_and_runs_its_console_script(name):
             parts = [p for p in shlex.split(args) if not p.startswith("--")]
             copied.update(p.rstrip("/") for p in parts[:-1])
             copied_at = i
-    # What `pip install .` builds from (every package: one distribution holds them all), and no more.
+    # What `pip install ".[all]"` builds from (every package: one distribution holds them all), and no more.
     assert copied == {"requirements.txt", "pyproject.toml", "README.md", *TOP_LEVEL}, copied
     installs = [i for i, (keyword, args) in enumerate(ins)
-                if keyword == "RUN" and shlex.split(args)[:4] == ["pip", "install", "--no-cache-dir", "."]]
+                if keyword == "RUN" and shlex.split(args)[:4] == ["pip", "install", "--no-cache-dir", ".[all]"]]
     assert installs and installs[-1] > copied_at, "the package must be installed after its sources are copied"
     assert SCRIPTS[cmd_of(dockerfile)[0]] == f"fl_services.{pkg}.main:main"
     users = [args for keyword, args in ins if keyword == "USER"]

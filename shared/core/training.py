@@ -13,6 +13,7 @@ from fl_services.shared.core.config import LocalTrainingConfig
 from fl_services.shared.core.data import ArrayDataset
 from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.tensors import Tensors
+from fl_services.shared.runtime.extras import optional
 
 # A regulariser adds to the minibatch loss (FedProx's proximal term); a correction is added to each
 # parameter's gradient after backward (SCAFFOLD's c - c_k).
@@ -98,9 +99,9 @@ def local_sgd(
 
 def _private(model: nn.Module, opt: torch.optim.Optimizer, dp_sgd: DpSgd, n: int, batch_size: int,
              generator: torch.Generator) -> tuple[nn.Module, torch.optim.Optimizer]:
-    # Imported here: opacus takes seconds to import, and only runs with DP-SGD need it.
-    from opacus import GradSampleModule
-    from opacus.optimizers import DPOptimizer
+    # Imported here: opacus takes seconds to import, and only runs with DP-SGD need it (an extra).
+    GradSampleModule = optional("opacus", "dp", "DP-SGD (privacy.dp_sgd_noise_multiplier)").GradSampleModule
+    DPOptimizer = optional("opacus.optimizers", "dp", "DP-SGD (privacy.dp_sgd_noise_multiplier)").DPOptimizer
 
     # opacus's hooks fire on the first layer although the inputs need no gradient, as they never do here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "

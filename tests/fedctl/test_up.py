@@ -131,7 +131,8 @@ def test_fl_client_given_the_clouds_url_fails_fast(standing: Standing, tmp_path)
     code = "import sys; from fl_services.client.main import main; sys.argv[0] = 'fl-client'; main()"
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code, "--edge", standing.state["cloud_url"], "--clients", "0",
-                           "--state-dir", str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+                           "--state-dir", str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 2, done.stderr
     assert f"{standing.state['cloud_url']} is the cloud, not an edge" in done.stderr
     assert "FL_CLIENT_EDGE_URL (--edge) must name an edge" in done.stderr

@@ -53,10 +53,9 @@ def environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Path:
-    """A fresh venv (outside the repository) holding the wheel and the dependencies it declares."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def build_wheel(tmp: Path) -> Path:
+    """The wheel of this checkout, built in `tmp` and checked to hold every file of the packages and the console
+    scripts."""
     assert not tmp.resolve().is_relative_to(ROOT)
     # Built from a copy of what the wheel is made of: setuptools writes build/ and *.egg-info into the source
     # tree, and a stale build/lib left in the checkout would leak deleted modules into later wheels.
@@ -75,21 +74,33 @@ def venv(tmp_path_factory) -> Path:
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert all(f"{script} = {target}" in zipfile.ZipFile(wheel).read(entry_points).decode()
                for script, target in SCRIPTS.items())
+    print(f"wheel built in {build_s:.1f} s")
+    return wheel
 
+
+def install(wheel: Path, venv: Path, extras: str = "") -> Path:
+    """A fresh venv at `venv` (outside the repository) holding the wheel, with `extras` ("[all]"), and the
+    dependencies they declare."""
     started = time.monotonic()
-    run(sys.executable, "-m", "venv", tmp / "venv", cwd=tmp)
-    pip = [tmp / "venv" / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile"]
+    run(sys.executable, "-m", "venv", venv, cwd=venv.parent)
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile"]
     # As the README tells a device: the CPU build of torch first where PyTorch's index is reachable (a plain
     # torch requirement pulls a multi-GB CUDA build), then the wheel with the rest of its dependencies.
     try:
         run(*pip, "--no-deps", "--timeout", "10", "--retries", "0", TORCH_PIN,
-            "--index-url", "https://download.pytorch.org/whl/cpu", cwd=tmp)
+            "--index-url", "https://download.pytorch.org/whl/cpu", cwd=venv.parent)
     except subprocess.CalledProcessError:
         pass  # unreachable here: the default index (or this machine's wheel cache) provides torch
-    run(*pip, wheel, cwd=tmp)
-    install_s = time.monotonic() - started
-    print(f"wheel built in {build_s:.1f} s, installed into a fresh venv in {install_s:.1f} s")
-    return tmp / "venv"
+    run(*pip, f"{wheel}{extras}", cwd=venv.parent)
+    print(f"installed into a fresh venv in {time.monotonic() - started:.1f} s")
+    return venv
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A fresh venv (outside the repository) holding the wheel with every extra (the services' install)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    return install(build_wheel(tmp), tmp / "venv", "[all]")
 
 
 def test_the_wheel_imports_from_its_own_venv_and_has_the_console_scripts(venv):

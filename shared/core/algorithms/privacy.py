@@ -31,6 +31,7 @@ from fl_services.shared.core.seeding import PRIVACY_NOISE, torch_generator
 from fl_services.shared.core.selection import num_selected
 from fl_services.shared.core.tensors import MAX_ABS
 from fl_services.shared.core.training import DpSgd
+from fl_services.shared.runtime.extras import optional
 
 # A noised value this many standard deviations out is never met in practice (1e-15 per coordinate).
 NOISE_SIGMAS = 8
@@ -100,9 +101,9 @@ def epsilon(config: RunConfig, rounds: int) -> float | None:
 
 @lru_cache(maxsize=4096)
 def _epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> float:
-    # Imported here: opacus takes seconds to import, and only runs with privacy need it.
-    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
-
+    # Imported here: opacus takes seconds to import, and only runs with privacy need it (an extra).
+    rdp_analysis = optional("opacus.accountants.analysis.rdp", "dp", "the privacy accountant (ε)")
+    compute_rdp, get_privacy_spent = rdp_analysis.compute_rdp, rdp_analysis.get_privacy_spent
     rdp = compute_rdp(q=q, noise_multiplier=noise_multiplier, steps=steps, orders=list(ORDERS))
     eps, _ = get_privacy_spent(orders=list(ORDERS), rdp=rdp, delta=delta)
     return float(eps)

