@@ -1,15 +1,21 @@
 """Per-client reports of a run: each client's latest metrics, grouped by model family for hfpl."""
 import csv
+import io
+import json
+import math
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from fl_services.fedctl.report import save_results
+from fl_services.fedctl.display import failures, history_table
+from fl_services.fedctl.report import export_history, save_results, write_history_csv, write_history_json
 from fl_services.shared.core.algorithms.base import Contribution
 from fl_services.shared.core.client_reports import client_reports, group_summary
 from fl_services.shared.core.cloud_round import CloudRoundOutcome, round_record
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import ClientParticipation, RunStatus
+from fl_services.shared.core.reports import ClientFailure, ClientParticipation, RunStatus
 from fl_services.shared.core.training import Evaluation
 from fl_services.shared.wire.admin import RunInfo
 
@@ -51,3 +57,56 @@ def test_save_results_writes_the_client_table(tmp_path):
     assert [(r["client"], r["group"], r["results_consumed"], r["accuracy"]) for r in rows] == [
         ("0", "mlp", "2", "0.800000"), ("1", "mlp", "1", "0.900000"),
         ("3", "cnn", "2", "0.900000"), ("4", "cnn", "1", "0.600000")]
+
+
+def with_failures_and_pending() -> list:
+    """Round 0 with client 5 failing, round 1 not evaluated yet (NaN figures)."""
+    failing = Contribution(2, 0, {}, 1.0, (ClientParticipation(client_id=2, num_samples=5, loss=0.1),),
+                           (ClientFailure(client_id=5, error="ModuleNotFoundError: No module named\n'pkg'"),))
+    first = round_record(0, [failing], CloudRoundOutcome({}, {}, Evaluation(0.5, 0.75, 0), {}), AT, AT, AT)
+    second = round_record(1, [failing], CloudRoundOutcome({}, {}, Evaluation(math.nan, math.nan, 0), {}), AT, AT, AT)
+    return [first, second]
+
+
+def test_the_csv_export_has_failed_clients_with_their_reasons_and_empty_unevaluated_cells():
+    out = io.StringIO()
+    write_history_csv(out, with_failures_and_pending())
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert [(r["round"], r["version"], r["failed"], r["failed_clients"]) for r in rows] == [
+        ("0", "1", "1", "5: ModuleNotFoundError: No module named 'pkg'"),
+        ("1", "2", "1", "5: ModuleNotFoundError: No module named 'pkg'")]
+    assert (rows[0]["test_accuracy"], rows[1]["test_accuracy"], rows[1]["test_loss"]) == ("0.750000", "", "")
+
+
+def test_the_json_export_is_strict_json_with_failed_clients(tmp_path):
+    path = tmp_path / "history.json"
+    write_history_json(path, with_failures_and_pending())
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    records = json.loads(path.read_text(), parse_constant=refuse)
+    assert [r["round"] for r in records] == [0, 1]
+    assert records[0]["failed_clients"] == [{"client_id": 5, "edge_id": 2,
+                                             "error": "ModuleNotFoundError: No module named\n'pkg'"}]
+    assert records[1]["test_accuracy"] is None and records[0]["test_accuracy"] == 0.75
+
+
+def test_export_png_plots_the_evaluated_rounds(tmp_path):
+    info = RunInfo(run_id="r", status=RunStatus.running, config=CONFIG, version=2, rounds=2, buffered=0,
+                   created_at=AT)
+    assert export_history(info, with_failures_and_pending(), "png", tmp_path / "a.png") == str(tmp_path / "a.png")
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="a png goes to a file"):
+        export_history(info, with_failures_and_pending(), "png", Path("-"))
+
+
+def test_results_show_failures_and_number_rounds_from_zero():
+    history = with_failures_and_pending()
+    assert failures(history) == ["client 5 failed 2 round(s), last in round 1: ModuleNotFoundError: No module "
+                                 "named 'pkg'"]
+    console = Console(width=200, record=True)
+    console.print(history_table(history, "t"))
+    rows = [line.split() for line in console.export_text().splitlines() if line.strip()[:1].isdigit()]
+    assert [(r[0], r[2]) for r in rows] == [("0", "1"), ("1", "1")]  # round, failed
+    assert "75.00%" in rows[0] and "–" in rows[1]
