@@ -101,7 +101,8 @@ def load_settings(settings_cls: type[S], **overrides: Any) -> S:
         return settings_cls(**overrides)
     except ValidationError as exc:
         prefix = settings_cls.model_config.get("env_prefix", "")
-        problems = [f"{prefix}{str(e['loc'][0]).upper()}: " * bool(e["loc"]) + e["msg"].removeprefix("Value error, ")
+        problems = [(f"{prefix}{str(e['loc'][0]).upper()}: " if e["loc"] else "")
+                    + e["msg"].removeprefix("Value error, ")
                     for e in exc.errors(include_url=False, include_input=False)]
         raise SystemExit("invalid settings: " + "; ".join(problems)) from None
     except SettingsError as exc:
