@@ -3,9 +3,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import torch
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from fl_services.shared.core.device import DeviceSetting, resolve
 from fl_services.shared.runtime.settings import ServiceSettings
 from fl_services.shared.wire.protocol import issued_token_parts
 
@@ -47,6 +49,10 @@ class ClientSettings(ServiceSettings):
     # id keeps its state directory; the default hosts them all.
     shard_index: int = Field(0, ge=0)
     shard_count: int = Field(1, ge=1)
+    # Where local training runs: cpu, cuda (the current GPU), cuda:N, or auto (cuda where torch sees a GPU, else
+    # cpu); a GPU this machine does not have stops the process at start-up. Results travel as a CPU client's do
+    # (shared/core/device.py); a GPU's are not bit-identical to the CPU's (docs/explanation-determinism-gpu.md).
+    device: DeviceSetting = "cpu"
 
     @model_validator(mode="after")
     def _shard_in_range(self) -> ClientSettings:
@@ -63,6 +69,10 @@ class ClientSettings(ServiceSettings):
             if parts is not None and parts[0] != client_id:
                 raise ValueError(f"client_tokens: the token given for client {client_id} is client {parts[0]}'s")
         return self
+
+    @property
+    def compute_device(self) -> torch.device:
+        return resolve(self.device)
 
     def hosted_ids(self) -> list[int]:
         """The logical client ids this process hosts: its shard of `clients`."""
