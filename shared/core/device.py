@@ -77,11 +77,26 @@ def current() -> torch.device:
 
 @contextmanager
 def computing_on(device: torch.device) -> Iterator[None]:
+    if device.type == "cuda":
+        ieee_float32()
     token = COMPUTE_DEVICE.set(device)
     try:
         yield
     finally:
         COMPUTE_DEVICE.reset(token)
+
+
+def ieee_float32() -> None:
+    """float32 products and convolutions on a GPU in float32, as on the CPU: not TF32 (10-bit mantissas), which
+    cuDNN's convolutions use by default on Ampere and later and which would take a GPU's model 1e-3 (relative)
+    from the CPU's at every layer. For the whole process: it is a client's or the cloud's only use of the GPU."""
+    backends = torch.backends
+    if hasattr(backends.cudnn, "conv") and hasattr(backends.cudnn.conv, "fp32_precision"):  # torch ≥ 2.9
+        backends.cudnn.conv.fp32_precision = "ieee"
+        backends.cuda.matmul.fp32_precision = "ieee"
+    else:
+        backends.cudnn.allow_tf32 = False
+        backends.cuda.matmul.allow_tf32 = False
 
 
 def tensors_to(tensors: Tensors, device: torch.device) -> Tensors:
