@@ -1,4 +1,5 @@
-"""The compute device: settings refused at start-up, and a path that leaves CPU results as they were, bit for bit.
+"""The compute device: its setting, and a path that leaves CPU results as they were, bit for bit (the services'
+settings: tests/client/test_config.py, tests/cloud/test_config.py).
 
 Whole reference runs go through the device path (clients' local updates with `device.local_update`, the cloud's
 evaluation and hfpl's classifier under `computing_on`) and are compared with the plain runs. The CUDA tests run
@@ -10,10 +11,7 @@ from functools import partial
 
 import pytest
 import torch
-from pydantic import ValidationError
 
-from fl_services.client.config import ClientSettings
-from fl_services.cloud.config import CloudSettings
 from fl_services.shared.core import device
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult, LocalJob
@@ -24,7 +22,6 @@ from fl_services.shared.core.federation import evaluate_global, initial_model, l
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.reference import InProcessClients, ReferenceResult, run_reference
 from fl_services.shared.core.reports import RoundRecord
-from fl_services.shared.runtime.settings import load_settings
 
 CPU = torch.device("cpu")
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
@@ -90,31 +87,11 @@ def records_of(result: ReferenceResult) -> list[tuple[str, torch.Tensor]]:
     return named + [(f"cloud/{g}/{n}", t) for g, ts in result.cloud_state.items() for n, t in ts.items()]
 
 
-# ---- the settings ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("settings", [ClientSettings, CloudSettings])
-def test_device_defaults_to_the_cpu_and_refuses_what_this_machine_lacks(settings, clean_env, monkeypatch):
-    assert settings().compute_device == CPU
-    assert settings(device="CPU").compute_device == CPU
-    with pytest.raises(ValidationError, match="device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
-        settings(device="gpu")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for spec in ("cuda", "cuda:0", "cuda:3"):
-        with pytest.raises(ValidationError, match=f"device '{spec}': CUDA is not available on this machine"):
-            settings(device=spec)
-    assert settings(device="auto").compute_device == CPU
-
-
-def test_the_variable_sets_the_device_and_a_bad_one_stops_the_service(clean_env):
-    clean_env.setenv("FL_CLIENT_DEVICE", "auto")
-    assert ClientSettings().compute_device == (torch.device("cuda", torch.cuda.current_device())
-                                               if torch.cuda.is_available() else CPU)
-    clean_env.setenv("FL_CLOUD_DEVICE", "cuda:99")
-    with pytest.raises(SystemExit, match="invalid settings: FL_CLOUD_DEVICE: device 'cuda:99': "):
-        load_settings(CloudSettings)
-
-
+# ---- the setting --------------------------------------------------------------------------------------
 def test_resolve():
     assert device.resolve(" cpu ") == CPU
+    gpu = torch.cuda.is_available()
+    assert device.resolve("auto") == (torch.device("cuda", torch.cuda.current_device()) if gpu else CPU)
     for spec in ("", "cuda:", "cuda:-1", "cuda:0:1", "mps", "cuda0"):
         with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
             device.resolve(spec)
@@ -189,7 +166,9 @@ def test_on_cuda_the_run_stays_within_float32_rounding_of_the_cpus(name):
     cpu, gpu = run_reference(config), on_device(config, torch.device("cuda"))
     for (key, a), (_, b) in zip(records_of(cpu), records_of(gpu), strict=True):
         assert b.device == CPU and b.dtype == a.dtype and b.is_contiguous(), key
-        if a.is_floating_point():
+        if key.startswith("cloud/evaluation/"):  # hfpl's held-out figures: one prediction flipped moves them by 1/n
+            assert torch.allclose(a, b, atol=0.1, equal_nan=True), key
+        elif a.is_floating_point():
             assert torch.allclose(a, b, atol=ATOL, rtol=RTOL), (key, float((a - b).abs().max()))
         else:
             assert torch.equal(a, b), key
