@@ -77,6 +77,7 @@ def current() -> torch.device:
 
 @contextmanager
 def computing_on(device: torch.device) -> Iterator[None]:
+    """`current()` is `device` within, in this thread and in the tasks and threads started from it."""
     if device.type == "cuda":
         ieee_float32()
     token = COMPUTE_DEVICE.set(device)
@@ -89,7 +90,7 @@ def computing_on(device: torch.device) -> Iterator[None]:
 def ieee_float32() -> None:
     """float32 products and convolutions on a GPU in float32, as on the CPU: not TF32 (10-bit mantissas), which
     cuDNN's convolutions use by default on Ampere and later and which would take a GPU's model 1e-3 (relative)
-    from the CPU's at every layer. For the whole process: it is a client's or the cloud's only use of the GPU."""
+    from the CPU's at every layer. Set for the whole process: torch's flags are global."""
     backends = torch.backends
     if hasattr(backends.cudnn, "conv") and hasattr(backends.cudnn.conv, "fp32_precision"):  # torch ≥ 2.9
         backends.cudnn.conv.fp32_precision = "ieee"
