@@ -3,10 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import torch
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.data import parse_source
+from fl_services.shared.core.device import DeviceSetting, resolve
 from fl_services.shared.runtime.settings import ServiceSettings
 from fl_services.shared.wire.protocol import issued_token_parts
 
@@ -53,6 +55,10 @@ class ClientSettings(ServiceSettings):
     # id keeps its state directory; the default hosts them all.
     shard_index: int = Field(0, ge=0)
     shard_count: int = Field(1, ge=1)
+    # Where local training runs: cpu, cuda (the current GPU), cuda:N, or auto (cuda where torch sees a GPU, else
+    # cpu); a GPU this machine does not have stops the process at start-up. Results travel as a CPU client's do
+    # (shared/core/device.py); a GPU's are not bit-identical to the CPU's (docs/explanation-determinism-gpu.md).
+    device: DeviceSetting = "cpu"
 
     @field_validator("data")
     @classmethod
@@ -76,6 +82,10 @@ class ClientSettings(ServiceSettings):
             if parts is not None and parts[0] != client_id:
                 raise ValueError(f"client_tokens: the token given for client {client_id} is client {parts[0]}'s")
         return self
+
+    @property
+    def compute_device(self) -> torch.device:
+        return resolve(self.device)
 
     def hosted_ids(self) -> list[int]:
         """The logical client ids this process hosts: its shard of `clients`."""

@@ -27,6 +27,7 @@ from fl_services.client.state import ClientStateStore
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ClientData, DataSource, PartitionSource, check_fits, open_source
+from fl_services.shared.core.device import local_update
 from fl_services.shared.core.federation import local_job, run_task
 from fl_services.shared.core.records import Record, decode, encode
 from fl_services.shared.core.tensors import PayloadError, message_of
@@ -53,7 +54,8 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
                   backend_for(settings.dvfs_backend, settings.cpufreq_root))
     with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
-        update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
+        update = local_update(algorithm, local_job(config, header.client_id, header.round, data), task, store.load(),
+                              settings.compute_device)
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
                                 num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
                                 train_seconds=time.perf_counter() - started,
