@@ -51,9 +51,13 @@ class ClientAuth:
             return f"this device token ({token_id}) was revoked"
         return None
 
-    def refused(self, poll: TaskPoll) -> dict[int, str]:
-        """The polled clients this token (or the poll's own token of each) may not act as, with the reason."""
-        return {k: reason for k in poll.client_ids if (reason := self.refusal(k, poll.tokens.get(k))) is not None}
+    def refused(self, poll: TaskPoll) -> list[int]:
+        """The polled clients this token (or the poll's own token of each) may not act as; 401 if it may act as
+        none of them."""
+        refused = {k: reason for k in poll.client_ids if (reason := self.refusal(k, poll.tokens.get(k))) is not None}
+        if len(refused) == len(poll.client_ids):
+            raise unauthorized(next(iter(refused.values())))
+        return list(refused)
 
 
 async def client_auth(request: Request) -> ClientAuth:

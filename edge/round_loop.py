@@ -270,8 +270,8 @@ class EdgeRoundLoop:
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
-            await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results,
-                              failures)
+            await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
+                                       outcome.results, failures)
             self.metrics.round_seconds.observe(time.monotonic() - started)
             log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:

@@ -9,7 +9,7 @@ from fastapi import Depends, Request, Response, status
 from fl_services.edge.deps import BoardDep, ClientAuthDep, MetricsDep, RoundLoopDep, client_auth
 from fl_services.edge.services import clients
 from fl_services.shared.core.tensors import InvalidContent
-from fl_services.shared.server.auth import guarded_router, unauthorized
+from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json, read_message, reject, same_as_url
 from fl_services.shared.server.docs import binary_body_doc, json_body_doc
 from fl_services.shared.server.errors import error_responses
@@ -57,10 +57,7 @@ async def tasks(request: Request, board: BoardDep, loop: RoundLoopDep, auth: Cli
     holds (shared/wire/bundle.py). Ids the edge does not know are named in X-FL-Unknown-Clients, ids whose
     token it refuses in X-FL-Refused-Clients (401 if it refuses all)."""
     poll = await read_json(request, TaskPoll)  # after the token check (each id's token, or the secret)
-    refused = auth.refused(poll)
-    if len(refused) == len(poll.client_ids):
-        raise unauthorized(next(iter(refused.values())))
-    reply = await clients.poll_tasks(board=board, loop=loop, poll=poll, refused=list(refused),
+    reply = await clients.poll_tasks(board=board, loop=loop, poll=poll, refused=auth.refused(poll),
                                      wait_s=capped_wait(request, poll.timeout),
                                      hold=partial(open_request, request, "task"))
     if reply.bundle is None:
