@@ -3,12 +3,13 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from fl_services.shared.runtime.settings import is_loopback
 from fl_services.shared.server.auth import same_token
 from fl_services.shared.server.settings import ServerSettings
 
@@ -20,6 +21,9 @@ class CloudSettings(ServerSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # Where the cloud keeps its state: redis (the settings below; survives restarts, shared by replicas), or
+    # memory (this process only, lost when it stops: a single-process development cloud, on loopback only).
+    storage: Literal["redis", "memory"] = "redis"
     # redis://[[USER]:PASSWORD@]HOST:PORT/DB: a password (requirepass) or an ACL user and its password;
     # rediss:// for TLS, verified against redis_ca_file (unset: the public CAs), presenting redis_cert_file
     # (and its key, unless in the same file) to a Redis that requires client certificates (tls-auth-clients).
@@ -62,6 +66,15 @@ class CloudSettings(ServerSettings):
     # How long creating a run may take to load its data and build its model (user code included) before it
     # is refused (422): a loader that never returns must not hold the request, nor threads others need.
     create_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _memory_storage_on_loopback_only(self) -> Self:
+        # Its state dies with the process and no replica shares it: a development cloud, never a service.
+        if self.storage == "memory" and not is_loopback(self.host):
+            raise ValueError(f"FL_CLOUD_STORAGE=memory keeps every run in this one process, lost when it stops, "
+                             f"and the cloud listens on {self.host}, beyond loopback: listen on 127.0.0.1 for "
+                             "development, or keep the state in Redis (FL_CLOUD_STORAGE=redis)")
+        return self
 
     @model_validator(mode="after")
     def _redis_tls_needs_rediss(self) -> Self:

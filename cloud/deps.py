@@ -8,7 +8,7 @@ from fastapi import Depends, Request
 from fl_services.cloud.audit import Auditor
 from fl_services.cloud.config import CloudSettings
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.store import Store
+from fl_services.cloud.storage import Store
 from fl_services.shared.server.app import Stopping, app_state
 from fl_services.shared.server.auth import bearer_guard, bearer_token, unauthorized
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from fl_services.cloud.store import Store
+from fl_services.cloud.storage import Store
 from fl_services.shared.core.records import Record, layout
 
 

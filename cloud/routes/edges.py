@@ -9,7 +9,7 @@ from fastapi import HTTPException, Path, Query, Request, Response, status
 from fl_services.cloud.contributions import check_contribution
 from fl_services.cloud.deps import OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_edge
 from fl_services.cloud.global_states import GlobalStates
-from fl_services.cloud.store import NotFound, Store
+from fl_services.cloud.storage import NotFound, Store
 from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus
 from fl_services.shared.core.tensors import InvalidContent
 from fl_services.shared.server.auth import guarded_router
