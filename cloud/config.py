@@ -21,9 +21,10 @@ class CloudSettings(ServerSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
-    # Where the cloud keeps its state: redis (the settings below; survives restarts, shared by replicas), or
-    # memory (this process only, lost when it stops: a single-process development cloud, on loopback only).
-    storage: Literal["redis", "memory"] = "redis"
+    storage: Literal["redis", "memory"] = Field("redis", description=(
+        "Where the cloud keeps its state: redis (the redis_* settings; survives restarts, shared by replicas), or "
+        "memory (this process only, lost when it stops: a single-process development cloud, refused beyond "
+        "loopback)."))
     # redis://[[USER]:PASSWORD@]HOST:PORT/DB: a password (requirepass) or an ACL user and its password;
     # rediss:// for TLS, verified against redis_ca_file (unset: the public CAs), presenting redis_cert_file
     # (and its key, unless in the same file) to a Redis that requires client certificates (tls-auth-clients).

@@ -168,7 +168,6 @@ class Runs(Protocol):
     async def config(self, run_id: str) -> RunConfig: ...
     async def status(self, run_id: str) -> tuple[RunStatus, int]:
         """The run's status and version."""
-        ...
     async def info(self, run_id: str) -> RunInfo: ...
 
     async def infos(self, run_ids: list[str]) -> list[RunInfo]:
@@ -185,37 +184,28 @@ class Runs(Protocol):
 
     async def run_ids(self) -> list[str]:
         """Every run's id, in creation order."""
-        ...
     async def active_runs(self) -> list[str]:
         """The runs that are running or paused, sorted by id (a stable order for every replica)."""
-        ...
     async def transition(self, run_id: str, action: Action) -> RunStatus:
         """Applies a control action (TRANSITIONS); Conflict if the run's status does not allow it."""
-        ...
     async def global_blob(self, run_id: str) -> bytes: ...
     async def versioned_global(self, run_id: str) -> tuple[int, bytes]:
         """The current version and its global state, read together."""
-        ...
     async def cloud_state_blob(self, run_id: str) -> bytes | None:
         """The algorithm's server memory (None before the first update)."""
-        ...
 
     async def history(self, run_id: str) -> list[RoundRecord]:
         return await self.history_since(run_id, 0)
 
     async def history_since(self, run_id: str, start: int) -> list[RoundRecord]:
         """The run's history from record `start` on: a live view reads only what it has not seen."""
-        ...
     async def fill_evaluation(self, run_id: str, record: RoundRecord) -> bool:
         """Replaces the history record of `record.round`, committed before its evaluation was in, by
         `record`; False if that record is evaluated already, is of another version, or the run is gone."""
-        ...
     async def delete_run(self, run_id: str) -> None:
         """Deletes everything of a run that is not active (created, stopped or finished); Conflict otherwise."""
-        ...
     async def ended_runs(self) -> list[tuple[str, datetime]]:
         """The stopped and finished runs, each with when it ended, in creation order."""
-        ...
 
 
 class ContributionBuffer(Protocol):
@@ -227,17 +217,13 @@ class ContributionBuffer(Protocol):
         not_running, future (base version newer than the run's), stale (`synchronous` and not the current
         version), conflict (the slot taken under another key), key_reused (the key used for another slot),
         pending (the edge's previous contribution still waits)."""
-        ...
     async def has_pending(self, run_id: str, edge_id: int) -> bool:
         """Whether the edge's last contribution is still in the buffer (it must wait for its update)."""
-        ...
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:
         """The first `count` contributions waiting, oldest first, with their blobs."""
-        ...
     async def buffered_headers(self, run_id: str) -> list[tuple[datetime, EdgeContributionHeader]]:
         """Every contribution waiting, with when it was accepted: the headers only (a status view must not
         read every blob)."""
-        ...
     async def commit_update(self, run_id: str, expected_version: int, consumed: list[BufferedContribution],
                             new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool,
                             lease: Lease | None = None) -> bool:
@@ -245,7 +231,6 @@ class ContributionBuffer(Protocol):
         there first, if the run was stopped meanwhile (a stopped run's model stays as it was), or if `lease`
         is given and no longer held (another replica may be computing this very update: only one of them
         may publish it). StateTooLarge if a blob is over what the storage holds."""
-        ...
 
 
 class EdgeRegistry(Protocol):
@@ -259,13 +244,10 @@ class UpdateLeases(Protocol):
 
     async def acquire_lease(self, run_id: str, ttl_s: float, holder: str) -> Lease | None:
         """The run's lease for `ttl_s`, or None while another holds it."""
-        ...
     async def extend_lease(self, lease: Lease) -> None:
         """Holds the lease for another `ttl_s` from now; LeaseLost if it is no longer held."""
-        ...
     async def release_lease(self, lease: Lease) -> None:
         """Gives the lease back; LeaseLost if it is no longer held (nothing to give back)."""
-        ...
 
 
 class Events(Protocol):
@@ -275,25 +257,20 @@ class Events(Protocol):
     async def listen(self, subscribed: Callable[[], Awaitable[None]], heard: Callable[[str], Awaitable[None]]) -> None:
         """Calls `subscribed()` once subscribed, then `heard(message)` for every message published, until
         cancelled or the connection fails (raised)."""
-        ...
 
 
 class AuditLog(Protocol):
     async def audit(self, record: AuditRecord, max_entries: int) -> None:
         """Appends a record; about the latest `max_entries` are kept, never fewer."""
-        ...
     async def audit_log(self, limit: int) -> list[AuditRecord]:
         """The latest `limit` records, newest first."""
-        ...
 
 
 class RevokedTokens(Protocol):
     async def revoke_token(self, token_id: str) -> RevokedToken:
         """Revokes a device token by its id; revoking it again keeps the first record."""
-        ...
     async def revoked_tokens(self) -> list[RevokedToken]:
         """Every revocation, oldest first."""
-        ...
 
 
 class Store(Runs, ContributionBuffer, EdgeRegistry, UpdateLeases, Events, AuditLog, RevokedTokens, Protocol):
