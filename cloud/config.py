@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 import torch
@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.device import DeviceSetting, resolve
+from fl_services.shared.runtime.settings import is_loopback
 from fl_services.shared.server.auth import same_token
 from fl_services.shared.server.settings import ServerSettings
 
@@ -22,6 +23,10 @@ class CloudSettings(ServerSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
+    storage: Literal["redis", "memory"] = Field("redis", description=(
+        "Where the cloud keeps its state: redis (the redis_* settings; survives restarts, shared by replicas), or "
+        "memory (this process only, lost when it stops: a single-process development cloud, refused beyond "
+        "loopback)."))
     # redis://[[USER]:PASSWORD@]HOST:PORT/DB: a password (requirepass) or an ACL user and its password;
     # rediss:// for TLS, verified against redis_ca_file (unset: the public CAs), presenting redis_cert_file
     # (and its key, unless in the same file) to a Redis that requires client certificates (tls-auth-clients).
@@ -67,6 +72,15 @@ class CloudSettings(ServerSettings):
     # Where the cloud evaluates the global model and trains hfpl's classifier: cpu, cuda, cuda:N or auto (as the
     # client's FL_CLIENT_DEVICE); a GPU this machine does not have stops the cloud at start-up.
     device: DeviceSetting = "cpu"
+
+    @model_validator(mode="after")
+    def _memory_storage_on_loopback_only(self) -> Self:
+        # Its state dies with the process and no replica shares it: a development cloud, never a service.
+        if self.storage == "memory" and not is_loopback(self.host):
+            raise ValueError(f"FL_CLOUD_STORAGE=memory keeps every run in this one process, lost when it stops, "
+                             f"and the cloud listens on {self.host}, beyond loopback: listen on 127.0.0.1 for "
+                             "development, or keep the state in Redis (FL_CLOUD_STORAGE=redis)")
+        return self
 
     @model_validator(mode="after")
     def _redis_tls_needs_rediss(self) -> Self:

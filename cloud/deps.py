@@ -11,7 +11,7 @@ from fl_services.cloud.config import CloudSettings
 from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.services.contributions import EdgeContribution
 from fl_services.cloud.services.edges import StatePoll
-from fl_services.cloud.store import NotFound, Store
+from fl_services.cloud.storage import NotFound, Store
 from fl_services.shared.core.reports import EdgeContributionHeader
 from fl_services.shared.server.app import Stopping, app_state
 from fl_services.shared.server.auth import bearer_guard, bearer_token, unauthorized

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.store import Store, SubmitOutcome
+from fl_services.cloud.storage import Store, SubmitOutcome
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import EdgeContributionHeader

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.store import NotFound, Store
+from fl_services.cloud.storage import NotFound, Store
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.server.app import Stopping
 from fl_services.shared.wire.edge_cloud import RunEnd

@@ -8,7 +8,7 @@ from fl_services.cloud.audit import Auditor
 from fl_services.cloud.config import CloudSettings
 from fl_services.cloud.initial_state import checked_initial_global
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.store import Store
+from fl_services.cloud.storage import Store
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import decode
 from fl_services.shared.core.tensors import encode

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from fl_services.cloud.audit import Auditor
-from fl_services.cloud.store import Store
+from fl_services.cloud.storage import Store
 from fl_services.shared.wire.admin import RevokedToken
 
 

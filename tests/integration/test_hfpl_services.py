@@ -7,7 +7,7 @@ import pytest
 import redis
 import torch
 
-from fl_services.cloud.keys import Keys
+from fl_services.cloud.storage.redis import Keys
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference, schedule_of
 from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus

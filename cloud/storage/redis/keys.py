@@ -1,4 +1,4 @@
-"""Every Redis key the cloud uses, built in this one module."""
+"""Every Redis key the cloud uses, built in this one module (Redis-specific: the layout of the Redis adapter)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
