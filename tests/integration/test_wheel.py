@@ -1,4 +1,4 @@
-"""The installed package, the way a device meets it (README, "A client on another device"): the wheel
+"""The installed package, the way a device meets it (docs/tutorial-federation-of-devices.md): the wheel
 built from this checkout, installed into a fresh virtual environment outside the repository, and its
 `fl-client` console script, started outside the repository with no PYTHONPATH, serving two of the four
 clients of a real run that finishes on the in-process reference's model."""
