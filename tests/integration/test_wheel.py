@@ -75,8 +75,9 @@ def venv(tmp_path_factory) -> Path:
     started = time.monotonic()
     run(sys.executable, "-m", "venv", tmp / "venv", cwd=tmp)
     pip = [tmp / "venv" / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile"]
-    # As the README tells a device: the CPU build of torch first where PyTorch's index is reachable (a plain
-    # torch requirement pulls a multi-GB CUDA build), then the wheel with the rest of its dependencies.
+    # As docs/tutorial-federation-of-devices.md tells a device: the CPU build of torch first where PyTorch's
+    # index is reachable (a plain torch requirement pulls a multi-GB CUDA build), then the wheel with the rest
+    # of its dependencies.
     try:
         run(*pip, "--no-deps", "--timeout", "10", "--retries", "0", TORCH_PIN,
             "--index-url", "https://download.pytorch.org/whl/cpu", cwd=tmp)
