@@ -1,6 +1,6 @@
 """HFPL on FedProto's own MNIST protocol (Tan et al., AAAI 2022, Table 1), scaled to MNIST 5k.
 
-The split (fl_services.shared.core.data.datasets.few_shot_arrays, written as an .npz with a client index for partition
+The split (fl_services.shared.core.data.federated.few_shot_arrays, written as an .npz with a client index for partition
 "file"): 20% of MNIST 5k held out as the test set (about 100 images per class), then 20 clients, client i
 holding n_i classes with n_i uniform in {2, 3, 4, 5}, and of each of its classes c a disjoint chunk of
 min(50, pool_c / clients holding c) training images (pool_c ≈ 400); every client holds out 20% of its
@@ -42,7 +42,7 @@ from provenance import BENCHMARKS, earlier_stamp, stamp, stamped
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.hfpl import HFPL, HFPLParams
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import few_shot_arrays, load_federated, own_classes_test
+from fl_services.shared.core.data import few_shot_arrays, load_federated, own_classes_test
 from fl_services.shared.core.reference import run_reference
 
 DOCS = BENCHMARKS

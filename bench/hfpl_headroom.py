@@ -37,7 +37,7 @@ from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.hfpl import HFPL
 from fl_services.shared.core.client_reports import client_reports
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, load_federated
+from fl_services.shared.core.data import ArrayDataset, load_federated
 from fl_services.shared.core.reference import run_reference
 
 DOCS = BENCHMARKS

@@ -20,7 +20,7 @@ import torch
 
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.federation import initial_model, local_job
 
 TASK = {"rounds": 1, "fraction": 0.25, "seed": 0, "model": {"name": "cnn"},

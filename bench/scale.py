@@ -40,7 +40,7 @@ from provenance import stamp, stamped
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology, Service
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.reports import RunStatus
 
 # Issue 13's Flower 1.41 simulation figures on this machine (s/round, rounds 2+; RSS sum), fraction 1.

@@ -3,9 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+import torch
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from fl_services.shared.core.data import parse_source
+from fl_services.shared.core.device import DeviceSetting, resolve
 from fl_services.shared.runtime.settings import ServiceSettings
 from fl_services.shared.wire.protocol import issued_token_parts
 
@@ -36,6 +39,11 @@ class ClientSettings(ServiceSettings):
         "Where each hosted client keeps its state (<run>/client-<k>/), written atomically and fsynced."))
     data_path: str | None = Field(None, description=(
         "Overrides the run's npz path with this machine's copy of the federated dataset file."))
+    data: str | None = Field(None, description=(
+        'The device\'s own data, a source spec (shared/core/data/specs.py), e.g. "npz:/data/site.npz" or '
+        '"image-folder:/data/imgs?shape=1x28x28": tasks train on its training split, whatever the run\'s data set. '
+        "For a process hosting one device (one logical client). Unset: each client trains on its partition of the "
+        "run's data set."))
     long_poll_s: float = Field(20.0, gt=0, description="How long the process's task long-poll asks to be held.")
     retry_initial_s: float = Field(1.0, gt=0, description=(
         "A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits "
@@ -52,6 +60,17 @@ class ClientSettings(ServiceSettings):
         "shard_count-th of the listed ids, starting at position shard_index. Stable across restarts, so each "
         "id keeps its state directory; the default hosts them all."))
     shard_count: int = Field(1, ge=1, description="How many processes split `clients` (see shard_index).")
+    device: DeviceSetting = Field("cpu", description=(
+        "Where local training runs: cpu, cuda (the current GPU), cuda:N, or auto (cuda where torch sees a GPU, else "
+        "cpu); a GPU this machine does not have stops the process at start-up. Results travel as a CPU client's do "
+        "(shared/core/device.py); a GPU's are not bit-identical to the CPU's (docs/explanation-determinism-gpu.md)."))
+
+    @field_validator("data")
+    @classmethod
+    def _data_source(cls, spec: str | None) -> str | None:
+        if spec is not None:
+            parse_source(spec)  # a spec that names nothing readable fails at start-up, saying why
+        return spec
 
     @model_validator(mode="after")
     def _shard_in_range(self) -> ClientSettings:
@@ -69,12 +88,19 @@ class ClientSettings(ServiceSettings):
                 raise ValueError(f"client_tokens: the token given for client {client_id} is client {parts[0]}'s")
         return self
 
+    @property
+    def compute_device(self) -> torch.device:
+        return resolve(self.device)
+
     def hosted_ids(self) -> list[int]:
         """The logical client ids this process hosts: its shard of `clients`."""
         ids = parse_ids(self.clients)[self.shard_index::self.shard_count]
         if not ids:
             raise ValueError(f"shard {self.shard_index} of {self.shard_count} holds none of the clients "
                              f"{self.clients!r}")
+        if self.data is not None and len(ids) > 1:
+            raise ValueError(f"data names one device's own data: host one client with it, not {len(ids)} "
+                             f"({self.clients!r})")
         missing = ", ".join(str(k) for k in ids if self.client_tokens and k not in self.client_tokens)
         if missing:
             raise ValueError(f"client_tokens holds no token for client(s) {missing} of those this process hosts")

@@ -11,8 +11,10 @@ import typer
 
 from fl_services.client.config import ClientSettings
 from fl_services.client.feed import ClientsStopped
-from fl_services.client.worker import Worker
+from fl_services.client.worker import Worker, own_source
+from fl_services.shared.core.data import DataSourceError
 from fl_services.shared.runtime.log import configure_logging
+from fl_services.shared.runtime.settings import load_settings
 from fl_services.shared.wire.http import make_client
 from fl_services.shared.wire.tls import client_context
 
@@ -34,19 +36,23 @@ def run(
     state_dir: Optional[Path] = typer.Option(None, help=_help("where per-client state is kept", "state_dir")),
     data_path: Optional[str] = typer.Option(None, help=_help("this machine's copy of an npz federated dataset",
                                                              "data_path")),
+    data: Optional[str] = typer.Option(None, help=_help("this device's own data, e.g. npz:/data/site.npz or "
+                                                        "csv:/data/t.csv?label=target", "data")),
     threads: Optional[int] = typer.Option(None, help=_help("torch threads for local training", "torch_threads")),
     edge_ca_file: Optional[Path] = typer.Option(None, help=_help("CA bundle an https:// edge is verified against",
                                                                  "edge_ca_file")),
     edge_cert_file: Optional[Path] = typer.Option(None, help=_help("certificate presented to the edge (mutual TLS)",
                                                                    "edge_cert_file")),
     edge_key_file: Optional[Path] = typer.Option(None, help=_help("the key of --edge-cert-file", "edge_key_file")),
+    device: Optional[str] = typer.Option(None, help=_help("where local training runs: auto, cpu, cuda or cuda:N",
+                                                          "device")),
 ) -> None:
     overrides: dict[str, Any] = {k: v for k, v in {
         "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,
-        "data_path": data_path, "torch_threads": threads, "edge_ca_file": edge_ca_file,
-        "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file,
+        "data_path": data_path, "data": data, "torch_threads": threads, "edge_ca_file": edge_ca_file,
+        "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file, "device": device,
     }.items() if v is not None}
-    settings = ClientSettings(**overrides)
+    settings = load_settings(ClientSettings, **overrides)  # e.g. a GPU this machine lacks: one line, exit 2
     configure_logging(settings.log_level, settings.log_format)
     torch.set_num_threads(settings.torch_threads)
     try:
@@ -54,6 +60,13 @@ def run(
     except ValueError as exc:  # e.g. more shards than clients: a configuration error, said in one line
         log.critical("%s; exiting", exc)
         raise typer.Exit(code=2) from None
+    if settings.data is not None:
+        try:  # read now: a device whose data cannot be read says so at start-up, not at its first task
+            summary = own_source(settings.data).summary()
+        except DataSourceError as exc:
+            log.critical("%s; exiting", exc)
+            raise typer.Exit(code=2) from None
+        log.info("client %d trains on its own data %s: %s", ids[0], settings.data, summary.model_dump_json())
     try:
         asyncio.run(_serve(settings, ids))
     except ClientsStopped as exc:  # nothing left to serve: exit non-zero rather than sit idle

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -25,8 +26,9 @@ from fl_services.client.feed import ClientStopped, TaskFeed, Unregistered, check
 from fl_services.client.state import ClientStateStore
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_client
-from fl_services.shared.core.federation import local_job
+from fl_services.shared.core.data import ClientData, DataSource, PartitionSource, check_fits, open_source
+from fl_services.shared.core.device import local_update
+from fl_services.shared.core.federation import local_job, run_task
 from fl_services.shared.core.records import Record, decode, encode
 from fl_services.shared.core.tensors import PayloadError, message_of
 from fl_services.shared.runtime.log import bind
@@ -47,12 +49,13 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
         return saved
     config = _local_config(settings, header.config)
     algorithm = registry.create(config)
-    data = load_client(config.data, config.seed, header.client_id)
+    data = client_data(settings, config, header.client_id)
     started = time.perf_counter()
     pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
                   backend_for(settings.dvfs_backend, settings.cpufreq_root))
     with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
-        update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
+        update = local_update(algorithm, local_job(config, header.client_id, header.round, data), task, store.load(),
+                              settings.compute_device)
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
                                 num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
                                 train_seconds=time.perf_counter() - started,
@@ -72,6 +75,30 @@ def _local_config(settings: ClientSettings, config: RunConfig) -> RunConfig:
         data = config.data.model_copy(update={"path": settings.data_path})
         return config.model_copy(update={"data": data})
     return config
+
+
+class DataMisfit(ValueError):
+    """The device's own data cannot train the run's model (reported as the task's failure, with the reasons)."""
+
+
+@functools.lru_cache(maxsize=1)
+def own_source(spec: str) -> DataSource:
+    """The device's data source, opened once per process: its data is read once, on first use."""
+    return open_source(spec)
+
+
+def client_data(settings: ClientSettings, config: RunConfig, client_id: int) -> ClientData:
+    """What a task trains on: the device's own data (settings.data), or by default the client's partition of the
+    run's data set (built once per process, however many clients it hosts)."""
+    if settings.data is None:
+        return PartitionSource.of_run(config.data, config.seed, client_id).client_data()
+    source = own_source(settings.data)
+    misfit = check_fits(source.summary(), run_task(config))
+    if misfit:
+        raise DataMisfit(f"this device's data ({settings.data}) does not fit run {config.name!r}: "
+                         f"{'; '.join(misfit)}")
+    train, held_out = source.load()
+    return ClientData(train=train, test=held_out)
 
 
 class ResultRefused(Exception):

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+import torch
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from fl_services.shared.core.device import DeviceSetting, resolve
 from fl_services.shared.server.auth import same_token
 from fl_services.shared.server.settings import ServerSettings
 
@@ -72,6 +74,9 @@ class CloudSettings(ServerSettings):
     create_timeout_s: float = Field(120.0, gt=0, description=(
         "How long creating a run may take to load its data and build its model (user code included) before it "
         "is refused (422): a loader that never returns must not hold the request, nor threads others need."))
+    device: DeviceSetting = Field("cpu", description=(
+        "Where the cloud evaluates the global model and trains hfpl's classifier: cpu, cuda, cuda:N or auto (as "
+        "the client's FL_CLIENT_DEVICE); a GPU this machine does not have stops the cloud at start-up."))
 
     @model_validator(mode="after")
     def _redis_tls_needs_rediss(self) -> Self:
@@ -129,6 +134,10 @@ class CloudSettings(ServerSettings):
         # Every token compared (no early exit): the time taken says nothing about which one nearly matched.
         matches = [name for name, expected in named.items() if same_token(token, expected)]
         return matches[0] if matches else None
+
+    @property
+    def compute_device(self) -> torch.device:
+        return resolve(self.device)
 
     @property
     def replica(self) -> str:

@@ -13,7 +13,7 @@ import torch
 from fl_services.shared.core.algorithms import privacy, registry
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig, is_import_path
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.dvfs import epoch_energy, epoch_seconds
 from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.models import mlp_parameters

@@ -45,7 +45,8 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             settings.redis_url, max_connections=settings.redis_max_connections,
             timeout=settings.redis_pool_timeout_s, **settings.redis_options()))
         store = RedisStore(redis, Keys(settings.key_prefix), bulk)
-        orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s, settings.max_update_failures)
+        orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s, settings.max_update_failures,
+                                    settings.compute_device)
         metrics.watch_store(store)
         app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
         tasks = [asyncio.create_task(orchestrator.run_forever()), asyncio.create_task(orchestrator.relay_events()),

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import torch
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError
 
@@ -33,6 +34,7 @@ from fl_services.shared.core.cloud_round import (
     with_evaluation,
 )
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.device import CPU, computing_on
 from fl_services.shared.core.federation import contribution, evaluate_global
 from fl_services.shared.core.records import decode, decode_state, encode
 from fl_services.shared.core.reports import RoundRecord, RunStatus
@@ -52,8 +54,9 @@ class Orchestrator:
     resubscribe_max_s: float = 10.0
 
     def __init__(self, store: Store, metrics: CloudMetrics | None = None, replica: str = "cloud",
-                 lease_s: float = 10.0, max_update_failures: int = 10):
+                 lease_s: float = 10.0, max_update_failures: int = 10, device: torch.device = CPU):
         self.store = store
+        self.device = device  # where it evaluates and trains hfpl's classifier (shared/core/device.py)
         self.metrics = metrics or CloudMetrics()
         self.replica = replica
         self.lease_s = lease_s
@@ -123,7 +126,9 @@ class Orchestrator:
     # ---- the loop ------------------------------------------------------------------------------
     async def run_forever(self, idle_poll_s: float = 1.0) -> None:
         try:
-            await self._loop(idle_poll_s)
+            # The loop's updates and evaluations, threads and tasks, inherit the context's device.
+            with computing_on(self.device):
+                await self._loop(idle_poll_s)
         finally:  # an evaluation cut short leaves its record to the next update (see _evaluated)
             for task in self._evaluations.values():
                 task.cancel()

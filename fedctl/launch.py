@@ -131,6 +131,9 @@ class LocalTopology:
     # Client processes, by their start order, run by another program than `fl-client`, e.g.
     # {0: ["/elsewhere/bin/fl-client"]} for a wheel installed in another venv.
     client_programs: dict[int, list[str]] = field(default_factory=dict)
+    # Per client process (by start order) settings on top of extra_env, e.g. {0: {"FL_CLIENT_DATA":
+    # "npz:/data/site.npz"}} for a device training on its own data.
+    client_env: dict[int, dict[str, str]] = field(default_factory=dict)
     # Cloud replicas over the one Redis; with more than one, `cloud_front` is given their addresses and
     # returns the one address edges and operators use (a load balancer it started), else the first's.
     cloud_replicas: int = 1
@@ -276,6 +279,7 @@ class LocalTopology:
                     **self._token_env(ids, f"client{edge_id}.{p}"), "FL_CLIENT_TORCH_THREADS": str(self.torch_threads),
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": "warning",
                     **self._dial_env("FL_CLIENT_", "EDGE", f"client{len(self.clients)}"), **self.extra_env,
+                    **self.client_env.get(len(self.clients), {}),
                 }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program)
                 client.start()
                 self.clients.append(client)

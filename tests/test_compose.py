@@ -36,7 +36,9 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # console script -> "package.module:function"
 SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
-TOP_LEVEL = {package.split(".")[0] for package in PYPROJECT["tool"]["setuptools"]["packages"]}
+# What the wheel is built from: the import package and the directories its links point at.
+TOP_LEVEL = {"fl_services", *(package.split(".")[1] for package in PYPROJECT["tool"]["setuptools"]["packages"]
+                              if package.count(".") == 1)}
 TORCH_PIN = "torch==2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -287,7 +289,7 @@ def test_dockerfile_installs_the_package_and_runs_its_console_script(name):
     installs = [i for i, (keyword, args) in enumerate(ins)
                 if keyword == "RUN" and shlex.split(args)[:4] == ["pip", "install", "--no-cache-dir", "."]]
     assert installs and installs[-1] > copied_at, "the package must be installed after its sources are copied"
-    assert SCRIPTS[cmd_of(dockerfile)[0]] == f"{pkg}.main:main"
+    assert SCRIPTS[cmd_of(dockerfile)[0]] == f"fl_services.{pkg}.main:main"
     users = [args for keyword, args in ins if keyword == "USER"]
     assert users and users[-1] not in ("root", "0"), "containers must not run as root"
     # The USER switch happens before CMD, so the service itself runs unprivileged.

@@ -14,7 +14,8 @@ from torch import nn
 
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Contribution, LocalJob
 from fl_services.shared.core.config import RunConfig, is_import_path
-from fl_services.shared.core.data.datasets import ClientData, load_federated
+from fl_services.shared.core.data import ClientData, RunTask, load_federated
+from fl_services.shared.core.device import current
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
@@ -25,6 +26,13 @@ from fl_services.shared.core.training import Evaluation, evaluate, load_paramete
 def model_factory(config: RunConfig) -> partial[nn.Module]:
     data = load_federated(config.data, config.seed)
     return partial(build_model, config.model, data.input_shape, data.num_classes)
+
+
+def run_task(config: RunConfig) -> RunTask:
+    """What the run's model takes and predicts, which a device's own data must fit: derived from the run's data
+    set, as the model's shape is."""
+    data = load_federated(config.data, config.seed)
+    return RunTask(input_shape=data.input_shape, num_classes=data.num_classes)
 
 
 def known_num_samples(config: RunConfig) -> list[int] | None:
@@ -74,5 +82,5 @@ def evaluate_global(config: RunConfig, algorithm: Algorithm, global_, cloud_stat
     if own is not None:
         return own
     data = load_federated(config.data, config.seed)
-    model = load_parameters(initial_model(config), algorithm.model_parameters(global_))
-    return evaluate(model, data.test)
+    model = load_parameters(initial_model(config), algorithm.model_parameters(global_)).to(current())
+    return evaluate(model, data.test)  # on the compute device (shared/core/device.py), batch by batch

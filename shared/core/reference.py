@@ -23,7 +23,7 @@ from fl_services.shared.core.algorithms import privacy, registry
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Contribution
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
 from fl_services.shared.core.federation import initial_model, local_job, participation
 from fl_services.shared.core.records import Record

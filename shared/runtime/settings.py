@@ -92,15 +92,16 @@ def is_loopback(host: str) -> bool:
 S = TypeVar("S", bound=BaseSettings)
 
 
-def load_settings(settings_cls: type[S]) -> S:
-    """The service's settings, or exit with one line per problem (status 2). Never pydantic's own report:
-    it repeats the input, tokens included."""
+def load_settings(settings_cls: type[S], **values: Any) -> S:
+    """The service's settings (`values`, e.g. command-line options, over every other source), or exit with one
+    line per problem (status 2). Never pydantic's own report: it repeats the input, tokens included."""
     try:
-        return settings_cls()
+        return settings_cls(**values)
     except ValidationError as exc:
         prefix = settings_cls.model_config.get("env_prefix", "")
-        problems = [f"{prefix}{str(e['loc'][0]).upper()}: {e['msg']}" if e["loc"] else e["msg"].removeprefix(
-            "Value error, ") for e in exc.errors(include_url=False, include_input=False)]
+        problems = [(f"{prefix}{str(e['loc'][0]).upper()}: " if e["loc"] else "")
+                    + e["msg"].removeprefix("Value error, ")
+                    for e in exc.errors(include_url=False, include_input=False)]
         raise SystemExit("invalid settings: " + "; ".join(problems)) from None
     except SettingsError as exc:
         raise SystemExit(f"invalid settings: {exc}") from None

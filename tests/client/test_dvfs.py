@@ -12,7 +12,7 @@ from fl_services.client.dvfs import Cpufreq, CpufreqUnavailable, Emulated, Pacer
 from fl_services.client.worker import compute
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_client
+from fl_services.shared.core.data import load_client
 from fl_services.shared.core.dvfs import PROFILES
 from fl_services.shared.core.federation import initial_model, local_job
 from fl_services.shared.core.records import decode

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 import httpx
+import torch
 from typer.testing import CliRunner
 
 from fl_services.client import main as client_main
@@ -47,3 +48,12 @@ def test_a_shard_that_holds_no_client_exits_with_one_line(tmp_path, monkeypatch,
     assert result.exit_code == 2
     assert isinstance(result.exception, SystemExit), result.exception
     assert "shard 3 of 4 holds none of the clients '0-2'" in caplog.text
+
+
+def test_a_device_this_machine_lacks_stops_the_process_at_start_up_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("FL_CLIENT_CONFIG_FILE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(client_main.app, ["--device", "cuda:1", "--state-dir", str(tmp_path)])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit), result.exception  # a clean exit, not a traceback
+    assert "invalid settings: FL_CLIENT_DEVICE: device 'cuda:1': CUDA is not available on this machine" in result.output

@@ -18,7 +18,7 @@ from fl_services.fedctl.api import CloudAPI
 from fl_services.shared.core.algorithms import privacy
 from fl_services.shared.core.algorithms.base import MODEL, ClientResult
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.edge_round import ClientTask
 from fl_services.shared.core.records import Record, decode, encode
 from fl_services.shared.core.reference import InProcessClients, run_reference

@@ -35,8 +35,12 @@ TORCH_PIN = next(r for r in PYPROJECT["project"]["dependencies"] if r.startswith
 def packaged_sources() -> list[str]:
     """Every file under the top-level packages in the checkout, as a path inside the wheel: a subpackage
     or data file missing from pyproject.toml's lists fails here rather than on a device."""
-    return sorted(str(f.relative_to(ROOT)) for top in TOP_LEVEL for f in (ROOT / top).rglob("*")
-                  if f.is_file() and "__pycache__" not in f.parts)
+    found = []
+    for top in TOP_LEVEL:  # fl_services/: its subpackages are links to the top-level directories
+        for folder, dirs, files in os.walk(ROOT / top, followlinks=True):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            found += [str((Path(folder) / f).relative_to(ROOT)) for f in files]
+    return sorted(found)
 
 
 def run(*args: str | Path, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:

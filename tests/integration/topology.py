@@ -12,11 +12,12 @@ from fl_services.fedctl.launch import LocalTopology
 @contextmanager
 def federation(tmp_path_factory, num_clients: int, num_edges: int = 1, procs_per_edge: int = 2,
                edge_env: dict[int, dict[str, str]] | None = None,
-               extra_env: dict[str, str] | None = None) -> Iterator[tuple[LocalTopology, CloudAPI]]:
+               extra_env: dict[str, str] | None = None,
+               client_env: dict[int, dict[str, str]] | None = None) -> Iterator[tuple[LocalTopology, CloudAPI]]:
     """A running topology and an admin client of its cloud; $REDIS_URL, if set, replaces the private Redis."""
     workdir = tmp_path_factory.mktemp(f"topo{num_edges}")
     with LocalTopology(num_clients=num_clients, num_edges=num_edges, procs_per_edge=procs_per_edge,
                        workdir=workdir, redis_url=os.environ.get("REDIS_URL"), edge_env=edge_env or {},
-                       extra_env=extra_env or {}) as topo,\
+                       extra_env=extra_env or {}, client_env=client_env or {}) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         yield topo, api

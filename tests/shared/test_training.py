@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_services.shared.core.config import LocalTrainingConfig
-from fl_services.shared.core.data.datasets import ArrayDataset
+from fl_services.shared.core.data import ArrayDataset
 from fl_services.shared.core.training import DpSgd, batches, local_sgd
 
 

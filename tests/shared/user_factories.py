@@ -102,3 +102,26 @@ def wrong_type():
 def wrong_classes(input_shape, num_classes):
     """Logits for one class too many: builds and runs, but cannot be trained against these labels."""
     return two_layer(input_shape, num_classes + 1)
+
+
+def device_data(samples=30, test_samples=0):
+    """A device's own loader (data source "import:"): a mapping of x, y and, given test_samples, x_test, y_test."""
+    x = np.arange(samples * 6, dtype=np.float64).reshape(samples, 2, 3)
+    out = {"x": x, "y": np.arange(samples) % 3}
+    if test_samples:
+        out |= {"x_test": -np.ones((test_samples, 2, 3)), "y_test": np.zeros(test_samples, dtype=np.int64)}
+    return out
+
+
+def device_pair(samples=30):
+    x, y = device_data(samples)["x"], device_data(samples)["y"]
+    return torch.as_tensor(x).float(), torch.as_tensor(y)
+
+
+def device_datasets():
+    x, y, xt, yt = _arrays()
+    return _Samples(x, y), (xt, yt)
+
+
+def device_strings():
+    return {"x": [["a", "b"], ["c", "d"]], "y": [0, 1]}

@@ -35,7 +35,7 @@ from typing_extensions import TypeVar
 from fl_services.shared.core import records
 from fl_services.shared.core.algorithms import aggregate
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import ClientData
+from fl_services.shared.core.data import ClientData
 from fl_services.shared.core.records import Record, RecordSpec
 from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport
 from fl_services.shared.core.selection import select_clients

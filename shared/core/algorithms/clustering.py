@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fl_services.shared.core.config import DataConfig
-from fl_services.shared.core.data.datasets import FederatedData, load_federated
+from fl_services.shared.core.data import FederatedData, load_federated
 from fl_services.shared.core.seeding import numpy_generator
 
 # Stream tag for the clustering draws; far from shared.core.seeding's small tags so it never shares a stream.

@@ -48,7 +48,8 @@ from fl_services.shared.core.algorithms.prototypes import (
     empty,
 )
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, load_client, load_federated
+from fl_services.shared.core.data import ArrayDataset, load_client, load_federated
+from fl_services.shared.core.device import current, on_cpu
 from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
 from fl_services.shared.core.records import Record, RecordSpec, pack, unpack
@@ -278,8 +279,11 @@ class HFPL(Algorithm[HFPLParams]):
                 + clients * self.params.feature_cap * (d * 4 + 8) + clients * len(EVAL_METRICS) * 8)
 
     def train_classifier(self, head: Tensors, x: torch.Tensor, y: torch.Tensor, round: int) -> Tensors:
-        """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G (its state dict)."""
-        g = self.classifier(head, trainable=True)
+        """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G (its state dict), on the
+        compute device (shared/core/device.py); the batch order is drawn on the CPU."""
+        device = current()
+        g = self.classifier(head, trainable=True).to(device)
+        x, y = x.to(device), y.to(device)
         opt = torch.optim.SGD(g.parameters(), lr=self.params.classifier_lr)
         generator = torch_generator(self.config.seed, CLASSIFIER, round)
         for _ in range(self.params.classifier_epochs):
@@ -287,7 +291,7 @@ class HFPL(Algorithm[HFPLParams]):
                 opt.zero_grad(set_to_none=True)
                 F.cross_entropy(g(x[idx]), y[idx]).backward()
                 opt.step()
-        return _state_of(g)
+        return on_cpu(_state_of(g))
 
     def evaluate(self, global_: Record, cloud_state: Record) -> Evaluation | None:
         """The mean over clients of each one's latest held-out figures (own f_i with G)."""
@@ -350,7 +354,7 @@ class HFPL(Algorithm[HFPLParams]):
             return {}
         z = f(test.x)
         logits = g(z)
-        allowed = torch.ones(logits.shape[1], dtype=torch.bool)
+        allowed = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
         if self.params.own_classes:
             allowed = torch.zeros_like(allowed).index_fill_(0, own.unique(), True)
         predicted = {ACCURACY: logits.masked_fill(~allowed, -math.inf).argmax(1)}
@@ -448,8 +452,9 @@ class HFPL(Algorithm[HFPLParams]):
         nearest-C̄ classification, and G∘f_i's held-out loss, all with the (C̄, G) it received.
         """
         train, test = job.data.train, job.data.test
-        f = self.client_model(job.client_id, state, tuple(train.x.shape[1:]))
-        g = self.classifier(task[HEAD], trainable=False)
+        # Built on the CPU (seeded), then placed where the job's data is (shared/core/device.py).
+        f = self.client_model(job.client_id, state, tuple(train.x.shape[1:])).to(train.x.device)
+        g = self.classifier(task[HEAD], trainable=False).to(train.x.device)
         centres = task[PROTOTYPES][MEANS].to(torch.float32)
         exists = task[PROTOTYPES][COUNTS] > 0
         lam = self.params.proto_weight
@@ -477,7 +482,7 @@ class HFPL(Algorithm[HFPLParams]):
             f.eval()
             z = f(train.x).to(torch.float64)
             counts = torch.bincount(train.y, minlength=num_classes)
-            sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64).index_add_(0, train.y, z)
+            sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64, device=z.device).index_add_(0, train.y, z)
             means = sums / counts.clamp(min=1)[:, None].to(torch.float64)
             keep = torch.randperm(len(train), generator=job.generator)[: self.params.feature_cap].sort().values
             metrics = self._evaluate(f, g, task[PROTOTYPES][MEANS], exists, train.y, test)

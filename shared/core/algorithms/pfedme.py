@@ -51,7 +51,7 @@ from fl_services.shared.core.algorithms.base import (
     combined_mean,
 )
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset
+from fl_services.shared.core.data import ArrayDataset
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.selection import select_clients
 from fl_services.shared.core.tensors import Tensors

@@ -22,7 +22,7 @@ Deliberate differences from their script, none of which changes the distribution
   numbers differ from theirs because x is drawn as v_k + sqrt(diag Σ) ⊙ z rather than through
   `multivariate_normal` (equal in distribution since Σ is diagonal);
 - the label is the argmax of the logits; softmax is monotone so this is their label.
-The train/test split (theirs: 90/10 per device) is not done here; see `fl_services.shared.core.data.datasets`.
+The train/test split (theirs: 90/10 per device) is not done here; see `fl_services.shared.core.data.federated`.
 
 A property of the construction worth knowing when reading results: the u_k shift adds the same
 u_k·(Σ_j x_j + 1) to every class's logit, and argmax ignores a common shift, so α does not change the

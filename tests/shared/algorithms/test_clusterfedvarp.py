@@ -9,7 +9,7 @@ from fl_services.shared.core.algorithms.clusterfedvarp import ClusterFedVARP
 from fl_services.shared.core.algorithms.clustering import canonical_labels, kmeans, label_histograms
 from fl_services.shared.core.algorithms.fedvarp import DELTAS, MEMORY, FedVARP
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.federation import participation
 from fl_services.shared.core.records import check, decode_state, encode
 from fl_services.shared.core.reference import run_reference

@@ -8,7 +8,7 @@ from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
 from fl_services.shared.core.algorithms.fedavg import FedAvg
 from fl_services.shared.core.config import ModelConfig, RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+from fl_services.shared.core.data import ArrayDataset, ClientData
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.tensors import MAX_ABS, InvalidContent

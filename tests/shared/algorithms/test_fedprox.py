@@ -10,7 +10,7 @@ from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import MODEL, LocalJob
 from fl_services.shared.core.algorithms.fedprox import FedProx
 from fl_services.shared.core.config import ModelConfig, RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+from fl_services.shared.core.data import ArrayDataset, ClientData
 from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.reference import run_reference

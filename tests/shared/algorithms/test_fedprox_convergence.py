@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, load_federated
+from fl_services.shared.core.data import ArrayDataset, load_federated
 from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.training import evaluate, load_parameters

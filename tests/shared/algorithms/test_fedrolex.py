@@ -7,7 +7,7 @@ from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contrib
 from fl_services.shared.core.algorithms.fedrolex import COVERAGE, FedRolex, coverage_reduce
 from fl_services.shared.core.algorithms.submodel import ARCHITECTURES, embed
 from fl_services.shared.core.config import ModelConfig, RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.federation import initial_model, local_job
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.records import decode_state, encode, spec_of

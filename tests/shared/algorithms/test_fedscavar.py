@@ -11,7 +11,7 @@ from fl_services.shared.core.algorithms.control import CONTROL
 from fl_services.shared.core.algorithms.fedscavar import FedSCAVAR
 from fl_services.shared.core.algorithms.fedvarp import DELTAS, MEMORY, updated_memory, varp_direction
 from fl_services.shared.core.config import ModelConfig, RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+from fl_services.shared.core.data import ArrayDataset, ClientData
 from fl_services.shared.core.federation import participation
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.records import decode_state, encode, spec_of

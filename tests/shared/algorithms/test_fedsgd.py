@@ -35,7 +35,7 @@ def test_local_gradient_and_cloud_step_by_hand():
     from fl_services.shared.core.algorithms.base import MODEL, Contribution, LocalJob
     from fl_services.shared.core.algorithms.fedsgd import FedSGD
     from fl_services.shared.core.config import ModelConfig
-    from fl_services.shared.core.data.datasets import ArrayDataset, ClientData
+    from fl_services.shared.core.data import ArrayDataset, ClientData
     from fl_services.shared.core.models import build_model
 
     algo = FedSGD(RunConfig(**BASE, algorithm="fedsgd", local={"lr": 0.5}))

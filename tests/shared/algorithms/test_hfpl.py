@@ -24,7 +24,7 @@ from fl_services.shared.core.algorithms.hfpl import (
     EdgeMemory,
 )
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.federation import initial_model, local_job
 from fl_services.shared.core.records import flatten, spec_of, unpack
 from fl_services.shared.core.reference import run_reference, schedule_of

@@ -17,7 +17,7 @@ import torch
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.hfpl import HFPL
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import few_shot_arrays, load_federated, own_classes_test
+from fl_services.shared.core.data import few_shot_arrays, load_federated, own_classes_test
 from fl_services.shared.core.reference import run_reference
 
 ROUNDS, CLIENTS = 10, 20

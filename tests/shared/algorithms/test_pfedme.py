@@ -11,7 +11,7 @@ from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
 from fl_services.shared.core.algorithms.pfedme import PERSONAL, PFedMe, personal_metrics
 from fl_services.shared.core.config import ModelConfig, RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, ClientData, load_federated
+from fl_services.shared.core.data import ArrayDataset, ClientData, load_federated
 from fl_services.shared.core.federation import initial_model, local_job
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.reference import run_reference

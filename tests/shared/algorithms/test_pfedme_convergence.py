@@ -4,7 +4,7 @@ is tested on the pooled test set or on the same client splits."""
 import pytest
 
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.training import evaluate, load_parameters

@@ -12,7 +12,7 @@ from scipy import stats
 
 from fl_services.shared.core.algorithms import privacy, registry, robust
 from fl_services.shared.core.config import AggregationConfig, RunConfig
-from fl_services.shared.core.data.datasets import load_federated
+from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.reference import run_reference
 
 

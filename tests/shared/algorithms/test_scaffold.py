@@ -10,7 +10,7 @@ from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contrib
 from fl_services.shared.core.algorithms.control import CONTROL, step_length
 from fl_services.shared.core.algorithms.scaffold import Scaffold
 from fl_services.shared.core.config import LocalTrainingConfig, ModelConfig, RunConfig
-from fl_services.shared.core.data.datasets import ArrayDataset, ClientData, load_federated
+from fl_services.shared.core.data import ArrayDataset, ClientData, load_federated
 from fl_services.shared.core.federation import initial_model, local_job, participation
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.records import decode_state, encode, spec_of

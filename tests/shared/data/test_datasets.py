@@ -281,7 +281,7 @@ def test_mnist1d_generation_is_seeded_offline_and_leaves_global_rngs_alone(
     import random
     import socket
 
-    from fl_services.shared.core.data import datasets
+    from fl_services.shared.core.data import builtin
 
     def no_network(*args: object, **kwargs: object) -> None:
         raise AssertionError("mnist1d tried to use the network")
@@ -295,9 +295,9 @@ def test_mnist1d_generation_is_seeded_offline_and_leaves_global_rngs_alone(
     random.seed(123)
 
     # Small sizes keep this fast; the loader uses 5000 samples.
-    first = datasets._make_mnist1d(datasets._mnist1d_seed(0), 200)
-    again = datasets._make_mnist1d(datasets._mnist1d_seed(0), 200)
-    other = datasets._make_mnist1d(datasets._mnist1d_seed(1), 200)
+    first = builtin._make_mnist1d(builtin._mnist1d_seed(0), 200)
+    again = builtin._make_mnist1d(builtin._mnist1d_seed(0), 200)
+    other = builtin._make_mnist1d(builtin._mnist1d_seed(1), 200)
 
     assert np.random.rand() == numpy_next and random.random() == python_next
     assert first[0].shape == (200, 40) and first[0].dtype == np.float32

@@ -1,0 +1,59 @@
+"""What a device's data is, computed where it lies (only counts leave the device), and whether it fits what a
+run trains."""
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fl_services.shared.core.data.arrays import ArrayDataset, shape_text
+
+_LABELS_SHOWN = 5
+
+
+class DataSummary(BaseModel):
+    """A data source's description: small, JSON, and free of samples, so it can travel in a registration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    samples: int = Field(ge=0, description="training samples")
+    held_out_samples: int = Field(ge=0, description="samples of the held-out split, kept for evaluation")
+    input_shape: tuple[int, ...] = Field(description="one sample's shape")
+    labels: tuple[int, ...] = Field(description="every label either split holds, ascending")
+    histogram: dict[int, int] = Field(description="training samples per label")
+
+
+class RunTask(BaseModel):
+    """What a run trains, as its data must fit it: the model's input shape and its number of classes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_shape: tuple[int, ...]
+    num_classes: int = Field(ge=1)
+
+
+def summarize(train: ArrayDataset, held_out: ArrayDataset) -> DataSummary:
+    labels, counts = torch.unique(train.y, return_counts=True)
+    return DataSummary(
+        samples=len(train),
+        held_out_samples=len(held_out),
+        input_shape=tuple(int(d) for d in train.x.shape[1:]),
+        labels=tuple(int(label) for label in torch.cat([train.y, held_out.y]).unique().tolist()),
+        histogram={int(label): int(count) for label, count in zip(labels.tolist(), counts.tolist(), strict=True)},
+    )
+
+
+def check_fits(summary: DataSummary, task: RunTask) -> list[str]:
+    """Why data so summarised cannot train `task` (each reason a phrase about the data); empty if it can."""
+    reasons = []
+    if summary.samples == 0:
+        reasons.append("it holds no training samples")
+    if summary.input_shape != task.input_shape:
+        reasons.append(f"its samples have shape {shape_text(summary.input_shape)} but the run's model takes "
+                       f"{shape_text(task.input_shape)}")
+    outside = [label for label in summary.labels if not 0 <= label < task.num_classes]
+    if outside:
+        shown = ", ".join(str(label) for label in outside[:_LABELS_SHOWN]) + (", …" if len(outside) > _LABELS_SHOWN
+                                                                               else "")
+        reasons.append(f"its labels {shown} lie outside the run's {task.num_classes} classes "
+                       f"(0 … {task.num_classes - 1})")
+    return reasons

@@ -1,0 +1,64 @@
+"""Devices with their own data, through real processes: an fl-client started with FL_CLIENT_DATA=npz:… trains
+each round of a run on its own file (its own sample count, its own loss), beside a simulated client on its
+partition, while a device whose data does not fit the run's model reports why each round and the run goes on.
+
+The run's data set is an imported loader: for it the edge checks no sample counts against a partition, which
+is what lets a device's own count through while sites and devices are not yet registered entities."""
+import numpy as np
+import pytest
+
+from fl_services.client.config import ClientSettings
+from fl_services.client.worker import compute
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data import load_client
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.records import decode
+from fl_services.shared.core.reports import RunStatus
+from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
+from tests.integration.test_fedavg_services import run
+from tests.integration.topology import federation
+
+pytestmark = pytest.mark.slow
+
+# The run's task: (2, 3) samples, 3 classes (tests.shared.user_factories:as_dict).
+CONFIG = RunConfig(name="own-data", rounds=3, model={"name": "logreg"},
+                   data={"dataset": "tests.shared.user_factories:as_dict", "options": {"num_clients": 3},
+                         "partition": "file", "num_clients": 3},
+                   policy={"deadline_s": 60, "min_fraction": 0.5, "max_retries": 0})
+
+
+def device_file(path, shape):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(30, *shape)).astype(np.float32)
+    np.savez(path, x=x, y=(x.reshape(30, -1)[:, 0] > 0).astype(np.int64) + (x.reshape(30, -1)[:, 1] > 0))
+    return f"npz:{path}"
+
+
+@pytest.fixture(scope="module")
+def devices(tmp_path_factory):
+    files = tmp_path_factory.mktemp("device-data")
+    own, wrong = device_file(files / "site.npz", (2, 3)), device_file(files / "transposed.npz", (3, 2))
+    # Client processes 0, 1, 2 host clients 0, 1, 2: 0 and 2 are devices with their own data, 1 is simulated.
+    with federation(tmp_path_factory, num_clients=3, procs_per_edge=3,
+                    client_env={0: {"FL_CLIENT_DATA": own}, 2: {"FL_CLIENT_DATA": wrong}}) as (topo, api):
+        yield api, own
+
+
+def test_a_device_trains_the_runs_rounds_on_its_own_file(devices, tmp_path):
+    api, own = devices
+    info, history, _ = run(api, CONFIG)
+    assert info.status == RunStatus.finished
+    partition = len(load_client(CONFIG.data, CONFIG.seed, 1).train)
+    for h in history:
+        assert {c.client_id: c.num_samples for c in h.clients} == {0: 24, 1: partition}  # 30 less its fifth held out
+        assert [f.client_id for f in h.failed_clients] == [2]
+        assert "DataMisfit" in h.failed_clients[0].error
+        assert "its samples have shape 3x2 but the run's model takes 2x3" in h.failed_clients[0].error
+    # Round 0's loss is the local update of the initial model on the device's own training split.
+    algorithm = registry.create(CONFIG)
+    task = algorithm.client_task(algorithm.init_global(initial_model(CONFIG)), 0, 0)
+    header = ClientTaskHeader(task_id="t", run_id="r", client_id=0, round=0, version=0, config=CONFIG)
+    settings = ClientSettings(state_dir=tmp_path, dvfs_backend="emulate", data=own)
+    _, expected = decode(compute(settings, header, task), ClientResultHeader)
+    assert history[0].clients[0].loss == pytest.approx(expected.loss, rel=1e-5)
