@@ -1,12 +1,16 @@
-"""The documentation: the reference pages docs/generate.py writes from the code are the ones committed, and
-every relative link of README.md and docs/ leads to a file that exists."""
+"""The documentation: the reference pages docs/generate.py writes from the code are the ones committed, every
+relative link of README.md and docs/ leads to a file that exists, and docs/ builds as a static site offline
+(mkdocs, strict: every anchor resolves) with every page in its navigation."""
 from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -60,3 +64,27 @@ def test_the_link_check_sees_links():
     # A pattern that matched nothing would pass every page: the README links into docs/ by kind.
     targets = relative_links(ROOT / "README.md")
     assert "docs/tutorial-first-run.md" in targets and "docs/ref-settings.md" in targets, targets
+
+
+def nav_pages(entries) -> set[str]:
+    pages: set[str] = set()
+    for entry in entries:
+        value = entry if isinstance(entry, str) else next(iter(entry.values()))
+        pages |= {value} if isinstance(value, str) else nav_pages(value)
+    return pages
+
+
+def test_every_page_is_in_the_sites_navigation():
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    on_disk = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert on_disk - nav == set(), "pages missing from mkdocs.yml's nav"
+    assert nav - on_disk == set(), "mkdocs.yml's nav names pages that do not exist"
+
+
+def test_the_site_builds_offline_in_strict_mode(tmp_path):
+    pytest.importorskip("mkdocs", reason="mkdocs (requirements-dev.txt) is not installed in this environment")
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                            str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    assert (tmp_path / "site" / "tutorial-first-run" / "index.html").exists()
