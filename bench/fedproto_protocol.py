@@ -40,7 +40,7 @@ from hfpl import save_figure
 from provenance import BENCHMARKS, earlier_stamp, stamp, stamped
 
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.algorithms.hfpl import HFPL, HFPLParams
+from fl_services.shared.core.algorithms.hfpl import HFPL, HFPLParams, train_alone
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import few_shot_arrays, load_federated, own_classes_test
 from fl_services.shared.core.reference import run_reference
@@ -126,7 +126,7 @@ def local_only(seed: int, rounds: int, params: dict, local: dict, budgets: list[
                 with torch.no_grad():
                     at[str(epoch)] = float((model(test.x).argmax(1) == test.y).float().mean())
 
-        algorithm.train_alone(k, data.clients[k].train, max(budgets), after_epoch=record)
+        train_alone(algorithm, k, data.clients[k].train, max(budgets), after_epoch=record)
         clients.append({"client": k, "family": algorithm.family_of(k), "by_epochs": at})
     return {"seed": seed, "mode": "local", "clients": clients}
 

@@ -29,7 +29,7 @@ from fl_services.client.state import ClientStateStore
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.algorithms.hfpl import HFPL
+from fl_services.shared.core.algorithms.hfpl import HFPL, train_alone
 from fl_services.shared.core.client_reports import client_reports
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_federated
@@ -64,7 +64,7 @@ def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int,
             with torch.no_grad():
                 at[epoch] = tuple(float((model(d.x).argmax(1) == d.y).float().mean()) for d in tests)
 
-    algorithm.train_alone(client_id, data.clients[client_id].train, max(epochs), after_epoch=record)
+    train_alone(algorithm, client_id, data.clients[client_id].train, max(epochs), after_epoch=record)
     return at
 
 

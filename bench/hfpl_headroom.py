@@ -34,7 +34,7 @@ from hfpl import config_for
 from provenance import BENCHMARKS, earlier_stamp, stamp, stamped
 
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.algorithms.hfpl import HFPL
+from fl_services.shared.core.algorithms.hfpl import HFPL, train_alone
 from fl_services.shared.core.client_reports import client_reports
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ArrayDataset, load_federated
@@ -91,8 +91,8 @@ def predictions(part: str, seed: int, rounds: int) -> dict[str, dict]:
             for k in clients:
                 test = data.clients[k].test
                 with torch.enable_grad():
-                    model = algorithm.train_alone(k, data.clients[k].train, rounds * config.local.epochs,
-                                            after_epoch=partial(record, test=test))
+                    model = train_alone(algorithm, k, data.clients[k].train, rounds * config.local.epochs,
+                                        after_epoch=partial(record, test=test))
                 out["local only"][k] = model(test.x).argmax(1).tolist()
             out["by budget"] = {"local only": {e: statistics.mean(v) for e, v in at.items()}}
         else:  # pooled: one model per family, from the initial weights of that family's first client
@@ -105,7 +105,7 @@ def predictions(part: str, seed: int, rounds: int) -> dict[str, dict]:
                 first.setdefault(algorithm.family_of(k), k)
             for family, k0 in first.items():
                 with torch.enable_grad():
-                    model = algorithm.train_alone(k0, pooled, rounds * config.local.epochs)
+                    model = train_alone(algorithm, k0, pooled, rounds * config.local.epochs)
                 for k in clients:
                     if algorithm.family_of(k) == family:
                         logits = model(data.clients[k].test.x)

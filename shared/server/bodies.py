@@ -179,3 +179,10 @@ def binary(blob: bytes, headers: dict[str, str] | None = None) -> Response:
 
 def reject(exc: InvalidContent) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc))
+
+
+def same_as_url(named: str, value: int, url_value: int) -> None:
+    """422 unless the id a message carries (`named`: where, e.g. "header edge_id") is the one its URL names."""
+    if value != url_value:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"{named} {value} does not match the URL's {url_value}")

@@ -34,16 +34,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
-from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.algorithms.base import (
-    MODEL,
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
-)
+from fl_services.shared.core.algorithms import aggregate, base
+from fl_services.shared.core.algorithms.base import MODEL, Algorithm
 from fl_services.shared.core.algorithms.submodel import (
     Architecture,
     Masks,
@@ -153,7 +145,7 @@ class FedRolex(Algorithm[RP]):
         shapes = self.full_shapes if full_shapes is None else full_shapes
         return layer_windows(self.architecture, shapes, self.capacity(client_id), round)
 
-    def sub_model(self, job: LocalJob, weights: Tensors) -> torch.nn.Module:
+    def sub_model(self, job: base.LocalJob, weights: Tensors) -> torch.nn.Module:
         widths = self.architecture.widths({name: tuple(t.shape) for name, t in weights.items()})
         # The factory's first free positional argument is the init seed: widths go by keyword.
         return load_parameters(job.model_factory(**widths), weights)
@@ -169,23 +161,23 @@ class FedRolex(Algorithm[RP]):
         return {MODEL: extract(model, self.architecture, self.windows(client_id, round))}
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         ordered = sorted(results, key=lambda r: r.client_id)
         partial = coverage_reduce(
             (self.client_weight(r.num_samples), *self.embed_result(r.tensors[MODEL], r.client_id, round))
             for r in ordered
         )
-        return EdgeAggregate(partial.sums, partial.weight), edge_state
+        return base.EdgeAggregate(partial.sums, partial.weight), edge_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         w = task[MODEL]
         model = self.sub_model(job, w)
         stats = local_sgd(model, job.data.train, self.config.local, job.generator)
         trained = parameters_of(model)
         delta = {name: (trained[name] - w[name]).contiguous() for name in w}
-        return ClientUpdate({MODEL: delta}, len(job.data.train), stats.mean_loss, state)
+        return base.ClientUpdate({MODEL: delta}, len(job.data.train), stats.mean_loss, state)
 
     # ---- cloud ---------------------------------------------------------------------------------
     def contribution_spec(self, global_: Record, clients: list[int]) -> RecordSpec:
@@ -207,7 +199,7 @@ class FedRolex(Algorithm[RP]):
                                      "in its coverage")
 
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         ordered = sorted(contributions, key=lambda c: c.edge_id)
         combined = aggregate.combine(aggregate.Partial(c.tensors, c.weight) for c in ordered)

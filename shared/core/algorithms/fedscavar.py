@@ -43,17 +43,8 @@ from typing import ClassVar
 
 import torch
 
-from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.algorithms.base import (
-    MODEL,
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
-    combined_mean,
-)
+from fl_services.shared.core.algorithms import aggregate, base
+from fl_services.shared.core.algorithms.base import MODEL, Algorithm, combined_mean
 from fl_services.shared.core.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
 from fl_services.shared.core.algorithms.control import CONTROL, control_step, corrected_sgd, kept_control, with_control
 from fl_services.shared.core.algorithms.fedprox import FedProxParams, proximal_term
@@ -98,7 +89,7 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
     check_contribution = Algorithm.check_contribution
 
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         groups = self.memory_groups()
         b = buffered_clients(self.name, contributions, groups)
@@ -120,8 +111,8 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         return {**task, CONTROL: extract(global_[CONTROL], self.architecture, self.windows(client_id, round))}
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         if not results:
             raise ValueError("cannot aggregate an empty set of results")
         deltas, items = [], []
@@ -131,10 +122,10 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
             deltas.append(full_dw)
             items.append((self.client_weight(r.num_samples), {CONTROL: full_dc}))
         control = aggregate.reduce(items)
-        return EdgeAggregate({DELTAS: stacked(deltas), **control.sums}, control.weight), edge_state
+        return base.EdgeAggregate({DELTAS: stacked(deltas), **control.sums}, control.weight), edge_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         w, c = task[MODEL], task[CONTROL]
         # The run's full-width model gives the shapes c_k is kept at.
         full = {n: p.detach() for n, p in job.model_factory().named_parameters()}
@@ -151,5 +142,5 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
                           regulariser=(lambda m: proximal_term(m, centre, mu)) if mu > 0 else None)
         placed, covered = embed(u.control, self.architecture, windows, full_shapes)
         new_state = {n: torch.where(covered[n], placed[n], c_k_full[n]).contiguous() for n in w}
-        return ClientUpdate({MODEL: u.delta_w, CONTROL: u.delta_c}, len(job.data.train), u.stats.mean_loss,
+        return base.ClientUpdate({MODEL: u.delta_w, CONTROL: u.delta_c}, len(job.data.train), u.stats.mean_loss,
                             {CONTROL: new_state})

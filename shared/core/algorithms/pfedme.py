@@ -39,17 +39,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.algorithms.base import (
-    MODEL,
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
-    combined_mean,
-)
+from fl_services.shared.core.algorithms import aggregate, base
+from fl_services.shared.core.algorithms.base import MODEL, Algorithm, combined_mean
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ArrayDataset
 from fl_services.shared.core.records import Record
@@ -117,21 +108,21 @@ class PFedMe(Algorithm[PFedMeParams]):
         return 1.0  # θ mixes the plain mean of the ω_k over S
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         chosen = set(self.sampled([r.client_id for r in results], round))
         ordered = sorted((r for r in results if r.client_id in chosen), key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
-        return EdgeAggregate(partial.sums, partial.weight, tuple(r.client_id for r in ordered)), edge_state
+        return base.EdgeAggregate(partial.sums, partial.weight, tuple(r.client_id for r in ordered)), edge_state
 
     # ---- cloud ---------------------------------------------------------------------------------
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         return {MODEL: mix(global_[MODEL], combined_mean(contributions)[MODEL], self.params.beta)}, cloud_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         p = self.params
         model = load_parameters(job.model_factory(), task[MODEL])
         model.train()
@@ -158,7 +149,7 @@ class PFedMe(Algorithm[PFedMeParams]):
                 for name, t in theta.items():
                     omega[name].sub_(omega[name] - t, alpha=self.config.local.lr * p.lam)
         personal = parameters_of(model)
-        return ClientUpdate({MODEL: omega}, len(train), loss_sum / (p.local_rounds * p.inner_steps),
+        return base.ClientUpdate({MODEL: omega}, len(train), loss_sum / (p.local_rounds * p.inner_steps),
                             {PERSONAL: personal}, personal_metrics(model, job.data.test))
 
 

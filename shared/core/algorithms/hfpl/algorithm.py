@@ -1,45 +1,46 @@
-"""Hierarchical Federated Prototype Learning, the asynchronous baseline (seeds/003).
-
-Clients keep their own feature extractors f_i: x → R^d, of different architectures (families); only
-class prototypes, counts and a sample of features travel. Edges aggregate prototypes incrementally;
-the cloud consumes a buffer of B edge triples (C^l, N^l, X^l), updates the global prototypes C̄ and
-trains a global classifier G (linear by default) on the union of the latest features of every edge.
-
-Records (group: tensors; J classes, d = feature_dim):
-    global / task   prototypes: means (J, d) f64, counts (J,) f64 · classifier: G's state dict: weight (J, d),
-                    bias (J,); the mlp G's output layer is weight (J, h), bias (J,), its hidden layer
-                    hidden.weight (h, d), hidden.bias (h,)
-    client result   prototypes: means (J, d) f64, counts (J,) i64 (its samples per class)
-                    sample: features (n, d), labels (n,) i64
-    edge triple     prototypes: means (J, d) f64, counts (J,) f64 (clients per class) · sample: as a result's
-    client state    extractor: f_i's state dict
-    edge state      prototypes: (C^l, N^l) · clients: a ClientMemory per client, packed by id
-    cloud state     edges: an EdgeMemory per edge, packed by id · evaluation: each client's latest figures (N,)
-The model the REST API serves keeps the names it always had: prototypes, prototype_counts,
-classifier.weight, classifier.bias (and classifier.hidden.weight, classifier.hidden.bias for the mlp G).
-"""
+"""HFPL's hooks: who runs which extractor, the cloud's prototype and classifier update, the edge's incremental
+aggregate, the client's prototype-regularised training, and the checks on what crosses the wire."""
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from fl_services.shared.core import records
-from fl_services.shared.core.algorithms.base import (
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
+from fl_services.shared.core.algorithms import base
+from fl_services.shared.core.algorithms.hfpl.classifier import (
+    load_classifier,
+    new_classifier,
+    state_of,
+    train_classifier,
 )
+from fl_services.shared.core.algorithms.hfpl.evaluation import held_out_figures
+from fl_services.shared.core.algorithms.hfpl.layout import (
+    ACCURACY,
+    CLIENTS,
+    COUNTS,
+    EDGES,
+    EVAL_METRICS,
+    EVALUATION,
+    EXTRACTOR,
+    FEATURES,
+    HEAD,
+    LABELS,
+    MEANS,
+    PROTO_ACCURACY,
+    PROTOTYPES,
+    SAMPLE,
+    SERVED,
+    SERVED_HEAD,
+    TEST_LOSS,
+    ClientMemory,
+    EdgeMemory,
+)
+from fl_services.shared.core.algorithms.hfpl.params import HFPLParams
 from fl_services.shared.core.algorithms.prototypes import (
     ClientPrototypes,
     EdgePrototypes,
@@ -48,101 +49,16 @@ from fl_services.shared.core.algorithms.prototypes import (
     empty,
 )
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data import ArrayDataset, load_client, load_federated
-from fl_services.shared.core.device import current, on_cpu
+from fl_services.shared.core.data import load_client
 from fl_services.shared.core.dvfs import before_epoch
-from fl_services.shared.core.models import FEATURE_FAMILIES, IMAGE_FAMILIES, build_feature_extractor
+from fl_services.shared.core.models import IMAGE_FAMILIES, build_feature_extractor
 from fl_services.shared.core.records import Record, RecordSpec, pack, unpack
-from fl_services.shared.core.seeding import (
-    CLASSIFIER,
-    LOCAL_TRAINING,
-    MODEL_INIT,
-    derive_seed,
-    seeded_default_generator,
-    torch_generator,
-)
+from fl_services.shared.core.seeding import CLASSIFIER, MODEL_INIT, derive_seed, seeded_default_generator
 from fl_services.shared.core.tensors import Dim, InvalidContent, Tensors
 from fl_services.shared.core.training import Evaluation, batches, make_optimizer
 
-# Groups
-PROTOTYPES, HEAD, SAMPLE, EXTRACTOR = "prototypes", "classifier", "sample", "extractor"  # HEAD: G
-CLIENTS, EDGES, EVALUATION = "clients", "edges", "evaluation"
-# Tensors within them
-MEANS, COUNTS, WEIGHT, BIAS, FEATURES, LABELS = "means", "counts", "weight", "bias", "features", "labels"
-HIDDEN_WEIGHT = "hidden.weight"  # the mlp G's first layer (see MLPClassifier)
-# The served model's names (GET /runs/{id}/model), as they were before the state had groups: C̄ under
-# these, and G's state dict under "classifier." (classifier.weight, classifier.bias for the linear G).
-SERVED = {"prototypes": (PROTOTYPES, MEANS), "prototype_counts": (PROTOTYPES, COUNTS)}
-SERVED_HEAD = f"{HEAD}."
-# What each client reports with its result; the cloud keeps every client's latest in "evaluation"
-# (one value per client, NaN until it reports).
-ACCURACY, PROTO_ACCURACY, TEST_LOSS = "accuracy", "proto_accuracy", "test_loss"
-EVAL_METRICS = (ACCURACY, PROTO_ACCURACY, TEST_LOSS)
 
-
-@dataclass(frozen=True)
-class Sample:
-    """Features with their labels: X_i of a client, X^l of an edge."""
-
-    features: torch.Tensor  # (n, d) float32
-    labels: torch.Tensor  # (n,) int64
-
-
-@dataclass(frozen=True)
-class ClientMemory(Sample, ClientPrototypes):
-    """What an edge keeps of client i (packed by id): c_i^{prev} (means, classes it ever had) and X_i^{l,edge}."""
-
-
-@dataclass(frozen=True)
-class EdgeMemory(Sample, EdgePrototypes):
-    """What the cloud keeps of edge l (packed by id): (C^{l,prev}, N^{l,prev}) and X^{l,cloud}."""
-
-
-class HFPLParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    feature_dim: int = Field(64, ge=1, le=4096, description="d: the feature space every client maps into")
-    # The squared norm sums over d dimensions, so λ_p is small: at 1 the pull overshoots at lr 0.05.
-    # Bounded (classifier_lr as local.lr is): past float32's range (3.4e38) torch cannot even take the figure,
-    # and a cloud update with classifier_lr = 1e308 failed ("cannot be converted to type float") at every retry.
-    proto_weight: float = Field(0.05, ge=0, le=1e6, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
-    families: list[str] = Field(["mlp", "cnn", "cnn_deep"], min_length=1,
-                                description="feature-extractor families, assigned to clients in turn")
-    client_families: list[str] | None = Field(None, description="explicit family per client id")
-    feature_cap: int = Field(100, ge=1, le=100_000, description="features a client sends (a seeded subsample)")
-    classifier_epochs: int = Field(5, ge=1, le=1000)
-    classifier_lr: float = Field(0.1, gt=0, le=1000)
-    classifier_batch_size: int = Field(64, ge=1)
-    # Levers measured on FedProto's MNIST protocol (bench/fedproto_protocol.py, docs/fedproto-protocol.md).
-    proto_distance: Literal["sum", "mean"] = Field(
-        "sum", description="‖f_i(x) − C̄_y‖² summed over the d features, or their mean (FedProto's MSE: the same "
-        "pull at a d× larger λ_p)")
-    # Measured best on FedProto's protocol: 0.5 with local batch 8 and lr 0.02 (the bench's defaults). It stays 0
-    # here because it belongs to the run's lr: with 0.5 the protocol diverged at lr 0.1, and runs default to 0.2.
-    momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum of the client's SGD (FedProto: 0.5); "
-                            "0 leaves the run's local optimiser")
-    classifier: Literal["linear", "cosine", "mlp"] = Field(
-        "linear", description="G: linear, cosine (s·cos(z, w_j) + b_j: features compared by direction), or mlp "
-        "(W·relu(V z + c) + b: one hidden layer, classes need not be linearly separable in R^d)")
-    classifier_scale: float = Field(10.0, gt=0, le=1000, description="s of the cosine G")
-    classifier_width: int = Field(128, ge=1, le=4096, description="h: hidden units of the mlp G")
-    inference: Literal["classifier", "nearest_prototype"] = Field(
-        "classifier", description="what a client predicts with (its reported accuracy): G∘f_i, or the nearest C̄_j")
-    own_classes: bool = Field(False, description="a client predicts only among the classes it holds "
-                              "(FedProto's evaluation)")
-    staleness: Literal["none", "fedbuff"] = Field(
-        "none", description="weight of a buffered triple in C̄: 1, or 1/√(1 + τ) for a triple τ versions stale "
-        "(FedBuff's rule)")
-
-    @model_validator(mode="after")
-    def _known(self) -> "HFPLParams":
-        unknown = sorted(set(self.families + (self.client_families or [])) - FEATURE_FAMILIES.keys())
-        if unknown:
-            raise ValueError(f"unknown feature families {unknown}; known: {sorted(FEATURE_FAMILIES)}")
-        return self
-
-
-class HFPL(Algorithm[HFPLParams]):
+class HFPL(base.Algorithm[HFPLParams]):
     name = "hfpl"
     synchronous: ClassVar[bool] = False
     # The cloud adds and subtracts each edge's prototypes over hundreds of rounds (prototypes.py): they travel
@@ -186,11 +102,11 @@ class HFPL(Algorithm[HFPLParams]):
         num_classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
         d = self.params.feature_dim
         with seeded_default_generator(derive_seed(self.config.seed, MODEL_INIT, CLASSIFIER)):
-            g = self._new_classifier(d, num_classes)
+            g = new_classifier(self.params, d, num_classes)
         return {
             PROTOTYPES: {MEANS: torch.zeros(num_classes, d, dtype=torch.float64),
                          COUNTS: torch.zeros(num_classes, dtype=torch.float64)},
-            HEAD: _state_of(g),
+            HEAD: state_of(g),
         }
 
     def model_parameters(self, global_: Record) -> Tensors:
@@ -236,7 +152,7 @@ class HFPL(Algorithm[HFPLParams]):
             raise InvalidContent(f"counts must be whole numbers in [0, {population}] (the edge's clients)")
 
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         edges = sorted(c.edge_id for c in contributions)
         if len(set(edges)) != len(edges):
@@ -260,7 +176,7 @@ class HFPL(Algorithm[HFPLParams]):
                         evaluation.setdefault(name, _nan(self.config.data.num_clients))[client] = metrics[name]
         x = torch.cat([memory[l].features for l in sorted(memory)])
         y = torch.cat([memory[l].labels for l in sorted(memory)])
-        head = self.train_classifier(global_[HEAD], x, y, round)
+        head = train_classifier(self.params, self.config.seed, global_[HEAD], x, y, round)
         state = {EDGES: pack(memory), EVALUATION: evaluation}
         return {PROTOTYPES: {MEANS: means, COUNTS: total}, HEAD: head}, state
 
@@ -277,21 +193,6 @@ class HFPL(Algorithm[HFPLParams]):
         index = 1 + len(dataclasses.fields(EdgeMemory))
         return (edges * (num_classes * d + num_classes + index) * 8
                 + clients * self.params.feature_cap * (d * 4 + 8) + clients * len(EVAL_METRICS) * 8)
-
-    def train_classifier(self, head: Tensors, x: torch.Tensor, y: torch.Tensor, round: int) -> Tensors:
-        """G ← a few epochs of minibatch SGD on cross-entropy over X, from the current G (its state dict), on the
-        compute device (shared/core/device.py); the batch order is drawn on the CPU."""
-        device = current()
-        g = self.classifier(head, trainable=True).to(device)
-        x, y = x.to(device), y.to(device)
-        opt = torch.optim.SGD(g.parameters(), lr=self.params.classifier_lr)
-        generator = torch_generator(self.config.seed, CLASSIFIER, round)
-        for _ in range(self.params.classifier_epochs):
-            for idx in batches(len(y), self.params.classifier_batch_size, generator):
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(g(x[idx]), y[idx]).backward()
-                opt.step()
-        return on_cpu(_state_of(g))
 
     def evaluate(self, global_: Record, cloud_state: Record) -> Evaluation | None:
         """The mean over clients of each one's latest held-out figures (own f_i with G)."""
@@ -324,19 +225,7 @@ class HFPL(Algorithm[HFPLParams]):
 
     def classifier(self, head: Tensors, trainable: bool) -> nn.Module:
         """G of the configured kind with the given state dict (HEAD's tensors)."""
-        hidden = head.get(HIDDEN_WEIGHT, head[WEIGHT])  # the layer that reads z: (h or J, d)
-        g = self._new_classifier(hidden.shape[1], head[WEIGHT].shape[0])
-        g.load_state_dict(head)
-        g.requires_grad_(trainable)
-        return g
-
-    def _new_classifier(self, d: int, num_classes: int) -> nn.Module:
-        """A freshly initialised G of the configured kind (drawing from the default generator)."""
-        if self.params.classifier == "cosine":
-            return CosineClassifier(d, num_classes, self.params.classifier_scale)
-        if self.params.classifier == "mlp":
-            return MLPClassifier(d, num_classes, self.params.classifier_width)
-        return nn.Linear(d, num_classes)
+        return load_classifier(self.params, head, trainable)
 
     def client_optimizer(self, parameters) -> torch.optim.Optimizer:
         """The client's optimiser: the run's local one, or heavy-ball SGD with params.momentum."""
@@ -344,33 +233,9 @@ class HFPL(Algorithm[HFPLParams]):
             return torch.optim.SGD(parameters, lr=self.config.local.lr, momentum=self.params.momentum)
         return make_optimizer(parameters, self.config.local)
 
-    @torch.no_grad()
-    def _evaluate(self, f: nn.Module, g: nn.Module, prototypes: torch.Tensor, exists: torch.Tensor,
-                  own: torch.Tensor, test) -> dict[str, float]:
-        """Held-out figures of f_i on `test`: ACCURACY is the configured inference's, PROTO_ACCURACY the nearest
-        C̄_j's (once some exists), TEST_LOSS G's cross-entropy over all classes. With own_classes, both
-        predict among the classes in `own` (the client's training labels) only."""
-        if len(test) == 0:
-            return {}
-        z = f(test.x)
-        logits = g(z)
-        allowed = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
-        if self.params.own_classes:
-            allowed = torch.zeros_like(allowed).index_fill_(0, own.unique(), True)
-        predicted = {ACCURACY: logits.masked_fill(~allowed, -math.inf).argmax(1)}
-        if bool(exists.any()):
-            distance = torch.cdist(z.to(torch.float64), prototypes)
-            distance[:, ~(exists & allowed)] = math.inf
-            predicted[PROTO_ACCURACY] = distance.argmin(1)
-        if self.params.inference == "nearest_prototype":
-            # Until some C̄_j exists (a client's first round) there is nothing to be near: G answers.
-            predicted[ACCURACY] = predicted.get(PROTO_ACCURACY, predicted[ACCURACY])
-        metrics = {name: float((p == test.y).float().mean()) for name, p in predicted.items()}
-        return {**metrics, TEST_LOSS: float(F.cross_entropy(logits, test.y))}
-
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         """EdgeAggregate (incremental): see prototypes.edge_aggregate_prototypes; X^l = ∪_i X_i^{l,edge}."""
         if not results:
             raise ValueError("no client results to aggregate")
@@ -396,7 +261,7 @@ class HFPL(Algorithm[HFPLParams]):
                      LABELS: torch.cat([memory[i].labels for i in ids])},
         }
         state = {PROTOTYPES: {MEANS: new.means, COUNTS: new.counts}, CLIENTS: pack(memory)}
-        return EdgeAggregate(triple, float(len(results))), state
+        return base.EdgeAggregate(triple, float(len(results))), state
 
     # ---- client --------------------------------------------------------------------------------
     def client_model(self, client_id: int, state: Record, input_shape: tuple[int, ...]) -> nn.Module:
@@ -406,30 +271,6 @@ class HFPL(Algorithm[HFPLParams]):
             f.load_state_dict(state[EXTRACTOR])
         return f
 
-    def train_alone(self, client_id: int, train: ArrayDataset, epochs: int,
-                    after_epoch: Callable[[int, nn.Module], None] | None = None) -> nn.Module:
-        """The local-only baseline of client i: its extractor (its family, its initial weights) with a private
-        linear head, trained on `train` alone by plain cross-entropy with the client's optimiser; returned in
-        eval mode. `after_epoch(e, model)` sees the model after e epochs (in eval mode), which is what a run of
-        e epochs would return: the epochs' shuffles do not depend on the total."""
-        f = self.feature_extractor(client_id, tuple(train.x.shape[1:]))
-        num_classes = load_federated(self.config.data, self.config.seed).num_classes
-        with seeded_default_generator(derive_seed(self.config.seed, MODEL_INIT, 10_000 + client_id)):
-            head = nn.Linear(self.params.feature_dim, num_classes)
-        model = nn.Sequential(f, head)
-        opt = self.client_optimizer(model.parameters())
-        model.train()
-        for epoch in range(epochs):
-            generator = torch_generator(self.config.seed, LOCAL_TRAINING, epoch, client_id)
-            for idx in batches(len(train), self.config.local.batch_size, generator):
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
-                opt.step()
-            if after_epoch is not None:
-                after_epoch(epoch + 1, model.eval())
-                model.train()
-        return model.eval()
-
     def evaluate_client(self, client_id: int, state: Record, model: Tensors, data) -> dict[str, float]:
         """Client i's f_i with the global (C̄, G), as the REST API serves it, on `data`: accuracy,
         nearest-prototype accuracy, loss."""
@@ -438,9 +279,10 @@ class HFPL(Algorithm[HFPLParams]):
         g = self.classifier(global_[HEAD], trainable=False)
         f.eval()
         own = load_client(self.config.data, self.config.seed, client_id).train.y
-        return self._evaluate(f, g, global_[PROTOTYPES][MEANS], global_[PROTOTYPES][COUNTS] > 0, own, data)
+        return held_out_figures(self.params, f, g, global_[PROTOTYPES][MEANS], global_[PROTOTYPES][COUNTS] > 0, own,
+                                data)
 
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         """ClientUpdate(i, C̄, G): K epochs of minibatch SGD on f_i with G frozen, minimising
 
             ℓ(batch) = 1/|batch| · Σ_{(x,y) ∈ batch} [ −log softmax(G(f_i(x)))_y
@@ -485,8 +327,8 @@ class HFPL(Algorithm[HFPLParams]):
             sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64, device=z.device).index_add_(0, train.y, z)
             means = sums / counts.clamp(min=1)[:, None].to(torch.float64)
             keep = torch.randperm(len(train), generator=job.generator)[: self.params.feature_cap].sort().values
-            metrics = self._evaluate(f, g, task[PROTOTYPES][MEANS], exists, train.y, test)
-        return ClientUpdate(
+            metrics = held_out_figures(self.params, f, g, task[PROTOTYPES][MEANS], exists, train.y, test)
+        return base.ClientUpdate(
             tensors={PROTOTYPES: {MEANS: means, COUNTS: counts},
                      SAMPLE: {FEATURES: z[keep].to(torch.float32).contiguous(), LABELS: train.y[keep].clone()}},
             num_samples=len(train),
@@ -494,36 +336,6 @@ class HFPL(Algorithm[HFPLParams]):
             state={EXTRACTOR: {k: v.detach().clone() for k, v in f.state_dict().items()}},
             metrics=metrics,
         )
-
-
-class CosineClassifier(nn.Linear):
-    """G as s·cos(z, w_j) + b_j: the weight rows are class directions, the features' norms do not count."""
-
-    def __init__(self, in_features: int, out_features: int, scale: float):
-        super().__init__(in_features, out_features)
-        self.scale = scale
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.scale * F.normalize(z, dim=1) @ F.normalize(self.weight, dim=1).T + self.bias
-
-
-class MLPClassifier(nn.Module):
-    """G as W·relu(V z + c) + b, one hidden layer of h units (issue 12's non-linear G). The output layer keeps
-    the linear G's names (weight, bias), the hidden one is hidden.weight, hidden.bias."""
-
-    def __init__(self, in_features: int, out_features: int, width: int):
-        super().__init__()
-        self.hidden = nn.Linear(in_features, width)
-        out = nn.Linear(width, out_features)
-        self.weight, self.bias = out.weight, out.bias
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.relu(self.hidden(z)), self.weight, self.bias)
-
-
-def _state_of(g: nn.Module) -> Tensors:
-    """G's state dict, detached copies: what HEAD holds."""
-    return {name: t.detach().clone() for name, t in g.state_dict().items()}
 
 
 def _check_labels(labels: torch.Tensor, num_classes: int) -> None:

@@ -1,4 +1,4 @@
-"""What the cloud checks before a contribution may enter the buffer.
+"""An edge's contribution: what the cloud checks before it may enter the buffer, and its submission.
 
 A contribution must be one that this edge could have computed in this run: from its own clients, each
 at most once per edge round, with a weight those clients can give (an edge that claimed a weight
@@ -7,12 +7,39 @@ algorithm expects. Anything else is refused before it is buffered, so it changes
 """
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from dataclasses import dataclass
 
+from fl_services.cloud.orchestrator import Orchestrator
+from fl_services.cloud.store import Store, SubmitOutcome
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import EdgeContributionHeader
 from fl_services.shared.core.tensors import InvalidContent
+
+
+@dataclass(frozen=True)
+class EdgeContribution:
+    """A contribution as it arrived: its tensors and header, decoded from `blob` (what the buffer keeps)."""
+
+    tensors: Record
+    header: EdgeContributionHeader
+    blob: bytes
+
+
+async def submit(*, store: Store, orchestrator: Orchestrator, contribution: EdgeContribution) -> SubmitOutcome:
+    """Buffers an admissible contribution (idempotent per idempotency key) and wakes the cloud loop; raises
+    InvalidContent, with nothing buffered, for one its run cannot take."""
+    header = contribution.header
+    algorithm = orchestrator.algorithm(header.run_id, await store.config(header.run_id))
+    # The global state's shapes alone (its header), not a copy of it. The check reads every value: on a
+    # worker thread, so long-polls are answered meanwhile.
+    global_ = await orchestrator.globals.layout(header.run_id)
+    await asyncio.to_thread(check_contribution, algorithm, global_, header, contribution.tensors)
+    outcome = await store.submit(header, contribution.blob, algorithm.synchronous)
+    orchestrator.notify()
+    return outcome
 
 
 def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContributionHeader,
