@@ -50,7 +50,7 @@ DATA = Path.home() / ".cache" / "fl-datasets"
 NUM_CLIENTS, SLOW_EDGE, SLOWDOWN = 20, 2, 3.0
 # mode: (edges, buffer, slowdown)
 MODES = {"flat": (1, 1, {}), "sync": (3, 3, {}), "async": (3, 2, {SLOW_EDGE: SLOWDOWN})}
-# The protocol's measured best (docs/fedproto-protocol.md, "What each lever gave"): FedProto's optimiser,
+# The protocol's measured best (docs/benchmarks/fedproto-protocol.md, "What each lever gave"): FedProto's optimiser,
 # heavy-ball SGD with momentum 0.5 on batches of 8 (4x the steps of batch 32), at lr 0.02 (0.1 and 0.03 diverged).
 LOCAL = {"epochs": 1, "batch_size": 8, "lr": 0.02}
 PARAMS = {"momentum": 0.5}
