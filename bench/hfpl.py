@@ -9,7 +9,7 @@ d = 64, seed 0. Edge 2 is made 3× slower (FL_EDGE_SLOWDOWN=3). Two runs on one 
 Accuracy is each client's held-out accuracy with its own f_i and the G it last received, averaged over
 clients (their latest reports). The local-only baseline trains each client's f_i with a private linear
 head on its own data alone, for as many epochs as that client trained in the async run, and tests it on
-the same held-out split. Writes docs/hfpl.{md,json,png}.
+the same held-out split. Writes docs/benchmarks/hfpl.{md,json,png}.
 
     ./fl bench/hfpl.py [--async-rounds 45] [--sync-rounds 18] [--target 0.9]
 """
@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from provenance import BENCHMARKS, stamp, stamped
 from torch import nn
 
 from fl_services.client.state import ClientStateStore
@@ -34,7 +35,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.reports import RoundRecord
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 SLOW_EDGE, SLOWDOWN = 2, 3.0
 
 
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each mode, alternating; the arrival order (so the async result) varies")
     args = parser.parse_args()
+    line = stamp()
     torch.set_num_threads(1)
     runs = {"async (B = 2)": config_for("hfpl-async", 2, args.async_rounds),
             "sync (B = L = 3)": config_for("hfpl-sync", 3, args.sync_rounds)}
@@ -269,7 +271,7 @@ def main() -> None:
         f"local only with each one's epochs up to that point):\n\n" + "\n".join(budgets) +
         "\n\n![accuracy over wall-clock time](hfpl.png)\n"
     )
-    (DOCS / "hfpl.md").write_text(text)
+    (DOCS / "hfpl.md").write_text(stamped(text, line))
     print("\n".join(timing + [""] + rows))
 
 

@@ -714,7 +714,7 @@ def test_tls_variant_redis_starts_from_its_command_with_the_password_secret_the_
     assert subprocess.run(["sh", "-c", check], env=env, timeout=30).returncode != 0
 
 
-# --- exposure: ports, secrets, networks (README, Security) ------------------------------------
+# --- exposure: ports, secrets, networks (docs/explanation-security-model.md) ------------------
 
 def published(service: dict) -> list[dict]:
     """The service's published ports in the long syntax's terms (host_ip, published, target)."""

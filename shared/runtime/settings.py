@@ -19,12 +19,13 @@ from fl_services.shared.runtime.log import LogFormat
 class ServiceSettings(BaseSettings):
     """What every service's settings hold: its torch threads and its logging."""
 
-    # Torch's intra-op threads for the service's tensor work (training, client_task, edge_aggregate,
-    # cloud_update); 1 by default, so that equal configs give equal models (README, Determinism).
-    torch_threads: int = Field(1, ge=1)
-    log_level: str = "info"
-    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/runtime/log.py).
-    log_format: LogFormat = "text"
+    torch_threads: int = Field(1, ge=1, description=(
+        "Torch's intra-op threads for the service's tensor work (training, client_task, edge_aggregate, "
+        "cloud_update); 1 by default, so that equal configs give equal models (docs/explanation-determinism.md)."))
+    log_level: str = Field("info", description="The logging level: debug, info, warning, error or critical.")
+    log_format: LogFormat = Field("text", description=(
+        '"text": time, level, logger name, message; "json": one JSON object per line with time, level, logger, '
+        "message and, where known, run_id, edge_id and client_id (shared/runtime/log.py)."))
 
     @classmethod
     def settings_customise_sources(

@@ -24,7 +24,7 @@ def test_process_exits_non_zero_when_the_edge_refuses_every_client(tmp_path, mon
 
 
 def test_help_names_each_options_variable_and_default(monkeypatch):
-    # A device's operator has only `fl-client --help` and the README, which names FL_CLIENT_* variables.
+    # A device's operator has only `fl-client --help` and the docs, which name FL_CLIENT_* variables.
     monkeypatch.setenv("COLUMNS", "200")
     result = CliRunner().invoke(client_main.app, ["--help"])
     assert result.exit_code == 0

@@ -6,7 +6,8 @@ Accuracy is FedProto's: every test image of a client's own classes, mean over cl
 
 Measured: local only 94.67% (converged: 94.64% after 20 epochs), hfpl 95.09% (+0.42), hfpl with λ_p = 0
 94.55%: the gain is the prototype pull's, and the test fails without it. The mlp family gains least (at 50
-rounds, mixed families, +1.3 in all: docs/fedproto-protocol.md has the full protocol against the 97.5% target)."""
+rounds, mixed families, +1.3 in all: docs/benchmarks/fedproto-protocol.md has the full protocol against the
+97.5% target)."""
 import statistics
 
 import numpy as np

@@ -23,7 +23,7 @@ class HFPLParams(BaseModel):
     classifier_epochs: int = Field(5, ge=1, le=1000)
     classifier_lr: float = Field(0.1, gt=0, le=1000)
     classifier_batch_size: int = Field(64, ge=1)
-    # Levers measured on FedProto's MNIST protocol (bench/fedproto_protocol.py, docs/fedproto-protocol.md).
+    # Levers measured on FedProto's MNIST protocol (bench/fedproto_protocol.py, docs/benchmarks/fedproto-protocol.md).
     proto_distance: Literal["sum", "mean"] = Field(
         "sum", description="‖f_i(x) − C̄_y‖² summed over the d features, or their mean (FedProto's MSE: the same "
         "pull at a d× larger λ_p)")
