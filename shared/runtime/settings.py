@@ -70,8 +70,8 @@ class SettingFiles(PydanticBaseSettingsSource):
         return values
 
 
-# The tokens the settings default to, and the placeholders docker-compose used to fill in: anyone who has read
-# this repository knows them.
+# The tokens the settings default to, and placeholders of the change-me kind: anyone who has read this
+# repository knows them.
 DEVELOPMENT_TOKENS = frozenset({"dev-admin-token", "dev-edge-token", "dev-client-token"})
 
 

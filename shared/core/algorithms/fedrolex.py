@@ -1,4 +1,4 @@
-"""FedRolex (Alam et al., NeurIPS 2022): rolling-window sub-models, as issue 3 writes it.
+"""FedRolex (Alam et al., NeurIPS 2022): rolling-window sub-models, as the seed specification writes it.
 
 Client k has capacity β_k ∈ (0, 1]. In round r every hidden layer with K units (a conv layer: K
 filters) gives client k the rolling window of max(⌊β_k·K⌋, 1) units starting at index r mod K,
@@ -16,11 +16,11 @@ embeds its clients' Δw_k at their windows and sends, per parameter, the float64
 Both are associative, so several edges give the flat rule over all of S (multi_edge is allowed).
 
 Capacities: `params.capacities` lists β_k per client (length N). Without it, client k gets
-β_k = [1, ½, ¼][k mod 3], the mix the issue's convergence claim is about. logreg has no hidden
+β_k = [1, ½, ¼][k mod 3], the mix the specification's convergence claim is about. logreg has no hidden
 layer, so every client gets the whole model and FedRolex is FedAvg.
 
-Differences from the paper, following the issue: the server step has no learning rate η_s (the
-issue's rule has none, so a run with server_lr ≠ 1 is refused rather than silently ignoring it);
+Differences from the paper, following the specification: the server step has no learning rate η_s (the
+specification's rule has none, so a run with server_lr ≠ 1 is refused rather than silently ignoring it);
 the window starts at r mod K with r the round counted from 0 (the paper rolls by one unit a round
 as well); the paper's static batch norm and output scaler are absent because our models have
 neither. The window is a set of units; sub-models keep them in global order (see submodel.py).
@@ -98,7 +98,7 @@ class FedRolex(Algorithm[RP]):
     name = "fedrolex"
     multi_edge = True
     edge_rounds = False
-    # The issue's FedRolex step has no η_s; FedSCAVAR's has one.
+    # The specification's FedRolex step has no η_s; FedSCAVAR's has one.
     has_server_lr: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig):

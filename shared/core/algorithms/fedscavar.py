@@ -1,4 +1,5 @@
-"""FedSCAVAR: FedRolex sub-models + SCAFFOLD control variates + ClusterFedVARP server memory (issue 3).
+"""FedSCAVAR: FedRolex sub-models + SCAFFOLD control variates + ClusterFedVARP server memory, as the seed
+specification writes it.
 
 State: the global state holds the model w ("model") and the server control c ("control", c⁰ = 0);
 client k keeps its control c_k (c_k⁰ = 0) at full size in its own state's "control" group, because
@@ -23,13 +24,13 @@ The cloud, with M_k the coverage mask of client k's window and c_k ∈ [G] its c
     c ← c + (m/N) Σ_{k∈S} p_k Δc_k
     y_g ← per coordinate, the mean of Δw_i over i ∈ S ∩ C_g whose window covers it; unchanged where none does.
 
-Choices the issue leaves open:
+Choices the specification leaves open:
 - y_{c_k} in the correction term is restricted to k's window (M_k ⊙ y_{c_k}), as the source notes
   write it (y_{c_k, I(r, β_k)}): a client says nothing about coordinates it did not train, and there
   the memory term (1/N) Σ_j y_{c_j} stands in for it. With β_k = 1 for all k this is ClusterFedVARP's v.
 - m is the number of clients whose results reached the cloud (as FedVARP/ClusterFedVARP here), used
   both in v and in c's step (m/N); it equals max(⌊λN⌋, 1) whenever every selected client answers.
-  p_k are FedAvg's weights normalised over those clients (`weighting`); v is unweighted as in the issue.
+  p_k are FedAvg's weights normalised over those clients (`weighting`); v is unweighted as in the specification.
 - The client→cluster map is ClusterFedVARP's run setting (`clusters`, or by default k-means with
   `num_clusters` on the clients' label histograms, fl_services.shared.core.algorithms.clustering); capacities are
   FedRolex's (`capacities`, default [1, ½, ¼][k mod 3]); μ is one run-wide value (the notes' μ_k per

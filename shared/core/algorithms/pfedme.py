@@ -19,14 +19,14 @@ Edge: S is a uniform sample of m = max(⌊λ_part·n⌋, 1) of the n clients who
     history lists the clients of S, as every algorithm's lists the clients whose updates entered the model.
 Cloud: θ ← (1 − β)·θ + β · (Σ_l Σ_{k∈S_l} ω_k) / (Σ_l |S_l|), applied once over all edges' partials.
 
-Deviations from the paper and its code, all following issue 3:
+Deviations from the paper and its code, all following the seed specification:
 - The inner problem is solved by exactly K gradient steps of step η_p (the paper leaves the
   proximal solver open; its code uses K steps too). θ_k restarts from the global model every round, as in
   the authors' code, so the kept θ_k is only the personalised model to evaluate, never a warm start.
 - Several edges are allowed: each samples its own S_l, so S = ∪ S_l is a sample stratified by edge
   rather than one uniform draw over all N clients; with one edge it is exactly the paper's rule.
 - With config.local.optimizer = "nesterov" the K inner steps use torch's SGD(nesterov=True) on θ_k with
-  lr η_p and config.local.momentum, its buffer reset every global round (the issue's Nesterov option).
+  lr η_p and config.local.momentum, its buffer reset every global round (the specification's Nesterov option).
 - p_k is always 1/|S| (config.weighting is not used), local.epochs is replaced by R, and server_lr must
   stay 1 because β is the server step.
 """

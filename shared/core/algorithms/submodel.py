@@ -100,7 +100,7 @@ def window_size(num_units: int, capacity: float) -> int:
 
 
 def window_indices(num_units: int, capacity: float, round: int) -> list[int]:
-    """The rolling window in the issue's order: n units from r mod K, wrapping around."""
+    """The rolling window in the specification's order: n units from r mod K, wrapping around."""
     start = round % num_units
     return [(start + i) % num_units for i in range(window_size(num_units, capacity))]
 
