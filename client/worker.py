@@ -274,8 +274,8 @@ class Worker:
             check(response)
         elif response.status_code >= 400:
             # E.g. a diverged update beyond the edge's bounds (422): the same result would be refused again,
-            # so it is not re-sent (it was, at once and forever). Reported as the task's failure: the round
-            # stops waiting for this client, where it waited until its deadline.
+            # so it is not re-sent. Reported as the task's failure: the round stops waiting for this client
+            # instead of waiting until its deadline.
             log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id,
                       response.status_code, response.text[:300])
             self.failed.add(header.task_id)

@@ -125,9 +125,9 @@ class CloudSettings(ServerSettings):
 
     @model_validator(mode="after")
     def _one_name_per_token(self) -> Self:
-        # The audit log names whose token acted: a token under two names was recorded as the first of them, a
-        # named one equal to the edge token made every edge an administrator, and a token named "admin"
-        # silently replaced admin_token.
+        # The audit log names whose token acted: a token under two names would be recorded as the first of
+        # them, a named one equal to the edge token would make every edge an administrator, and a token named
+        # "admin" would silently replace admin_token.
         if "admin" in self.admin_tokens:
             raise ValueError('admin_tokens: "admin" is admin_token\'s name in the audit log; choose another name')
         tokens = [self.admin_token, *self.admin_tokens.values(), self.edge_token]
