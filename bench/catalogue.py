@@ -2,8 +2,8 @@
 
 Task: MNIST 5k, Dirichlet(0.3) label skew over 20 clients, λ = 0.25 (5 clients per round), the small
 CNN, E = 1, B = 32, lr 0.1, seed 0. Each run goes through the real cloud, edge and two client processes
-(ten logical clients each) over HTTP with a private redis-server. Writes docs/catalogue.md (table),
-docs/catalogue.json and docs/catalogue.png (accuracy per round).
+(ten logical clients each) over HTTP with a private redis-server. Writes docs/benchmarks/catalogue.md
+(table), docs/benchmarks/catalogue.json and docs/benchmarks/catalogue.png (accuracy per round).
 
     ./fl bench/catalogue.py [--rounds 40] [--only fedavg,scaffold]
 """
@@ -12,14 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
+
+from provenance import BENCHMARKS, stamp, stamped
 
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
 from fl_services.fedctl.report import plot_accuracy
 from fl_services.shared.core.config import RunConfig
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 
 # Per-algorithm settings on top of the common task; the rest are each algorithm's defaults.
 ALGORITHMS: dict[str, dict] = {
@@ -83,6 +84,7 @@ def main() -> None:
             rows.append(row)
             print(f"{label:16s} final {100 * row['final_accuracy']:6.2f}%  best {100 * row['best_accuracy']:6.2f}%  "
                   f"→90% in {row['rounds_to_90']}  wall {wall:6.1f}s", flush=True)
+    line = stamp()
     DOCS.mkdir(exist_ok=True)
     (DOCS / "catalogue.json").write_text(json.dumps(rows, indent=2))
     plot_accuracy(curves, DOCS / "catalogue.png",
@@ -98,7 +100,8 @@ def main() -> None:
     header = (f"Every algorithm through the services: MNIST 5k, Dirichlet(0.3) over 20 clients, λ = 0.25, CNN, "
               f"E = 1, B = 32, lr 0.1 (per-algorithm settings in catalogue.json), {args.rounds} rounds, seed 0. "
               f"Produced by `./fl bench/catalogue.py`.\n\n")
-    (DOCS / "catalogue.md").write_text(header + "\n".join(lines) + "\n\n![accuracy per round](catalogue.png)\n")
+    (DOCS / "catalogue.md").write_text(stamped(header + "\n".join(lines) + "\n\n![accuracy per round](catalogue.png)\n",
+                                               line))
     print("\n".join(lines))
 
 

@@ -5,12 +5,12 @@ half the clients each round (q = 0.5), weighting uniform, every client's step cl
 N(0, σ²S²) added to the edge's sum (privacy.noise = "edge": what the cloud and everyone after it see is
 (ε, δ)-DP for every client, δ = 1e-5). ε after each round is what the run's history records (opacus's
 RDP accountant, shared/core/algorithms/privacy.py). The reference runner computes the runs (the integration
-tests show the services compute the same model and ε). Writes docs/dp.{md,json,png}.
+tests show the services compute the same model and ε). Writes docs/benchmarks/dp.{md,json,png}.
 
 With `--dp-sgd`, the same federation without DP-FedAvg, each client training with DP-SGD instead
 (privacy.dp_sgd_noise_multiplier σ, every example's gradient clipped to C = 1, through opacus): accuracy and
 the per-example ε the history records (the least protected client, as if it trained every round). Writes
-docs/dp-sgd.{md,json}.
+docs/benchmarks/dp-sgd.{md,json}.
 
     ./fl python bench/dp.py [--rounds 30] [--workers 2] [--render] [--dp-sgd]
 """
@@ -20,14 +20,14 @@ import argparse
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import torch
+from provenance import BENCHMARKS, earlier_stamp, stamp, stamped
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 NOISE = [None, 0.5, 1.0, 2.0, 4.0]  # None: no noise nor clipping (FedAvg)
 CHECKPOINTS = (5, 10, 20, 30)
 DP_SGD_NOISE = [None, 1.0, 2.0, 4.0]
@@ -66,7 +66,7 @@ def table(runs: list[dict]) -> list[str]:
     return lines
 
 
-def render_dp_sgd(runs: list[dict]) -> None:
+def render_dp_sgd(runs: list[dict], line: str) -> None:
     lines = [
         "# DP-SGD inside local training: accuracy against per-example ε",
         "",
@@ -81,14 +81,14 @@ def render_dp_sgd(runs: list[dict]) -> None:
         "Seconds per 30-round run (reference runner, 1 thread): "
         + ", ".join(f"{label(r['noise_multiplier'])} {r['seconds']:.0f} s" for r in runs) + ".",
     ]
-    (DOCS / "dp-sgd.md").write_text("\n".join(lines) + "\n")
+    (DOCS / "dp-sgd.md").write_text(stamped("\n".join(lines) + "\n", line))
 
 
 def label(noise: float | None) -> str:
     return "no DP" if noise is None else f"σ = {noise:g}"
 
 
-def render(runs: list[dict]) -> None:
+def render(runs: list[dict], line: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,7 +104,7 @@ def render(runs: list[dict]) -> None:
         "",
         *table(runs),
     ]
-    (DOCS / "dp.md").write_text("\n".join(lines) + "\n")
+    (DOCS / "dp.md").write_text(stamped("\n".join(lines) + "\n", line))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, run in enumerate(runs):  # one colour per noise multiplier in both panels
@@ -127,23 +127,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--render", action="store_true", help="rewrite docs/dp.{md,png} from docs/dp.json")
+    parser.add_argument("--render", action="store_true", help="rewrite dp.{md,png} from dp.json")
     parser.add_argument("--dp-sgd", action="store_true", help="DP-SGD in local training instead of DP-FedAvg")
     args = parser.parse_args()
+    line = stamp()
     if args.dp_sgd:
         with ProcessPoolExecutor(args.workers) as pool:
             runs = list(pool.map(one_run, DP_SGD_NOISE, [args.rounds] * len(DP_SGD_NOISE),
                                  [True] * len(DP_SGD_NOISE)))
         (DOCS / "dp-sgd.json").write_text(json.dumps(runs, indent=1) + "\n")
-        render_dp_sgd(runs)
+        render_dp_sgd(runs, line)
         return
     if args.render:
-        render(json.loads((DOCS / "dp.json").read_text()))
+        render(json.loads((DOCS / "dp.json").read_text()), earlier_stamp(DOCS / "dp.md"))
         return
     with ProcessPoolExecutor(args.workers) as pool:
         runs = list(pool.map(one_run, NOISE, [args.rounds] * len(NOISE)))
     (DOCS / "dp.json").write_text(json.dumps(runs, indent=1) + "\n")
-    render(runs)
+    render(runs, line)
 
 
 if __name__ == "__main__":

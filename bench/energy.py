@@ -22,7 +22,7 @@ client's result is held until its modelled time × `--scale` has passed, so "tim
 wall time divided by the scale, in modelled seconds (it includes the services' own real overheads,
 divided by the scale too). Energy is the modelled client energy of the results the cloud consumed, summed
 over updates until the run first reaches the target accuracy (hfpl's: the mean of the clients' latest
-held-out accuracies). Writes docs/energy.{md,json,png}.
+held-out accuracies). Writes docs/benchmarks/energy.{md,json,png}.
 
     ./fl bench/energy.py [--sync-rounds 18] [--async-rounds 27] [--target 0.55] [--scale 2] [--repeats 2]
 """
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 from hfpl import time_to
+from provenance import BENCHMARKS, stamp, stamped
 
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
@@ -42,7 +43,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.dvfs import PROFILES
 from fl_services.shared.core.reports import RoundRecord
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 # Per edge, its four clients' devices; client k is the (k // 3)-th client of edge k mod 3.
 MIXES = {
     "straggler": [["rpi4", "odroid-xu4-a15", "rpi4", "odroid-xu4-a7"],
@@ -145,6 +146,7 @@ def main() -> None:
     parser.add_argument("--from-json", type=Path, help="rewrite the table, notes and plot from a previous run's "
                         "JSON (with its arguments) instead of running")
     args = parser.parse_args()
+    line = stamp()
     torch.set_num_threads(1)
     devices = devices_of(args.mix)
     runs = {f"{policy}, {'sync B = 3' if b == 3 else 'async B = 2'}": config_for(
@@ -175,7 +177,7 @@ def main() -> None:
                     f"{100 * m['final_accuracy']:.1f}% |")
     table = "\n".join(rows)
     print(table)
-    write_docs(args, runs, devices, results, medians, table)
+    write_docs(args, line, runs, devices, results, medians, table)
 
 
 def critical_path(r: dict) -> float:
@@ -206,7 +208,7 @@ def run_all(args: argparse.Namespace, runs: dict[str, RunConfig]) -> dict[str, l
     return results
 
 
-def write_docs(args: argparse.Namespace, runs: dict[str, RunConfig], devices: list[str],
+def write_docs(args: argparse.Namespace, line: str, runs: dict[str, RunConfig], devices: list[str],
                results: dict[str, list[dict]], medians: dict[str, dict], table: str) -> None:
     DOCS.mkdir(exist_ok=True)
     stem = "energy" if args.mix == "straggler" else f"energy-{args.mix}"
@@ -218,7 +220,7 @@ def write_docs(args: argparse.Namespace, runs: dict[str, RunConfig], devices: li
         "medians": medians, "results": results}, separators=(",", ":")))
     sources = "\n".join(f"- `{name}`: {PROFILES[name].source}" for name in dict.fromkeys(devices))
     edges = "\n".join(f"- edge {e}: {', '.join(d)}" for e, d in enumerate(MIXES[args.mix]))
-    (DOCS / f"{stem}.md").write_text(
+    (DOCS / f"{stem}.md").write_text(stamped(
         f"# DVFS: client energy and time to {100 * args.target:.0f}% accuracy\n\n"
         f"Produced by `./fl bench/energy.py --sync-rounds {args.sync_rounds} --async-rounds {args.async_rounds} "
         f"--target {args.target} --scale {args.scale} --mix {args.mix}` through the services (private "
@@ -235,11 +237,11 @@ def write_docs(args: argparse.Namespace, runs: dict[str, RunConfig], devices: li
         f"divided by it. Energy is the model's, (α/2)·c·|D|·f² + static power × time per epoch, summed over "
         f"the results the cloud consumed until the run first reached the target accuracy (the mean of the "
         f"clients' latest held-out accuracies). Each figure is the median of {args.repeats} runs (run in turn, "
-        f"after a warm-up run); every run is in docs/{stem}.json. The column of the slowest clients' times sums, "
-        f"over the updates until the target, the longest modelled time (compute + communication) among each "
-        f"update's clients: a synchronous run's time under the pure model, without the services' overheads "
+        f"after a warm-up run); every run is in docs/benchmarks/{stem}.json. The column of the slowest clients' "
+        f"times sums, over the updates until the target, the longest modelled time (compute + communication) "
+        f"among each update's clients: a synchronous run's time under the pure model, without the services' overheads "
         f"(in an asynchronous run edge rounds overlap, so it is no time there).\n\n{table}\n\n"
-        f"![accuracy and energy]({stem}.png)\n")
+        f"![accuracy and energy]({stem}.png)\n", line))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ Evaluation: every client's final f_i with the final (C̄, G) on every test image
         [--set proto_weight=0.05 ...] [--local batch_size=8 ...] [--workers 2] [--lever LABEL] [--render]
 
 --set and --local override hfpl's params and the local training settings; with --lever LABEL the runs become
-a row of the lever table instead of the protocol's table. Writes docs/fedproto-protocol.{md,json,png}.
+a row of the lever table instead of the protocol's table. Writes docs/benchmarks/fedproto-protocol.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -37,19 +37,20 @@ from pathlib import Path
 import numpy as np
 import torch
 from hfpl import save_figure
+from provenance import BENCHMARKS, earlier_stamp, stamp, stamped
 
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.algorithms.hfpl import HFPL, HFPLParams
+from fl_services.shared.core.algorithms.hfpl import HFPL, HFPLParams, train_alone
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import few_shot_arrays, load_federated, own_classes_test
 from fl_services.shared.core.reference import run_reference
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 DATA = Path.home() / ".cache" / "fl-datasets"
 NUM_CLIENTS, SLOW_EDGE, SLOWDOWN = 20, 2, 3.0
 # mode: (edges, buffer, slowdown)
 MODES = {"flat": (1, 1, {}), "sync": (3, 3, {}), "async": (3, 2, {SLOW_EDGE: SLOWDOWN})}
-# The protocol's measured best (docs/fedproto-protocol.md, "What each lever gave"): FedProto's optimiser,
+# The protocol's measured best (docs/benchmarks/fedproto-protocol.md, "What each lever gave"): FedProto's optimiser,
 # heavy-ball SGD with momentum 0.5 on batches of 8 (4x the steps of batch 32), at lr 0.02 (0.1 and 0.03 diverged).
 LOCAL = {"epochs": 1, "batch_size": 8, "lr": 0.02}
 PARAMS = {"momentum": 0.5}
@@ -125,7 +126,7 @@ def local_only(seed: int, rounds: int, params: dict, local: dict, budgets: list[
                 with torch.no_grad():
                     at[str(epoch)] = float((model(test.x).argmax(1) == test.y).float().mean())
 
-        algorithm.train_alone(k, data.clients[k].train, max(budgets), after_epoch=record)
+        train_alone(algorithm, k, data.clients[k].train, max(budgets), after_epoch=record)
         clients.append({"client": k, "family": algorithm.family_of(k), "by_epochs": at})
     return {"seed": seed, "mode": "local", "clients": clients}
 
@@ -295,6 +296,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     stored = DOCS / "fedproto-protocol.json"
+    page = DOCS / "fedproto-protocol.md"
+    # The page's line says when its protocol table was measured: a lever's row or a re-render keeps it.
+    line = stamp() if not args.render and not args.lever else earlier_stamp(page)
     if not args.render:
         params, local = {**PARAMS, **parse_values(args.set)}, parse_values(args.local)
         for seed in args.seeds:
@@ -325,10 +329,9 @@ def main() -> None:
         DOCS.mkdir(exist_ok=True)
         stored.write_text(json.dumps(saved, indent=1))
     saved = json.loads(stored.read_text())
-    page = DOCS / "fedproto-protocol.md"
     # Hand-written notes below the marker (measurements outside this script's runs) survive a re-render.
     notes = page.read_text().partition(NOTES)[2] if page.exists() else ""
-    page.write_text(render(saved["protocol"], saved["levers"]) + "\n" + NOTES + notes)
+    page.write_text(stamped(render(saved["protocol"], saved["levers"]), line) + "\n" + NOTES + notes)
     if saved["protocol"]:
         plot(saved["protocol"], DOCS / "fedproto-protocol.png")
 

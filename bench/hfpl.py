@@ -9,7 +9,7 @@ d = 64, seed 0. Edge 2 is made 3× slower (FL_EDGE_SLOWDOWN=3). Two runs on one 
 Accuracy is each client's held-out accuracy with its own f_i and the G it last received, averaged over
 clients (their latest reports). The local-only baseline trains each client's f_i with a private linear
 head on its own data alone, for as many epochs as that client trained in the async run, and tests it on
-the same held-out split. Writes docs/hfpl.{md,json,png}.
+the same held-out split. Writes docs/benchmarks/hfpl.{md,json,png}.
 
     ./fl bench/hfpl.py [--async-rounds 45] [--sync-rounds 18] [--target 0.9]
 """
@@ -22,19 +22,20 @@ import statistics
 from pathlib import Path
 
 import torch
+from provenance import BENCHMARKS, stamp, stamped
 from torch import nn
 
 from fl_services.client.state import ClientStateStore
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.algorithms.hfpl import HFPL
+from fl_services.shared.core.algorithms.hfpl import HFPL, train_alone
 from fl_services.shared.core.client_reports import client_reports
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.reports import RoundRecord
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 SLOW_EDGE, SLOWDOWN = 2, 3.0
 
 
@@ -63,7 +64,7 @@ def accuracies_alone(algorithm: HFPL, config: RunConfig, client_id: int,
             with torch.no_grad():
                 at[epoch] = tuple(float((model(d.x).argmax(1) == d.y).float().mean()) for d in tests)
 
-    algorithm.train_alone(client_id, data.clients[client_id].train, max(epochs), after_epoch=record)
+    train_alone(algorithm, client_id, data.clients[client_id].train, max(epochs), after_epoch=record)
     return at
 
 
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each mode, alternating; the arrival order (so the async result) varies")
     args = parser.parse_args()
+    line = stamp()
     torch.set_num_threads(1)
     runs = {"async (B = 2)": config_for("hfpl-async", 2, args.async_rounds),
             "sync (B = L = 3)": config_for("hfpl-sync", 3, args.sync_rounds)}
@@ -269,7 +271,7 @@ def main() -> None:
         f"local only with each one's epochs up to that point):\n\n" + "\n".join(budgets) +
         "\n\n![accuracy over wall-clock time](hfpl.png)\n"
     )
-    (DOCS / "hfpl.md").write_text(text)
+    (DOCS / "hfpl.md").write_text(stamped(text, line))
     print("\n".join(timing + [""] + rows))
 
 

@@ -17,7 +17,7 @@ services compute the same). For every client, on its own held-out split (skewed 
 
 pooled+prior − local only is the headroom a federated method has on this task. Also: each method's
 errors on classes the client has fewer than RARE training samples of, and on the others; and the
-federated − local difference after fewer epochs. Writes docs/hfpl-headroom.{md,json}.
+federated − local difference after fewer epochs. Writes docs/benchmarks/hfpl-headroom.{md,json}.
 
     ./fl bench/hfpl_headroom.py [--seeds 0 1 2] [--rounds 30] [--workers 2] [--render]
 """
@@ -28,19 +28,19 @@ import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import torch
 from hfpl import config_for
+from provenance import BENCHMARKS, earlier_stamp, stamp, stamped
 
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.algorithms.hfpl import HFPL
+from fl_services.shared.core.algorithms.hfpl import HFPL, train_alone
 from fl_services.shared.core.client_reports import client_reports
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ArrayDataset, load_federated
 from fl_services.shared.core.reference import run_reference
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 RARE = 10  # a class the client has fewer training samples of than this is rare for it
 METHODS = ("local only", "federated", "pooled", "pooled+prior")
 
@@ -91,8 +91,8 @@ def predictions(part: str, seed: int, rounds: int) -> dict[str, dict]:
             for k in clients:
                 test = data.clients[k].test
                 with torch.enable_grad():
-                    model = algorithm.train_alone(k, data.clients[k].train, rounds * config.local.epochs,
-                                            after_epoch=partial(record, test=test))
+                    model = train_alone(algorithm, k, data.clients[k].train, rounds * config.local.epochs,
+                                        after_epoch=partial(record, test=test))
                 out["local only"][k] = model(test.x).argmax(1).tolist()
             out["by budget"] = {"local only": {e: statistics.mean(v) for e, v in at.items()}}
         else:  # pooled: one model per family, from the initial weights of that family's first client
@@ -105,7 +105,7 @@ def predictions(part: str, seed: int, rounds: int) -> dict[str, dict]:
                 first.setdefault(algorithm.family_of(k), k)
             for family, k0 in first.items():
                 with torch.enable_grad():
-                    model = algorithm.train_alone(k0, pooled, rounds * config.local.epochs)
+                    model = train_alone(algorithm, k0, pooled, rounds * config.local.epochs)
                 for k in clients:
                     if algorithm.family_of(k) == family:
                         logits = model(data.clients[k].test.x)
@@ -145,7 +145,7 @@ def summarise(seed: int, rounds: int, preds: dict[str, dict[int, list[int]]],
 
 
 def render(seeds: list[dict], rounds: int) -> str:
-    """docs/hfpl-headroom.md from the per-seed summaries (also what the JSON holds)."""
+    """docs/benchmarks/hfpl-headroom.md from the per-seed summaries (also what the JSON holds)."""
     def pct(x: float) -> str:
         return f"{100 * x:.1f}%"
 
@@ -220,8 +220,10 @@ def main() -> None:
     stored = DOCS / "hfpl-headroom.json"
     if args.render:
         saved = json.loads(stored.read_text())
-        (DOCS / "hfpl-headroom.md").write_text(render(saved["seeds"], saved["rounds"]))
+        page = DOCS / "hfpl-headroom.md"
+        page.write_text(stamped(render(saved["seeds"], saved["rounds"]), earlier_stamp(page)))
         return
+    line = stamp()
     parts = [(part, seed) for seed in args.seeds for part in ("federated", "local only", "pooled")]
     preds: dict[int, dict[str, dict]] = {seed: {} for seed in args.seeds}
     by_budget: dict[int, dict[str, dict[int, float]]] = {seed: {} for seed in args.seeds}
@@ -236,7 +238,7 @@ def main() -> None:
     DOCS.mkdir(exist_ok=True)
     stored.write_text(json.dumps({"rounds": args.rounds, "rare": RARE, "seeds": seeds}, indent=1))
     text = render(seeds, args.rounds)
-    (DOCS / "hfpl-headroom.md").write_text(text)
+    (DOCS / "hfpl-headroom.md").write_text(stamped(text, line))
     print(text)
 
 

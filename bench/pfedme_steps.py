@@ -1,4 +1,4 @@
-"""Why pFedMe took 449 s where FedAvg took 31 s on the catalogue (docs/catalogue.md), in gradient steps.
+"""Why pFedMe took 449 s where FedAvg took 31 s on the catalogue (docs/benchmarks/catalogue.md), in gradient steps.
 
 On the catalogue's task (MNIST 5k, Dirichlet(0.3) over 20 clients, λ = 0.25, CNN, B = 32) FedAvg trains
 5 clients a round for E = 1 epoch (their ~160 training rows: 5 steps each), pFedMe trains all 20 clients

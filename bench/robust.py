@@ -16,7 +16,8 @@ runner clients that train honestly and then replace their step Δ_k by an attack
 The attackers are the lowest client ids, as many at each edge (10%: clients 0 and 1, one per edge; 20%:
 clients 0–3, two per edge). Aggregators: median; trimmed_mean with β = 0.2 (drops 2 of 10 at each end);
 multi-Krum with f = 2, m = 6. A run whose model goes non-finite (FedAvg's mean under a strong attack; the
-cloud would stop it as diverged) counts as chance accuracy (0.1) from then on. Writes docs/robust.{md,json,png}.
+cloud would stop it as diverged) counts as chance accuracy (0.1) from then on. Writes
+docs/benchmarks/robust.{md,json,png}.
 
     ./fl python bench/robust.py [--rounds 15] [--workers 2]        the attack table
     ./fl python bench/robust.py --costs                             time and memory of each aggregator
@@ -30,9 +31,9 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
 
 import torch
+from provenance import BENCHMARKS, earlier_stamp, stamp, stamped
 
 from fl_services.shared.core.algorithms import aggregate, robust
 from fl_services.shared.core.algorithms.base import MODEL, ClientResult
@@ -46,7 +47,7 @@ from fl_services.shared.core.reports import MAX_SCALAR
 from fl_services.shared.core.seeding import torch_generator
 from fl_services.shared.wire.client_edge import ClientResultHeader
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = BENCHMARKS
 AGGREGATORS = {
     "mean": {},
     "median": {"edge": "median"},
@@ -119,12 +120,13 @@ def attack_table(rounds: int, workers: int) -> None:
     """Every scenario × aggregator; the tables are rewritten as runs complete (clean and sign flip first)."""
     jobs = [(s[0], a) for s in SCENARIOS for a in AGGREGATORS]
     runs: list[dict] = []
+    line = stamp()
     with ProcessPoolExecutor(workers) as pool:
         for future in as_completed([pool.submit(one_run, s, a, rounds) for s, a in jobs]):
             runs.append(future.result())
             runs.sort(key=lambda r: jobs.index((r["scenario"], r["aggregator"])))
             (DOCS / "robust.json").write_text(json.dumps(runs, indent=1) + "\n")
-            render(runs)
+            render(runs, line)
 
 
 def final(run: dict) -> float:
@@ -132,7 +134,7 @@ def final(run: dict) -> float:
     return sum(run["accuracy"][-3:]) / 3
 
 
-def render(runs: list[dict]) -> None:
+def render(runs: list[dict], line: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,7 +170,7 @@ def render(runs: list[dict]) -> None:
     for scenario, _, _ in done:
         for a in AGGREGATORS:
             lines.append(f"| {scenario} | {a} | {' | '.join(f'{x:.3f}' for x in by[scenario, a]['accuracy'])} |")
-    (DOCS / "robust.md").write_text("\n".join(lines) + "\n")
+    (DOCS / "robust.md").write_text(stamped("\n".join(lines) + "\n", line))
 
     fig, axes = plt.subplots(1, len(done), figsize=(4 * len(done), 3.6), sharey=True, squeeze=False)
     for ax, (scenario, _, _) in zip(axes[0], done, strict=True):
@@ -236,7 +238,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--costs", action="store_true")
-    parser.add_argument("--render", action="store_true", help="rewrite docs/robust.{md,png} from docs/robust.json")
+    parser.add_argument("--render", action="store_true", help="rewrite robust.{md,png} from robust.json")
     parser.add_argument("--probe", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
@@ -244,7 +246,7 @@ def main() -> None:
     elif args.costs:
         costs()
     elif args.render:
-        render(json.loads((DOCS / "robust.json").read_text()))
+        render(json.loads((DOCS / "robust.json").read_text()), earlier_stamp(DOCS / "robust.md"))
     else:
         attack_table(args.rounds, args.workers)
 

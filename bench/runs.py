@@ -8,7 +8,7 @@ private redis-server. "sequential" creates and starts each run once the previous
 start request until the last run reports finished, on warm services (one untimed run first); each repeat
 times both modes, in alternating order, and the table shows medians.
 
-    ./fl python bench/runs.py [--counts 1 2 4] [--repeats 3] [--rounds 5] [--out docs]
+    ./fl python bench/runs.py [--counts 1 2 4] [--repeats 3] [--rounds 5] [--out docs/benchmarks]
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import json
 import statistics
 import time
 from pathlib import Path
+
+from provenance import stamp, stamped
 
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
@@ -60,8 +62,10 @@ def main() -> None:
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None, help="write runs.md and runs.json here (e.g. docs)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write runs.md and runs.json here (e.g. docs/benchmarks)")
     args = parser.parse_args()
+    line = stamp()
 
     times: dict[int, dict[str, list[float]]] = {n: {"sequential": [], "concurrent": []} for n in args.counts}
     with LocalTopology(num_clients=10, num_edges=1, procs_per_edge=2) as topo,\
@@ -85,7 +89,7 @@ def main() -> None:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "runs.json").write_text(json.dumps(figures, indent=2))
-        (args.out / "runs.md").write_text(document(figures))
+        (args.out / "runs.md").write_text(stamped(document(figures), line))
         print(f"wrote {args.out / 'runs.json'} and {args.out / 'runs.md'}")
 
 

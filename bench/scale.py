@@ -16,7 +16,8 @@ and fraction (clients per round), one run of `--rounds` rounds; s/round is the m
 With `--flower PYTHON` (a venv with flwr[simulation] and torch==2.13.0), the same task also runs in Flower's
 simulation engine (bench/flower_sim.py) on the very rows each of our clients trains, for each size.
 
-    ./fl bench/scale.py [--sizes 10 100 500 1000] [--fractions 1 0.1] [--rounds 3] [--flower PYTHON] [--out docs]
+    ./fl bench/scale.py [--sizes 10 100 500 1000] [--fractions 1 0.1] [--rounds 3] [--flower PYTHON]
+        [--out docs/benchmarks]
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
+from provenance import stamp, stamped
 
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology, Service
@@ -351,6 +353,7 @@ def main() -> None:
         asyncio.run(hold_polls(url, token, int(polls), float(seconds)))
         return
 
+    line = stamp()
     load_at_start = os.getloadavg()[0]
     rows = [row for n in sorted(args.sizes) for row in measure(n, args.fractions, args.rounds, args.workdir)]
     figures: dict = {"rounds": args.rounds, "rows": rows, "load_average": load_at_start, "cores": os.cpu_count()}
@@ -367,7 +370,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "scale.json").write_text(json.dumps(figures, indent=2))
         plot(rows, figures.get("flower", []), args.out / "scale.png")
-        (args.out / "scale.md").write_text(document(figures))
+        (args.out / "scale.md").write_text(stamped(document(figures), line))
         print(f"wrote {args.out}/scale.md, scale.json and scale.png")
 
 

@@ -4,10 +4,12 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+import torch
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.data import parse_source
+from fl_services.shared.core.device import DeviceSetting, resolve
 from fl_services.shared.runtime.settings import ServiceSettings
 from fl_services.shared.wire.protocol import issued_token_parts
 
@@ -17,43 +19,52 @@ class ClientSettings(ServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="FL_CLIENT_", extra="forbid")
 
-    edge_url: str = "http://127.0.0.1:8100"
-    # An https:// edge_url is verified against this CA bundle (PEM; unset: the public CAs); with
-    # edge_cert_file (and its key, unless in the same file) the process presents that certificate (mutual TLS).
-    edge_ca_file: Path | None = None
-    edge_cert_file: Path | None = None
-    edge_key_file: Path | None = None
-    client_token: str = "dev-client-token"
-    # One token per logical client (JSON: {"0": "fl1.0.<id>.<mac>", "2": ...}), as `fedctl issue-token 0,2
-    # --out FILE` writes them: given, each hosted client uses its own (and every hosted client needs one),
-    # so the process need not hold the edges' client secret, and revoking one token stops that client alone.
-    # Usually from a file: FL_CLIENT_CLIENT_TOKENS_FILE (a Docker secret).
-    client_tokens: dict[int, str] = Field(default_factory=dict)
-    # Logical clients this process hosts: "3", "0-4" or "0,2,5-7". A device usually hosts one.
-    clients: str = "0"
-    state_dir: Path = Path(".fl-state")
-    # Overrides the run's npz path with this machine's copy of the federated dataset file.
-    data_path: str | None = None
-    # The device's own data, a source spec (shared/core/data/specs.py), e.g. "npz:/data/site.npz" or
-    # "image-folder:/data/imgs?shape=1x28x28": tasks train on its training split, whatever the run's data set.
-    # For a process hosting one device (one logical client). Unset: each client trains on its partition of the
-    # run's data set.
-    data: str | None = None
-    long_poll_s: float = Field(20.0, gt=0)
-    # A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits
-    # retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait.
-    retry_initial_s: float = Field(1.0, gt=0)
-    retry_max_s: float = Field(30.0, gt=0)
-    # DVFS (client/dvfs.py): auto sets the host's CPU frequency where cpufreq under cpufreq_root is writable
-    # by this process, and emulates the device's time otherwise; cpufreq insists, emulate never touches it.
-    dvfs_backend: Literal["auto", "cpufreq", "emulate"] = "auto"
-    cpufreq_root: Path = Path("/sys/devices/system/cpu/cpufreq")
-    # Several identical processes can split `clients` between them (the pods of a Kubernetes StatefulSet,
-    # which learn their index from the pod label apps.kubernetes.io/pod-index): this process hosts every
-    # shard_count-th of the listed ids, starting at position shard_index. Stable across restarts, so each
-    # id keeps its state directory; the default hosts them all.
-    shard_index: int = Field(0, ge=0)
-    shard_count: int = Field(1, ge=1)
+    edge_url: str = Field("http://127.0.0.1:8100", description="Where the process reaches its edge (it dials out).")
+    edge_ca_file: Path | None = Field(None, description=(
+        "CA bundle (PEM) an https:// edge_url is verified against (unset: the public CAs)."))
+    edge_cert_file: Path | None = Field(None, description=(
+        "Certificate (PEM) the process presents to the edge (mutual TLS)."))
+    edge_key_file: Path | None = Field(None, description=(
+        "The key of edge_cert_file (unset: it is in the same file)."))
+    client_token: str = Field("dev-client-token", description=(
+        "The bearer token every hosted client sends: the edges' client secret, or, for a process hosting one "
+        "client, that client's own device token."))
+    client_tokens: dict[int, str] = Field(default_factory=dict, description=(
+        'One token per logical client (JSON: {"0": "fl1.0.<id>.<mac>", "2": ...}), as `fedctl issue-token 0,2 '
+        "--out FILE` writes them: given, each hosted client uses its own (and every hosted client needs one), "
+        "so the process need not hold the edges' client secret, and revoking one token stops that client alone. "
+        "Usually from a file: FL_CLIENT_CLIENT_TOKENS_FILE (a Docker secret)."))
+    clients: str = Field("0", description=(
+        'Logical clients this process hosts: "3", "0-4" or "0,2,5-7". A device usually hosts one.'))
+    state_dir: Path = Field(Path(".fl-state"), description=(
+        "Where each hosted client keeps its state (<run>/client-<k>/), written atomically and fsynced."))
+    data_path: str | None = Field(None, description=(
+        "Overrides the run's npz path with this machine's copy of the federated dataset file."))
+    data: str | None = Field(None, description=(
+        'The device\'s own data, a source spec (shared/core/data/specs.py), e.g. "npz:/data/site.npz" or '
+        '"image-folder:/data/imgs?shape=1x28x28": tasks train on its training split, whatever the run\'s data set. '
+        "For a process hosting one device (one logical client). Unset: each client trains on its partition of the "
+        "run's data set."))
+    long_poll_s: float = Field(20.0, gt=0, description="How long the process's task long-poll asks to be held.")
+    retry_initial_s: float = Field(1.0, gt=0, description=(
+        "A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits "
+        "retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait."))
+    retry_max_s: float = Field(30.0, gt=0, description="The longest wait between a failing client's attempts.")
+    dvfs_backend: Literal["auto", "cpufreq", "emulate"] = Field("auto", description=(
+        "DVFS (client/dvfs.py): auto sets the host's CPU frequency where cpufreq under cpufreq_root is writable "
+        "by this process, and emulates the device's time otherwise; cpufreq insists, emulate never touches it."))
+    cpufreq_root: Path = Field(Path("/sys/devices/system/cpu/cpufreq"), description=(
+        "Where the host's cpufreq policies are."))
+    shard_index: int = Field(0, ge=0, description=(
+        "Several identical processes can split `clients` between them (the pods of a Kubernetes StatefulSet, "
+        "which learn their index from the pod label apps.kubernetes.io/pod-index): this process hosts every "
+        "shard_count-th of the listed ids, starting at position shard_index. Stable across restarts, so each "
+        "id keeps its state directory; the default hosts them all."))
+    shard_count: int = Field(1, ge=1, description="How many processes split `clients` (see shard_index).")
+    device: DeviceSetting = Field("cpu", description=(
+        "Where local training runs: cpu, cuda (the current GPU), cuda:N, or auto (cuda where torch sees a GPU, else "
+        "cpu); a GPU this machine does not have stops the process at start-up. Results travel as a CPU client's do "
+        "(shared/core/device.py); a GPU's are not bit-identical to the CPU's (docs/explanation-determinism-gpu.md)."))
 
     @field_validator("edge_url")
     @classmethod
@@ -87,6 +98,10 @@ class ClientSettings(ServiceSettings):
             if parts is not None and parts[0] != client_id:
                 raise ValueError(f"client_tokens: the token given for client {client_id} is client {parts[0]}'s")
         return self
+
+    @property
+    def compute_device(self) -> torch.device:
+        return resolve(self.device)
 
     def hosted_ids(self) -> list[int]:
         """The logical client ids this process hosts: its shard of `clients`."""

@@ -46,13 +46,15 @@ def run(
     edge_cert_file: Optional[Path] = typer.Option(None, help=_help("certificate presented to the edge (mutual TLS)",
                                                                    "edge_cert_file")),
     edge_key_file: Optional[Path] = typer.Option(None, help=_help("the key of --edge-cert-file", "edge_key_file")),
+    device: Optional[str] = typer.Option(None, help=_help("where local training runs: auto, cpu, cuda or cuda:N",
+                                                          "device")),
 ) -> None:
     overrides: dict[str, Any] = {k: v for k, v in {
         "edge_url": edge, "clients": clients, "client_token": token, "state_dir": state_dir,
         "data_path": data_path, "data": data, "torch_threads": threads, "edge_ca_file": edge_ca_file,
-        "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file,
+        "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file, "device": device,
     }.items() if v is not None}
-    settings = load_settings(ClientSettings, **overrides)
+    settings = load_settings(ClientSettings, **overrides)  # e.g. a GPU this machine lacks: one line, exit 2
     configure_logging(settings.log_level, settings.log_format)
     torch.set_num_threads(settings.torch_threads)
     try:

@@ -3,8 +3,8 @@
 For each logical client, one file, `state.safetensors`: the algorithm's persistent tensors, the id of the
 task that produced them, and the upload for that task (its bytes as one uint8 tensor), written whole or
 not at all. A task that meets a state already produced by it re-sends the stored result instead of
-training on advanced state. One fsynced write per task: the state and its result used to be two files,
-two fsyncs a task, the state written second so a crash between them left the old one.
+training on advanced state. One fsynced write per task: state and result in one file, so no crash can leave
+one without the other, and a task costs one fsync rather than two.
 """
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from fl_services.client.state import ClientStateStore
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ClientData, DataSource, PartitionSource, check_fits, open_source
+from fl_services.shared.core.device import local_update
 from fl_services.shared.core.federation import local_job, run_task
 from fl_services.shared.core.records import Record, decode, encode
 from fl_services.shared.core.tensors import PayloadError, message_of
@@ -53,7 +54,8 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
                   backend_for(settings.dvfs_backend, settings.cpufreq_root))
     with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
-        update = algorithm.local_update(local_job(config, header.client_id, header.round, data), task, store.load())
+        update = local_update(algorithm, local_job(config, header.client_id, header.round, data), task, store.load(),
+                              settings.compute_device)
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
                                 num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
                                 train_seconds=time.perf_counter() - started,
@@ -62,7 +64,7 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     # Saved where there is state to keep (or an older state to supersede): a crash must then not train
     # again on state already advanced by this task. Without client state (FedAvg, FedProx, FedSGD) a task
     # trained again after a crash gives the same tensors, and the edge counts one result per task id; the
-    # fsync this skips was 11 of the 25 ms a CNN task of 5 samples cost (docs/scale.md).
+    # fsync this skips was 11 of the 25 ms a CNN task of 5 samples cost (docs/benchmarks/scale.md).
     if update.state or store.exists():
         store.save(header.task_id, update.state, blob)
     return blob
@@ -272,8 +274,8 @@ class Worker:
             check(response)
         elif response.status_code >= 400:
             # E.g. a diverged update beyond the edge's bounds (422): the same result would be refused again,
-            # so it is not re-sent (it was, at once and forever). Reported as the task's failure: the round
-            # stops waiting for this client, where it waited until its deadline.
+            # so it is not re-sent. Reported as the task's failure: the round stops waiting for this client
+            # instead of waiting until its deadline.
             log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id,
                       response.status_code, response.text[:300])
             self.failed.add(header.task_id)

@@ -1,10 +1,10 @@
 """The audit log of admin actions: who (which admin token, from which address) did what to which run or
-token. Kept in Redis as a capped stream (cloud/keys.py, `audit`), read with GET /api/v1/audit."""
+token. Kept by the storage as a capped log (`AuditLog`), read with GET /api/v1/audit."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fl_services.cloud.store import Store, now
+from fl_services.cloud.storage import Store, now
 from fl_services.shared.wire.admin import AuditRecord
 
 

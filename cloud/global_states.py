@@ -1,15 +1,15 @@
 """The latest global state of each active run, kept in this cloud process as the bytes edges are served.
 
 Every edge of a run fetches each version (a long-poll answered with the blob) and every contribution is
-checked against it: read from Redis each time, a 60 MB state cost a GET of 60 MB per fetch and per
-submit. Here it is read once per version and process (or not at all by the replica that computed it),
+checked against it: read from the storage each time, a 60 MB state would cost a read of 60 MB per fetch
+and per submit. Here it is read once per version and process (or not at all by the replica that computed it),
 and a submit's check reads only its header (`records.layout`). One blob per active run is held.
 """
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from fl_services.cloud.store import Store
+from fl_services.cloud.storage import Store
 from fl_services.shared.core.records import Record, layout
 
 

@@ -10,7 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
 
 CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
-# Refusals of a contribution: the buffer's own (cloud.store's Conflict reasons) and those of the request.
+# Refusals of a contribution: the buffer's own (the storage's Conflict reasons) and those of the request.
 REFUSALS = ("not_running", "future", "stale", "conflict", "key_reused", "pending",
             "unreadable", "unauthorized", "not_found", "too_large", "invalid")
 # Gauges per run: the active runs and the newest runs (a finished run's last values stay visible).

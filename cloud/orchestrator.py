@@ -1,9 +1,10 @@
 """The cloud loop, written once: buffer holds B contributions → cloud_update → publish a new version.
 
-It runs as one background task in each cloud process (replica). Everything it reads and writes is in
-Redis, so a restarted cloud resumes from the buffer exactly where the killed one stopped; with several
-replicas, a lease per run in Redis lets one of them compute each update, and a pub/sub channel tells every
-replica's waiters (long-polling edges, dashboards) of a new version or status at once.
+It runs as one background task in each cloud process (replica). Everything it reads and writes is in the
+storage (cloud/storage), so a restarted cloud resumes from the buffer exactly where the killed one stopped;
+with several replicas, a lease per run lets one of them compute each update (its commit fenced by the lease),
+and the storage's events tell every replica's waiters (long-polling edges, dashboards) of a new version or
+status at once.
 """
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ import asyncio
 import contextlib
 import logging
 import math
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.asyncio.lock import Lock
-from redis.exceptions import LockError
+import torch
 
 from fl_services.cloud.global_states import GlobalStates
 from fl_services.cloud.metrics import CloudMetrics
-from fl_services.cloud.store import UNAVAILABLE, BufferedContribution, NotFound, StateTooLarge, Store, now
+from fl_services.cloud.storage import (
+    BufferedContribution,
+    Lease,
+    LeaseLost,
+    NotFound,
+    StateTooLarge,
+    StorageUnavailable,
+    Store,
+    now,
+)
 from fl_services.shared.core.algorithms import privacy, registry
 from fl_services.shared.core.algorithms.base import Algorithm, Contribution
 from fl_services.shared.core.cloud_round import (
@@ -33,6 +41,7 @@ from fl_services.shared.core.cloud_round import (
     with_evaluation,
 )
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.device import CPU, computing_on
 from fl_services.shared.core.federation import contribution, evaluate_global
 from fl_services.shared.core.records import decode, decode_state, encode
 from fl_services.shared.core.reports import RoundRecord, RunStatus
@@ -47,13 +56,14 @@ T = TypeVar("T")
 
 
 class Orchestrator:
-    # Wait before subscribing again after the event channel's connection failed (Redis away).
+    # Wait before subscribing again after the event channel's connection failed (the storage away).
     resubscribe_s: float = 0.5
     resubscribe_max_s: float = 10.0
 
     def __init__(self, store: Store, metrics: CloudMetrics | None = None, replica: str = "cloud",
-                 lease_s: float = 10.0, max_update_failures: int = 10):
+                 lease_s: float = 10.0, max_update_failures: int = 10, device: torch.device = CPU):
         self.store = store
+        self.device = device  # where it evaluates and trains hfpl's classifier (shared/core/device.py)
         self.metrics = metrics or CloudMetrics()
         self.replica = replica
         self.lease_s = lease_s
@@ -79,8 +89,8 @@ class Orchestrator:
         await self.wake_waiters()
         try:
             await self.store.publish(self.replica)
-        except UNAVAILABLE:  # Redis away: the other replicas' waiters look again at their deadline
-            log.warning("could not announce a change to the other cloud replicas: Redis is unavailable")
+        except StorageUnavailable:  # the other replicas' waiters look again at their deadline
+            log.warning("could not announce a change to the other cloud replicas: the storage is unavailable")
 
     async def wake_waiters(self) -> None:
         """Every wait_until of this process looks again (e.g. the process is stopping)."""
@@ -115,15 +125,17 @@ class Orchestrator:
         return await wait_until(self._changed, check, timeout, recheck_s)
 
     def stop(self) -> None:
-        """Ends run_forever at its next turn. A flag, because on Python 3.11 a cancel that lands while
-        redis-py's own wait_for completes can be lost, and shutdown would wait forever."""
+        """Ends run_forever at its next turn. A flag, because on Python 3.11 a cancel that lands while a
+        storage client's own wait_for completes (redis-py's) can be lost, and shutdown would wait forever."""
         self._stopping = True
         self._wake.set()
 
     # ---- the loop ------------------------------------------------------------------------------
     async def run_forever(self, idle_poll_s: float = 1.0) -> None:
         try:
-            await self._loop(idle_poll_s)
+            # The loop's updates and evaluations, threads and tasks, inherit the context's device.
+            with computing_on(self.device):
+                await self._loop(idle_poll_s)
         finally:  # an evaluation cut short leaves its record to the next update (see _evaluated)
             for task in self._evaluations.values():
                 task.cancel()
@@ -139,7 +151,7 @@ class Orchestrator:
                 pass
             self._wake.clear()
             try:
-                if not migrated:  # here rather than at start-up: Redis may be away then
+                if not migrated:  # here rather than at start-up: the storage may be away then
                     await self.store.migrate()
                     migrated = True
                 while not self._stopping and await self.step():
@@ -174,7 +186,7 @@ class Orchestrator:
                 self._failures.pop(run_id, None)
             except asyncio.CancelledError:
                 raise
-            except UNAVAILABLE:  # Redis away: every run's update waits for it alike
+            except StorageUnavailable:  # every run's update waits for it alike
                 raise
             except Exception:  # the buffer keeps its entries: the update is retried at the next turn
                 failures = self._failures[run_id] = self._failures.get(run_id, 0) + 1
@@ -196,31 +208,30 @@ class Orchestrator:
             return False
         if info.status not in (RunStatus.running, RunStatus.paused) or info.buffered < info.config.topology.buffer_size:
             return False
-        lease = self.store.lease(run_id, self.lease_s)
-        token = f"{self.replica}:{secrets.token_hex(8)}"
-        if not await lease.acquire(blocking=False, token=token):
+        lease = await self.store.acquire_lease(run_id, self.lease_s, self.replica)
+        if lease is None:
             return False  # another replica computes it; if it dies, the lease expires and this one will
-        renewing = asyncio.create_task(self._renew(run_id, lease))
+        renewing = asyncio.create_task(self._renew(lease))
         try:
-            return await self._publish_update(run_id, token, renewing)
+            return await self._publish_update(run_id, lease, renewing)
         finally:
             renewing.cancel()
-            with contextlib.suppress(LockError, *UNAVAILABLE):  # lost or expired: nothing to give back
-                await lease.release()
+            with contextlib.suppress(LeaseLost, StorageUnavailable):  # lost or expired: nothing to give back
+                await self.store.release_lease(lease)
 
-    async def _renew(self, run_id: str, lease: Lock) -> None:
+    async def _renew(self, lease: Lease) -> None:
         """Keeps the lease while the update is computed; once lost, the commit refuses to publish."""
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                await lease.reacquire()
-            except LockError:
-                log.warning("run %s: the update lease expired while this replica computed it", run_id)
+                await self.store.extend_lease(lease)
+            except LeaseLost:
+                log.warning("run %s: the update lease expired while this replica computed it", lease.run_id)
                 return
-            except UNAVAILABLE:
+            except StorageUnavailable:
                 pass  # tried again at the next turn, while the lease lasts
 
-    async def _publish_update(self, run_id: str, token: str, renewing: asyncio.Task) -> bool:
+    async def _publish_update(self, run_id: str, lease: Lease, renewing: asyncio.Task) -> bool:
         """The update under the lease. Everything is read again: another replica may have published it
         between the first look and the lease."""
         await self._evaluated(run_id)
@@ -253,15 +264,16 @@ class Orchestrator:
                               now()).model_copy(update={"computed_by": self.replica})
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config,
                                    buffer_waits=buffer_waits(entries))
-        # No renewal during the commit: it WATCHes the lease, and a renewal (a write to it) would abort it,
-        # making this replica compute the same update again. The last renewal left ≥ 2/3 of the lease.
+        # No renewal during the commit: the commit is fenced by the lease (Redis WATCHes it), and a renewal (a
+        # write to it) would abort it, making this replica compute the same update again. The last renewal
+        # left ≥ 2/3 of the lease.
         renewing.cancel()
         await asyncio.wait({renewing})
         new_global = encode(outcome.global_, header)
         try:
             committed = await self.store.commit_update(
                 run_id, info.version, entries, new_global, encode(outcome.cloud_state), record,
-                finished, lease_token=token,
+                finished, lease=lease,
             )
         except StateTooLarge:
             # Recomputing would give the same result again: stop the run, loudly, so that it does not loop.
@@ -298,7 +310,7 @@ class Orchestrator:
                 log.info("run %s version %d: acc %.4f", run_id, record.version, filled.test_accuracy)
         except asyncio.CancelledError:
             raise
-        except Exception:  # e.g. Redis away: the next update evaluates it again before it is computed
+        except Exception:  # e.g. the storage away: the next update evaluates it again before it is computed
             log.exception("run %s: evaluating version %d failed; the next update retries it", run_id, record.version)
 
     async def _evaluated(self, run_id: str) -> None:

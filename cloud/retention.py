@@ -7,7 +7,7 @@ import logging
 from datetime import datetime, timedelta
 
 from fl_services.cloud.audit import Auditor
-from fl_services.cloud.store import Conflict, NotFound, Store, now
+from fl_services.cloud.storage import Conflict, NotFound, Store, now
 
 log = logging.getLogger(__name__)
 

@@ -14,38 +14,46 @@ class EdgeSettings(ServerSettings):
 
     model_config = SettingsConfigDict(env_prefix="FL_EDGE_", extra="forbid")
 
-    edge_id: int = Field(0, ge=0)
-    host: str = "127.0.0.1"
-    port: int = 8100
-    cloud_url: str = "http://127.0.0.1:8000"
-    # An https:// cloud_url is verified against this CA bundle (PEM; unset: the public CAs); with
-    # cloud_cert_file (and its key, unless in the same file) the edge presents that certificate (mutual TLS).
-    cloud_ca_file: Path | None = None
-    cloud_cert_file: Path | None = None
-    cloud_key_file: Path | None = None
-    # Presented to the cloud.
-    edge_token: str = "dev-edge-token"
-    # Expected from clients: this secret (every client), or a device token derived from it (one client).
-    client_token: str = "dev-client-token"
-    # How often the edge fetches the revoked device tokens from the cloud: a revoked token works at most this
-    # long after its revocation (and, while the cloud is unreachable, until the edge reaches it again).
-    revocation_refresh_s: float = Field(10.0, gt=0)
-    # Where clients reach this edge (reported to the cloud for operators; clients dial out to it).
-    public_url: str | None = None
-    max_payload_bytes: int = Field(64 * 2**20, gt=0)
-    long_poll_max_s: float = Field(25.0, gt=0)
-    # Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run,
-    # so a restarted edge continues where it stopped. On by default: an edge that forgets reports only
-    # the clients of its next round, and the others silently drop out of the global prototypes.
-    # Point it at durable storage in production (docker-compose mounts a volume); None: memory only.
-    state_dir: Path | None = Path(tempfile.gettempdir()) / "fl-edge-state"
-    # Where the edge cannot derive a client's sample count (an imported data loader, an npz file it does not
-    # hold), a result's claim counts at most this many samples: a device cannot take a round's weight over
-    # by claiming 10^12 (README, Security). None: no cap. Where it can, a wrong claim is refused (422).
-    max_client_samples: int | None = Field(None, ge=1)
-    # ≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow
-    # site (asynchronous-buffer experiments); 1 means no delay.
-    slowdown: float = Field(1.0, ge=1.0, le=100.0)
+    edge_id: int = Field(0, ge=0, description=(
+        "This edge's index l: it takes part in every run with topology.num_edges > l and serves the clients k "
+        "with k mod num_edges = l."))
+    host: str = Field("127.0.0.1", description=(
+        "The address to listen on. Beyond loopback (0.0.0.0, a LAN address) the development client token is "
+        "refused."))
+    port: int = Field(8100, description="The port to listen on.")
+    cloud_url: str = Field("http://127.0.0.1:8000", description="Where the edge reaches the cloud (it dials out).")
+    cloud_ca_file: Path | None = Field(None, description=(
+        "CA bundle (PEM) an https:// cloud_url is verified against (unset: the public CAs)."))
+    cloud_cert_file: Path | None = Field(None, description=(
+        "Certificate (PEM) the edge presents to the cloud (mutual TLS)."))
+    cloud_key_file: Path | None = Field(None, description=(
+        "The key of cloud_cert_file (unset: it is in the same file)."))
+    edge_token: str = Field("dev-edge-token", description="The bearer token presented to the cloud.")
+    client_token: str = Field("dev-client-token", description=(
+        "Expected from clients: this secret (every client), or a device token derived from it (one client)."))
+    revocation_refresh_s: float = Field(10.0, gt=0, description=(
+        "How often the edge fetches the revoked device tokens from the cloud: a revoked token works at most this "
+        "long after its revocation (and, while the cloud is unreachable, until the edge reaches it again)."))
+    public_url: str | None = Field(None, description=(
+        "Where clients reach this edge (reported to the cloud for operators; clients dial out to it)."))
+    max_payload_bytes: int = Field(64 * 2**20, gt=0, description=(
+        "The largest body a tensor route (a client's result) accepts: 413 beyond."))
+    long_poll_max_s: float = Field(25.0, gt=0, description=(
+        "How long the edge's long-poll of the cloud asks to be held (the cloud cuts it to its own "
+        "long_poll_max_s)."))
+    state_dir: Path | None = Field(Path(tempfile.gettempdir()) / "fl-edge-state", description=(
+        "Where the edge keeps its algorithm state (e.g. every client's last prototypes), one file per run, "
+        "so a restarted edge continues where it stopped. On by default: an edge that forgets reports only "
+        "the clients of its next round, and the others silently drop out of the global prototypes. "
+        "Point it at durable storage in production (docker-compose mounts a volume); unset: memory only."))
+    max_client_samples: int | None = Field(None, ge=1, description=(
+        "Where the edge cannot derive a client's sample count (an imported data loader, an npz file it does not "
+        "hold), a result's claim counts at most this many samples: a device cannot take a round's weight over "
+        "by claiming 10^12 (docs/explanation-security-model.md). Unset: no cap. Where it can, a wrong claim is "
+        "refused (422)."))
+    slowdown: float = Field(1.0, ge=1.0, le=100.0, description=(
+        "≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow "
+        "site (asynchronous-buffer experiments); 1 means no delay."))
 
     @model_validator(mode="after")
     def _secret_tokens_beyond_loopback(self) -> "EdgeSettings":

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from fl_services.edge.config import EdgeSettings
+from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.round_loop import EdgeRoundLoop
 from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.server.app import app_state
@@ -19,6 +20,7 @@ from fl_services.shared.wire.protocol import device_token_id
 SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
 BoardDep = Annotated[TaskBoard, Depends(app_state("board"))]
 RoundLoopDep = Annotated[EdgeRoundLoop, Depends(app_state("round_loop"))]
+MetricsDep = Annotated[EdgeMetrics, Depends(app_state("metrics"))]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,14 @@ class ClientAuth:
         if token_id in self.revoked:
             return f"this device token ({token_id}) was revoked"
         return None
+
+    def refused(self, poll: TaskPoll) -> list[int]:
+        """The polled clients this token (or the poll's own token of each) may not act as; 401 if it may act as
+        none of them."""
+        refused = {k: reason for k in poll.client_ids if (reason := self.refusal(k, poll.tokens.get(k))) is not None}
+        if len(refused) == len(poll.client_ids):
+            raise unauthorized(next(iter(refused.values())))
+        return list(refused)
 
 
 async def client_auth(request: Request) -> ClientAuth:
@@ -82,3 +92,4 @@ def _client_id(raw: str) -> int | None:
     return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else None
 
 
+ClientAuthDep = Annotated[ClientAuth, Depends(client_auth)]

@@ -38,7 +38,8 @@ def create_app(settings: EdgeSettings | None = None,
                             **({"transport": cloud_transport} if cloud_transport is not None else {}))
         board = TaskBoard()
         round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
-        metrics.watch(board, round_loop)
+        metrics.watch(clients=lambda: len(board.clients), outstanding=board.outstanding,
+                      version=round_loop.version)
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
         app.state.revocations = revocations = Revocations()
         tasks = [asyncio.create_task(round_loop.run_forever()),

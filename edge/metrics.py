@@ -6,16 +6,12 @@ nothing between scrapes. Clients report their training time and samples with eac
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
 from fl_services.shared.wire.client_edge import ClientResultHeader
-
-if TYPE_CHECKING:
-    from fl_services.edge.round_loop import EdgeRoundLoop
-    from fl_services.edge.tasks import TaskBoard
 
 RESULTS_ROUTE = "/api/v1/clients/{client_id}/results"
 # Refusals of a result: the task board's (edge/tasks.py TaskConflict reasons) and those of the request.
@@ -58,7 +54,10 @@ class EdgeMetrics(ServiceMetrics):
         if header.train_seconds is not None:
             self.train_seconds.observe(header.train_seconds)
 
-    def watch(self, board: TaskBoard, round_loop: EdgeRoundLoop) -> None:
-        self.clients.set_function(lambda: len(board.clients))
-        self.outstanding.set_function(board.outstanding)
-        self.version.set_function(lambda: round_loop.current.version if round_loop.current else -1)
+    def watch(self, clients: Callable[[], float], outstanding: Callable[[], float],
+              version: Callable[[], float]) -> None:
+        """The gauges' sources, read at scrape time: the registered clients, the tasks not answered yet, and
+        the version of the last global state received (-1: none)."""
+        self.clients.set_function(clients)
+        self.outstanding.set_function(outstanding)
+        self.version.set_function(version)

@@ -7,63 +7,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import os
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import httpx
 
 from fl_services.edge.config import EdgeSettings
+from fl_services.edge.dispatch import Dispatch, RoundAbandoned
+from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
-from fl_services.edge.tasks import ForeignClient, Task, TaskBoard
+from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.algorithms.base import Algorithm, ClientResult
-from fl_services.shared.core.config import RoundPolicy, RunConfig
+from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.edge_round import ClientTask, run_edge_round
-from fl_services.shared.core.federation import known_num_samples, participation
-from fl_services.shared.core.records import Record, decode, decode_state, encode
-from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader
-from fl_services.shared.core.tensors import PayloadError
-from fl_services.shared.runtime.files import atomic_write
+from fl_services.shared.core.federation import known_num_samples
+from fl_services.shared.core.records import Record, decode
+from fl_services.shared.core.reports import ClientFailure
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.wire.backoff import Backoff
-from fl_services.shared.wire.client_edge import ClientTaskHeader
 from fl_services.shared.wire.edge_cloud import EdgeRegistration, GlobalStateHeader, RunEnd
-from fl_services.shared.wire.http import binary_body
 from fl_services.shared.wire.protocol import live_runs
 from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
-
-
-class RoundAbandoned(Exception):
-    """The cloud moved on while the round waited for clients that cannot answer."""
-
-
-@dataclass
-class Lane:
-    """One run as this edge serves it: its algorithm, its edge state, and its round in progress."""
-
-    config: RunConfig
-    algorithm: Algorithm
-    edge_state: Record
-    backoff: Backoff
-    # DVFS: the budget each task gives its client, from this run's rounds (edge/pacing.py).
-    pacing: EdgePacing
-    # The last version whose round succeeded: the long-poll asks for a newer one. It moves only after a
-    # successful round, so after a failure the same state (or a newer one, if the cloud moved on) is
-    # fetched again and its round re-run, instead of the edge waiting for a version that never comes.
-    done: int = -1
-    # The round in progress (or the wait after a failed one): the run is not offered again meanwhile.
-    task: asyncio.Task | None = None
-    # The clients' sample counts as the edge derives them from the run (None: it cannot know them).
-    num_samples: list[int] | None = None
-    samples_known: bool = False
 
 
 class EdgeRoundLoop:
@@ -85,6 +53,8 @@ class EdgeRoundLoop:
         self.lanes: dict[str, Lane] = {}
         self._lanes_changed = asyncio.Event()
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
+        self.states = StateFiles(self.edge_id, settings.state_dir)
+        self.dispatch = Dispatch(self.edge_id, board, cloud, settings.max_client_samples, self.metrics.submissions)
 
     async def run_forever(self) -> None:
         await self.register()
@@ -139,6 +109,17 @@ class EdgeRoundLoop:
         if lane.task is None:
             lane.task = asyncio.create_task(self._serve(lane, header, global_))
 
+    def version(self) -> int:
+        """The version of the last round started, of any run (-1: none)."""
+        return self.current.version if self.current else -1
+
+    @property
+    def serving(self) -> GlobalStateHeader | None:
+        """The last round started, while the edge still serves its run: a run dropped because the state
+        long-poll no longer names it live is not reported as served until the next one starts."""
+        current = self.current
+        return current if current is not None and current.run_id in self.lanes else None
+
     @property
     def live_runs(self) -> set[str] | None:
         """The runs the cloud last named live for this edge; None until it has named any."""
@@ -153,18 +134,7 @@ class EdgeRoundLoop:
                 lane.task.cancel()
         if live != self._live:
             self._live = live
-            self._drop_ended_states(live)
-
-    def _drop_ended_states(self, live: set[str]) -> None:
-        """Deletes this edge's state files of the runs that are not live: an ended run never resumes, and
-        each file (every client's memory of the run) outlived even the run's deletion at the cloud. Those
-        of runs that ended while the edge was down go too."""
-        if self.settings.state_dir is None or not self.settings.state_dir.is_dir():
-            return
-        prefix = f"edge{self.edge_id}-"
-        for path in self.settings.state_dir.glob(f"{prefix}*.safetensors"):
-            if path.name.removeprefix(prefix).removesuffix(".safetensors") not in live:
-                path.unlink(missing_ok=True)
+            self.states.keep_only(live)
 
     async def _serve(self, lane: Lane, header: GlobalStateHeader, global_: Record) -> None:
         """One run's round; a failed one is re-run after a backoff (from the same state, or a newer one)."""
@@ -263,37 +233,11 @@ class EdgeRoundLoop:
         """The run's lane, made on its first state (its edge state read back from disk)."""
         lane = self.lanes.get(header.run_id)
         if lane is None:
-            lane = Lane(header.config, registry.create(header.config), self._load_state(header.run_id),
+            lane = Lane(header.config, registry.create(header.config), self.states.load(header.run_id),
                         Backoff(self.retry_backoff_s, self.retry_backoff_max_s),
                         EdgePacing(self.edge_id, header.run_id))
             self.lanes[header.run_id] = lane
         return lane
-
-    def _state_path(self, run_id: str) -> Path | None:
-        if self.settings.state_dir is None:
-            return None
-        return self.settings.state_dir / f"edge{self.edge_id}-{run_id}.safetensors"
-
-    def _load_state(self, run_id: str) -> Record:
-        path = self._state_path(run_id)
-        if path is None or not path.exists():
-            return {}
-        try:
-            return decode_state(path.read_bytes())
-        except PayloadError:
-            # Unreadable (e.g. a disk that lost its last write): start afresh, loudly, and keep the file.
-            log.error("edge %d: state file %s is unreadable; starting run %s without it", self.edge_id, path, run_id)
-            os.replace(path, path.with_suffix(".corrupt"))
-            return {}
-
-    def _save_state(self, run_id: str, state: Record) -> None:
-        """Atomically, so a crash leaves the previous state or this one. Saved before the submit: an
-        edge that restarts re-runs the round, its clients answer from their saved results, and the
-        incremental aggregation replaces each client's prototype, so nothing is counted twice."""
-        path = self._state_path(run_id)
-        if path is None:
-            return
-        atomic_write(path, encode(state))
 
     async def run_round(self, header: GlobalStateHeader, global_: Record) -> None:
         self.current = header
@@ -311,8 +255,9 @@ class EdgeRoundLoop:
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
             chosen = [t.client_id for t in tasks]
             budget = pacing.budget(header.config, chosen)
-            results = await self.collect(header, [self._task(header, t, algorithm, budget) for t in tasks],
-                                         header.config.policy, failures)
+            results = await self.dispatch.collect(
+                header, [self.dispatch.task(header, t, algorithm, budget, lane.num_samples) for t in tasks],
+                header.config.policy, failures, partial(self._moved_on, header))
             pacing.observe(header.config, chosen, results)
             return results
 
@@ -322,11 +267,11 @@ class EdgeRoundLoop:
             outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
                                            offload=asyncio.to_thread)
             lane.edge_state = outcome.edge_state
-            await asyncio.to_thread(self._save_state, header.run_id, lane.edge_state)  # encodes and fsyncs
+            await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
-            await self.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight, outcome.results,
-                              failures)
+            await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
+                                       outcome.results, failures)
             self.metrics.round_seconds.observe(time.monotonic() - started)
             log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:
@@ -334,19 +279,6 @@ class EdgeRoundLoop:
             # leaves that on disk; after a save, the re-run replaces each client's entry with the same one).
             lane.edge_state = before
             raise
-
-    def _task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm,
-              budget_s: float | None) -> Task:
-        message = ClientTaskHeader(
-            task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
-            client_id=task.client_id, round=task.round, version=header.version, config=header.config,
-            budget_s=budget_s,
-        )
-        lane = self.lanes.get(header.run_id)
-        known = lane.num_samples if lane is not None else None
-        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors),
-                    num_samples=known[task.client_id] if known else None,
-                    max_samples=self.settings.max_client_samples)
 
     def _known_num_samples(self, header: GlobalStateHeader) -> list[int] | None:
         try:
@@ -357,62 +289,7 @@ class EdgeRoundLoop:
                         exc_info=True)
             return None
 
-    async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy,
-                      failures: list[ClientFailure]) -> list[ClientResult]:
-        """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered; after
-        max_retries, goes on with any answer, waiting for a first one only while the cloud still wants it.
-        A client's reported failure ends the wait for it; the failures left unanswered join `failures`.
-        (A run that ends meanwhile cancels the whole round: see `_forget_ended`.)"""
-        run_id = header.run_id
-        quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
-        await self.board.post(tasks)
-        log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)
-        try:
-            for attempt in range(policy.max_retries + 1):
-                results = await self.board.wait_results(run_id, policy.deadline_s)
-                if len(results) >= quorum:
-                    return results
-                log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
-                            self.edge_id, len(results), len(tasks), quorum, attempt + 1)
-            while not results:
-                # No client can answer (e.g. every one fails on a diverged model): without this check the
-                # edge would wait here for good, even after its run moved on to a newer version.
-                if await self._moved_on(header):
-                    raise RoundAbandoned(f"run {run_id} moved on from version {header.version}")
-                # Every client may have reported failure: wait the deadline for a result all the same.
-                results = await self.board.wait_results(run_id, policy.deadline_s, failures_settle=False)
-            log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
-            return results
-        finally:
-            failures.extend(self.board.failures(run_id))
-            await self.board.clear(run_id)
-
     async def _moved_on(self, header: GlobalStateHeader) -> bool:
         """Whether the cloud now has a newer version of this run for this edge."""
         response = await self._poll(0, run=(header.run_id, header.version))
         return response.status_code == 200
-
-    async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
-                     results: list[ClientResult], failures: list[ClientFailure]) -> None:
-        message = EdgeContributionHeader(
-            run_id=header.run_id,
-            edge_id=self.edge_id,
-            base_version=header.version,
-            # Deterministic, so a retry after a lost answer (or an edge restart) is counted once.
-            idempotency_key=f"{header.run_id}:{self.edge_id}:{header.version}",
-            weight=weight,
-            clients=participation(results),
-            failures=failures,
-        )
-        blob = await asyncio.to_thread(encode, tensors, message)
-        # Re-sent through a passing fault: the cloud counts an idempotency key once.
-        response = await self.cloud.post(f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob),
-                                         extensions=DEDUPLICATED)
-        self.metrics.submissions.labels(str(response.status_code)).inc()
-        if response.status_code == 409:  # counted already, or the run moved on: nothing to do
-            log.info("edge %d: %s", self.edge_id, response.text[:300])
-        elif response.status_code >= 400:
-            # The same contribution would be refused again (too large, values beyond the bounds): the run
-            # cannot use this round. Said loudly: a synchronous run waits for this edge.
-            log.error("edge %d: cloud refused the contribution of version %d: %s %s", self.edge_id,
-                      header.version, response.status_code, response.text[:300])

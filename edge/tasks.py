@@ -51,7 +51,7 @@ class Task:
     failure: str | None = None
     # The client's training sample count where the edge knows it (shared.core.federation.known_num_samples): a
     # result must claim exactly this. Where it does not, `max_samples` (the edge's max_client_samples) caps
-    # what a claim weighs. Unchecked, one device claiming 10^12 samples took 0.999999999 of the weight.
+    # what a claim weighs. Unchecked, one device claiming 10^12 samples would take 0.999999999 of the weight.
     num_samples: int | None = None
     max_samples: int | None = None
     # The tensors' encoding, shared by every task of the round that sends the same tensors (TaskBoard.post).

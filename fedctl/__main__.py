@@ -252,7 +252,7 @@ def certs(directory: Path = typer.Argument(..., help="where the CA and the certi
           force: bool = typer.Option(False, "--force", help="replace an existing CA (every certificate it "
                                                             "signed stops being trusted)")) -> None:
     """Create a CA and the certificates of a TLS deployment: the cloud, each edge, Redis, each client device
-    and the operator (admin, for fedctl). See the README's Security section for the settings that use them."""
+    and the operator (admin, for fedctl). See docs/how-to-tls-and-tokens.md for the settings that use them."""
     from fl_services.fedctl.certs import write_deployment
 
     if (directory / "ca.key").exists() and not force:

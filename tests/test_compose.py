@@ -152,6 +152,11 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     return out
 
 
+def build_args(dockerfile: Path) -> dict[str, str]:
+    """The defaults of the Dockerfile's ARG instructions."""
+    return dict(args.split("=", 1) for keyword, args in instructions(dockerfile) if keyword == "ARG" and "=" in args)
+
+
 def cmd_of(dockerfile: Path) -> list[str]:
     cmds = [args for keyword, args in instructions(dockerfile) if keyword == "CMD"]
     assert cmds, f"{dockerfile.name} has no CMD"
@@ -203,6 +208,8 @@ def test_redis_persists_with_append_only_file():
     assert args[0] == "redis-server"
     assert args[args.index("--appendonly") + 1] == "yes"
     assert args[args.index("--appendfsync") + 1] == "always"  # no accepted contribution lost in a host crash
+    # Said, not left to the image's build (the official one compiles it off, Debian's has it on).
+    assert args[args.index("--protected-mode") + 1] == "no"
     volume = next(v for v in redis["volumes"] if v.split(":")[1] == "/data")
     assert volume.split(":")[0] in (COMPOSE.get("volumes") or {})  # a named volume, not a bind mount
     assert redis["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
@@ -277,7 +284,8 @@ def test_dockerfile_installs_the_package_and_runs_its_console_script(name):
     dockerfile = dockerfile_path(SERVICES[name])
     pkg = package_of(name)
     ins = instructions(dockerfile)
-    assert ins[0] == ("FROM", "python:3.11-slim")
+    # The base is a build argument whose default is the official image (.ci/deploy builds FROM its own).
+    assert ins[:2] == [("ARG", "BASE_IMAGE=python:3.11-slim"), ("FROM", "${BASE_IMAGE}")], ins[:2]
     copied, copied_at = set(), 0
     for i, (keyword, args) in enumerate(ins):
         if keyword in ("COPY", "ADD"):
@@ -304,7 +312,9 @@ def test_dockerfile_installs_cpu_torch_before_requirements(pkg):
     torch_at = next(i for i, r in enumerate(runs) if re.search(r"\btorch==", r))
     torch_run = shlex.split(runs[torch_at])
     assert TORCH_PIN in torch_run
-    assert torch_run[torch_run.index("--index-url") + 1] == CPU_INDEX
+    # The index is a build argument (.ci/deploy serves the wheel on its loopback); its default, PyTorch's.
+    assert torch_run[torch_run.index("--index-url") + 1] == "${TORCH_INDEX_URL}"
+    assert build_args(dockerfile)["TORCH_INDEX_URL"] == CPU_INDEX
     assert "--no-cache-dir" in torch_run
     reqs_at = next(i for i, r in enumerate(runs) if "-r requirements.txt" in r)
     assert torch_at < reqs_at, "torch must be installed from the CPU index before requirements.txt"
@@ -327,7 +337,7 @@ def test_dockerfile_healthcheck_probes_health(pkg):
 def test_dockerignore_keeps_local_state_out_but_not_the_sources():
     patterns = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")}
-    assert {".venv", ".git"} <= patterns
+    assert {".venv", ".git", "secrets", "certs", "results"} <= patterns
     assert any("__pycache__" in p for p in patterns)
     for needed in ("requirements.txt", "pyproject.toml", "README.md", *TOP_LEVEL):
         assert needed not in patterns and f"{needed}/" not in patterns
@@ -714,7 +724,7 @@ def test_tls_variant_redis_starts_from_its_command_with_the_password_secret_the_
     assert subprocess.run(["sh", "-c", check], env=env, timeout=30).returncode != 0
 
 
-# --- exposure: ports, secrets, networks (README, Security) ------------------------------------
+# --- exposure: ports, secrets, networks (docs/explanation-security-model.md) ------------------
 
 def published(service: dict) -> list[dict]:
     """The service's published ports in the long syntax's terms (host_ip, published, target)."""

@@ -30,7 +30,7 @@ KUBE = ROOT / "docker" / "kubernetes"
 OVERLAYS = sorted(p.parent for p in (KUBE / "overlays").glob("*/kustomization.yaml"))
 # The oldest Kubernetes the manifests claim (the pod-index label the client hosts read is 1.28+).
 KUBERNETES_VERSION = "1.28.0"
-# The keys of the fl-secrets Secret the README tells the user to create.
+# The keys of the fl-secrets Secret docs/how-to-deploy-kubernetes.md tells the user to create.
 SECRET_KEYS = {"admin-token", "edge-token", "client-token", "redis-password"}
 IMAGES = {"fl-cloud": "cloud", "fl-edge": "edge", "fl-client": "client"}
 
@@ -152,7 +152,7 @@ def test_environment_variables_are_settings_fields_and_parse(resources, pkg, mon
 
 
 def test_secrets_are_the_documented_keys_of_fl_secrets(resources):
-    readme = (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "how-to-deploy-kubernetes.md").read_text()
     used = set()
     for workload in workloads(resources).values():
         for container in workload["spec"]["template"]["spec"]["containers"]:
@@ -163,7 +163,7 @@ def test_secrets_are_the_documented_keys_of_fl_secrets(resources):
                     used.add(ref["key"])
     assert used == SECRET_KEYS
     for key in SECRET_KEYS:
-        assert f"--from-literal={key}=" in readme, f"the README's secret command lacks {key}"
+        assert f"--from-literal={key}=" in guide, f"the guide's secret command lacks {key}"
 
 
 @pytest.mark.parametrize("pkg", ["cloud", "edge"])

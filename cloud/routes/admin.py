@@ -4,6 +4,7 @@ from __future__ import annotations
 from fastapi import Query, Request, status
 
 from fl_services.cloud.deps import AuditDep, StoreDep, require_admin
+from fl_services.cloud.services import tokens
 from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import read_json
 from fl_services.shared.server.docs import json_body_doc
@@ -25,9 +26,7 @@ async def revoke_token(request: Request, store: StoreDep, audit: AuditDep) -> Re
     """Revokes one device token by its id (what `fedctl issue-token` printed with it; a token derived by
     `fedctl client-token` has the id client-<k>): the edges refuse it from their next refresh on."""
     revocation = await read_json(request, Revocation)  # after the token check
-    revoked = await store.revoke_token(revocation.token_id)
-    await audit("revoke", revocation.token_id)
-    return revoked
+    return await tokens.revoke(store=store, audit=audit, token_id=revocation.token_id)
 
 
 @router.get("/tokens/revoked")

@@ -2,26 +2,20 @@
 change is recorded in the audit log with the caller's identity."""
 from __future__ import annotations
 
-import asyncio
-from typing import Literal
-
 from fastapi import Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from fl_services.cloud.deps import AuditDep, OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
-from fl_services.cloud.initial_state import checked_initial_global
+from fl_services.cloud.services import runs
 from fl_services.cloud.ui.view import LiveRun, read_edges
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.records import decode
 from fl_services.shared.core.reports import RoundRecord
-from fl_services.shared.core.tensors import encode
 from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json
 from fl_services.shared.server.docs import json_body_doc
 from fl_services.shared.server.errors import error_responses
 from fl_services.shared.wire.admin import RunEdges, RunInfo
-from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
 router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 
@@ -30,12 +24,7 @@ router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
              openapi_extra=json_body_doc(RunConfig))
 async def create_run(request: Request, store: StoreDep, settings: SettingsDep, audit: AuditDep) -> RunInfo:
     config = await read_json(request, RunConfig, registry.parse_config)  # after the token check
-    run_id = store.new_run_id()
-    blob = await checked_initial_global(run_id, config, settings.max_state_bytes, settings.max_payload_bytes,
-                                        settings.allowed_import_prefixes, settings.create_timeout_s)
-    await store.create_run(run_id, config, blob)
-    await audit("create", run_id, f"{config.algorithm} {config.name!r}")
-    return await store.info(run_id)
+    return await runs.create(store=store, settings=settings, audit=audit, config=config)
 
 
 @router.get("")
@@ -49,24 +38,16 @@ async def get_run(run_id: str, store: StoreDep) -> RunInfo:
 
 
 @router.post("/{run_id}/{action}", responses=error_responses(404, 409, 422))
-async def control(
-    run_id: str, action: Literal["start", "pause", "resume", "stop"], store: StoreDep, orchestrator: OrchestratorDep,
-    audit: AuditDep,
-) -> RunInfo:
-    await store.transition(run_id, action)
-    orchestrator.notify()
-    await orchestrator.announce()  # wakes the edges' long-polls: a stop releases them (their end signal)
-    await audit(action, run_id)
-    return await store.info(run_id)
+async def control(run_id: str, action: runs.Action, store: StoreDep, orchestrator: OrchestratorDep,
+                  audit: AuditDep) -> RunInfo:
+    return await runs.control(store=store, orchestrator=orchestrator, audit=audit, run_id=run_id, action=action)
 
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404, 409))
 async def delete_run(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, audit: AuditDep) -> Response:
     """Deletes a run that is not active (created, stopped or finished) with everything kept of it: its
     model, history and buffer. A running or paused run is 409: stop it first."""
-    await store.delete_run(run_id)
-    await orchestrator.announce()
-    await audit("delete", run_id)
+    await runs.delete(store=store, orchestrator=orchestrator, audit=audit, run_id=run_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -78,14 +59,7 @@ async def history(run_id: str, store: StoreDep) -> list[RoundRecord]:
 @router.get("/{run_id}/model", responses=error_responses(404))
 async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
     """The global model at the current version as safetensors (X-FL-Version says which)."""
-    algorithm = orchestrator.algorithm(run_id, await store.config(run_id))
-    blob = await store.global_blob(run_id)
-
-    def model_blob() -> tuple[bytes, int]:  # copies the whole model twice: off the loop
-        tensors, header = decode(blob, GlobalStateHeader)
-        return encode(algorithm.model_parameters(tensors), header), header.version
-
-    body, version = await asyncio.to_thread(model_blob)
+    body, version = await runs.model(store=store, orchestrator=orchestrator, run_id=run_id)
     return binary(body, headers={"X-FL-Version": str(version)})
 
 

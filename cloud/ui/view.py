@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.store import NotFound, Store
+from fl_services.cloud.storage import NotFound, Store
 from fl_services.shared.core.client_reports import client_reports, group_summary
 from fl_services.shared.core.reports import ContributionRecord, EdgeContributionHeader, RoundRecord, RunStatus
 from fl_services.shared.server.app import Stopping

@@ -60,19 +60,20 @@ class _HashableOptions(Strict):
 class DataConfig(_HashableOptions):
     dataset: str = Field("mnist5k", description="mnist5k | digits | npz | synthetic | mnist1d, or "
                          "'package.module:load', a loader function called as load(**options)")
-    # Only for dataset="npz": a file with x_train, y_train, client_train, x_test, y_test.
-    path: str | None = None
+    path: str | None = Field(None, description='only for dataset="npz": a file with x_train, y_train, x_test, '
+                             "y_test and, for partition='file', client_train (the client index of every training row)")
     options: dict[str, JsonValue] = Field(
         default_factory=dict, description="keyword arguments of an imported loader (JSON values)")
     partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = Field(
         "iid", description="iid | dirichlet | shards | file: the client index stored with the data (an npz's or "
         "an imported loader's client_train) | natural: the synthetic generator's own devices")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
-    shards_per_client: int = Field(2, ge=1)
-    num_clients: int = Field(10, ge=1, le=100_000)
-    # FedProx's Synthetic(α, β): α controls how much local models differ, β how much local data differ.
-    synthetic_alpha: float = Field(1.0, ge=0, le=100)
-    synthetic_beta: float = Field(1.0, ge=0, le=100)
+    shards_per_client: int = Field(2, ge=1, description="McMahan's shards each client gets (partition='shards')")
+    num_clients: int = Field(10, ge=1, le=100_000, description="N: clients 0 … N − 1; client k belongs to edge k mod L")
+    synthetic_alpha: float = Field(1.0, ge=0, le=100, description="α of FedProx's Synthetic(α, β): how much local "
+                                   "models differ")
+    synthetic_beta: float = Field(1.0, ge=0, le=100, description="β of FedProx's Synthetic(α, β): how much local "
+                                  "data differ")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
     client_holdout: float = Field(
         0.2, ge=0, lt=1, description="share of each client's rows held out as its own test split (personalised "
@@ -142,12 +143,14 @@ class LocalTrainingConfig(Strict):
     epochs: int = Field(1, ge=1, le=1000, description="E: local epochs")
     batch_size: int = Field(32, ge=0, description="B: minibatch size; 0 means full batch")
     lr: float = Field(0.2, gt=0, le=1000, description="eta_k: client learning rate (0.2 suits the default CNN)")
-    optimizer: Literal["sgd", "nesterov"] = "sgd"
+    optimizer: Literal["sgd", "nesterov"] = Field(
+        "sgd", description="sgd | nesterov (torch SGD(nesterov=True) semantics, its buffer reset every round)")
     momentum: float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
 
 
 class TopologyConfig(Strict):
-    num_edges: int = Field(1, ge=1, le=1000)
+    num_edges: int = Field(1, ge=1, le=1000, description="L: edges 0 … L − 1 take part; 1 with buffer_size 1 is "
+                           "a flat topology")
     buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update (left out: num_edges for "
                              "a synchronous algorithm, 1 for an asynchronous one)")
     edge_rounds: int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
@@ -169,12 +172,15 @@ MIN_LINK_MBPS = 0.01
 class DeviceOverride(Strict):
     """One client's device: a named profile and/or any of its figures replaced."""
 
-    profile: str | None = None
-    frequencies_ghz: tuple[float, ...] | None = Field(None, min_length=1, max_length=64)
-    cycles_per_sample: float | None = Field(None, gt=0, le=1e12)
-    capacitance: float | None = Field(None, gt=0, le=1e-20)
-    static_power_w: float | None = Field(None, ge=0, le=1000)
-    link_mbps: float | None = Field(None, ge=MIN_LINK_MBPS, le=1e6)
+    profile: str | None = Field(None, description="a named device profile (shared/core/dvfs.py)")
+    frequencies_ghz: tuple[float, ...] | None = Field(None, min_length=1, max_length=64,
+                                                      description="the CPU frequencies the device may run at, GHz")
+    cycles_per_sample: float | None = Field(None, gt=0, le=1e12, description="c: CPU cycles one training "
+                                            "sample costs")
+    capacitance: float | None = Field(None, gt=0, le=1e-20, description="α: effective switched capacitance; "
+                                      "an epoch's dynamic energy is (α/2)·c·|D|·f²")
+    static_power_w: float | None = Field(None, ge=0, le=1000, description="the core's static power, W")
+    link_mbps: float | None = Field(None, ge=MIN_LINK_MBPS, le=1e6, description="the device's link rate, Mbit/s")
 
     @field_validator("profile")
     @classmethod
@@ -293,27 +299,30 @@ class RunConfig(Strict):
     # The largest JSON body POST /runs reads (413 beyond): a config is a few KiB; user code's options
     # and params have room, a data set does not.
     max_body_bytes: ClassVar[int] = 2**20
-    name: str = Field("run", min_length=1, max_length=200)
-    seed: int = Field(0, ge=0, lt=2**31)
+    name: str = Field("run", min_length=1, max_length=200, description="a name for people (the dashboard, fedctl)")
+    seed: int = Field(0, ge=0, lt=2**31, description="seeds selection, the partition, every batch order, the "
+                      "initial weights and any noise: the same config and seed give the same model")
     # The algorithm and its params are checked by shared.core.algorithms.registry (`parse_config`, `check`),
     # where runs are created and where the reference runner starts: they need the algorithm's class,
     # and importing it here would make this plain model import torch (and close an import cycle).
-    algorithm: str = "fedavg"
-    params: dict[str, Any] = Field(default_factory=dict)
+    algorithm: str = Field("fedavg", description="the algorithm's name in shared/core/algorithms/registry.py")
+    params: dict[str, Any] = Field(default_factory=dict, description="the algorithm's own settings, checked against "
+                                   "its params model where the run is created")
     rounds: int = Field(10, ge=1, le=100_000, description="T: global rounds")
     fraction: float = Field(1.0, gt=0, le=1, description="lambda: client participation fraction")
     weighting: Literal["samples", "uniform"] = Field(
         "samples", description="p_k: option 1 |D_k|/sum |D_i| or option 2 1/m"
     )
     server_lr: float = Field(1.0, gt=0, le=1000, description="eta_s")
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    local: LocalTrainingConfig = LocalTrainingConfig()
-    topology: TopologyConfig = TopologyConfig()
-    policy: RoundPolicy = RoundPolicy()
-    dvfs: DvfsConfig = DvfsConfig()
-    aggregation: AggregationConfig = AggregationConfig()
-    privacy: PrivacyConfig = PrivacyConfig()
+    model: ModelConfig = Field(ModelConfig(), description="the model every client trains")
+    data: DataConfig = Field(DataConfig(), description="the data set and how it is split over the clients")
+    local: LocalTrainingConfig = Field(LocalTrainingConfig(), description="each client's local training")
+    topology: TopologyConfig = Field(TopologyConfig(), description="edges, the cloud's buffer and edge rounds")
+    policy: RoundPolicy = Field(RoundPolicy(), description="how long an edge waits for its clients, and what then")
+    dvfs: DvfsConfig = Field(DvfsConfig(), description="each client's device and CPU frequency policy")
+    aggregation: AggregationConfig = Field(AggregationConfig(), description="robust aggregation at the edge and "
+                                           "the cloud")
+    privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy: DP-FedAvg and DP-SGD")
 
     @model_validator(mode="before")
     @classmethod

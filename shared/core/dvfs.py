@@ -78,37 +78,37 @@ def _steps(lo_mhz: int, hi_mhz: int, step_mhz: int = 100) -> tuple[float, ...]:
     return tuple(mhz / 1000 for mhz in range(lo_mhz, hi_mhz + 1, step_mhz))
 
 
+def _stepped(board: str, driver: str, lo_mhz: int, hi_mhz: int, dmips_per_mhz: float, core_w: float,
+             static_w: float, note: str = "") -> DeviceProfile:
+    """A board whose cpufreq driver lists lo..hi MHz in 100 MHz steps, its busy core drawing `core_w` watts at
+    the top one."""
+    top = hi_mhz / 1000
+    return DeviceProfile(
+        frequencies_ghz=_steps(lo_mhz, hi_mhz), cycles_per_sample=_cycles(dmips_per_mhz),
+        capacitance=_capacitance(core_w, top), static_power_w=static_w,
+        source=f"{board}: {driver} lists {lo_mhz}-{hi_mhz} MHz in 100 MHz steps; ~{core_w:g} W per loaded core at "
+               f"{top:g} GHz{note}")
+
+
 # Named profiles. Frequency lists are what each board's cpufreq driver lists; the powers are per-core
 # figures at the top frequency, approximate (board power under load minus idle, per loaded core, as
 # published board reviews and the vendors' power guides report them): good to an order of magnitude,
 # which is what the model needs to rank policies. Overrides in the run config replace any field.
 PROFILES: dict[str, DeviceProfile] = {
-    "rpi4": DeviceProfile(
-        frequencies_ghz=_steps(600, 1500), cycles_per_sample=_cycles(4.72),
-        capacitance=_capacitance(1.0, 1.5), static_power_w=0.15,
-        source="Raspberry Pi 4 B (BCM2711, Cortex-A72): raspberrypi-cpufreq lists 600-1500 MHz in 100 MHz "
-               "steps; ~1 W per loaded core at 1.5 GHz (≈ 6.4 W loaded vs 2.7 W idle over 4 cores)"),
-    "rpi-zero-2w": DeviceProfile(
-        frequencies_ghz=_steps(600, 1000), cycles_per_sample=_cycles(2.3),
-        capacitance=_capacitance(0.35, 1.0), static_power_w=0.05,
-        source="Raspberry Pi Zero 2 W (RP3A0, Cortex-A53): raspberrypi-cpufreq lists 600-1000 MHz in 100 MHz "
-               "steps; ~0.35 W per loaded core at 1 GHz"),
+    "rpi4": _stepped("Raspberry Pi 4 B (BCM2711, Cortex-A72)", "raspberrypi-cpufreq", 600, 1500, 4.72, 1.0, 0.15,
+                     " (≈ 6.4 W loaded vs 2.7 W idle over 4 cores)"),
+    "rpi-zero-2w": _stepped("Raspberry Pi Zero 2 W (RP3A0, Cortex-A53)", "raspberrypi-cpufreq", 600, 1000, 2.3, 0.35,
+                            0.05),
     "jetson-nano": DeviceProfile(
         frequencies_ghz=(0.102, 0.204, 0.3072, 0.4032, 0.5184, 0.6144, 0.7104, 0.8256, 0.9216, 1.0368,
                          1.1328, 1.224, 1.326, 1.428, 1.479),
         cycles_per_sample=_cycles(4.1), capacitance=_capacitance(0.75, 1.479), static_power_w=0.1,
         source="NVIDIA Jetson Nano (Tegra X1, Cortex-A57): tegra210 cpufreq table, 102-1479 MHz; ~0.75 W per "
                "loaded core at 1.479 GHz (10 W mode)"),
-    "odroid-xu4-a15": DeviceProfile(
-        frequencies_ghz=_steps(200, 2000), cycles_per_sample=_cycles(3.5),
-        capacitance=_capacitance(1.4, 2.0), static_power_w=0.2,
-        source="ODROID-XU4 (Exynos 5422) big cluster, Cortex-A15: exynos cpufreq lists 200-2000 MHz in 100 MHz "
-               "steps; ~1.4 W per loaded core at 2 GHz"),
-    "odroid-xu4-a7": DeviceProfile(
-        frequencies_ghz=_steps(200, 1400), cycles_per_sample=_cycles(1.9),
-        capacitance=_capacitance(0.25, 1.4), static_power_w=0.03,
-        source="ODROID-XU4 (Exynos 5422) LITTLE cluster, Cortex-A7: exynos cpufreq lists 200-1400 MHz in 100 MHz "
-               "steps; ~0.25 W per loaded core at 1.4 GHz"),
+    "odroid-xu4-a15": _stepped("ODROID-XU4 (Exynos 5422) big cluster, Cortex-A15", "exynos cpufreq", 200, 2000, 3.5,
+                               1.4, 0.2),
+    "odroid-xu4-a7": _stepped("ODROID-XU4 (Exynos 5422) LITTLE cluster, Cortex-A7", "exynos cpufreq", 200, 1400, 1.9,
+                              0.25, 0.03),
 }
 DEFAULT_PROFILE = "rpi4"
 

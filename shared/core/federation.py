@@ -15,6 +15,7 @@ from torch import nn
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Contribution, LocalJob
 from fl_services.shared.core.config import RunConfig, is_import_path
 from fl_services.shared.core.data import ClientData, RunTask, load_federated
+from fl_services.shared.core.device import current
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
@@ -81,5 +82,5 @@ def evaluate_global(config: RunConfig, algorithm: Algorithm, global_, cloud_stat
     if own is not None:
         return own
     data = load_federated(config.data, config.seed)
-    model = load_parameters(initial_model(config), algorithm.model_parameters(global_))
-    return evaluate(model, data.test)
+    model = load_parameters(initial_model(config), algorithm.model_parameters(global_)).to(current())
+    return evaluate(model, data.test)  # on the compute device (shared/core/device.py), batch by batch

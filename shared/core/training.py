@@ -110,7 +110,21 @@ def _private(model: nn.Module, opt: torch.optim.Optimizer, dp_sgd: DpSgd, n: int
     expected = batch_size if 0 < batch_size < n else n  # a mean loss over the batch: its sum / expected
     return GradSampleModule(model), DPOptimizer(opt, noise_multiplier=dp_sgd.noise_multiplier,
                                                 max_grad_norm=dp_sgd.clip_norm, expected_batch_size=expected,
-                                                generator=generator)
+                                                generator=_noise_generator(generator, device_of(model)))
+
+
+def _noise_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """Where DP-SGD draws its noise: `generator` itself on the CPU. opacus draws the noise where the gradients
+    are, which takes a generator of that device: on a GPU, one seeded as `generator` was, so that the batch
+    order still comes from `generator` alone (the noise then differs from a CPU run's, as CUDA's arithmetic does)."""
+    if device == generator.device:
+        return generator
+    return torch.Generator(device=device).manual_seed(generator.initial_seed())
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where `model`'s parameters are (the CPU for a model without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _epochs(model: nn.Module, named: dict[str, nn.Parameter], opt: torch.optim.Optimizer, data: ArrayDataset,
@@ -155,9 +169,10 @@ class Evaluation:
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1024) -> Evaluation:
     model.eval()
+    device = device_of(model)  # each batch goes where the model is (shared/core/device.py)
     loss_sum, correct = 0.0, 0
     for start in range(0, len(data), batch_size):
-        x, y = data.x[start : start + batch_size], data.y[start : start + batch_size]
+        x, y = data.x[start : start + batch_size].to(device), data.y[start : start + batch_size].to(device)
         logits = model(x)
         loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(1) == y).sum())

@@ -22,12 +22,13 @@ from fl_services.shared.runtime.log import LogFormat
 class ServiceSettings(BaseSettings):
     """What every service's settings hold: its torch threads and its logging."""
 
-    # Torch's intra-op threads for the service's tensor work (training, client_task, edge_aggregate,
-    # cloud_update); 1 by default, so that equal configs give equal models (README, Determinism).
-    torch_threads: int = Field(1, ge=1)
-    log_level: str = "info"
-    # "json": one JSON object per line, with run_id, edge_id and client_id fields (shared/runtime/log.py).
-    log_format: LogFormat = "text"
+    torch_threads: int = Field(1, ge=1, description=(
+        "Torch's intra-op threads for the service's tensor work (training, client_task, edge_aggregate, "
+        "cloud_update); 1 by default, so that equal configs give equal models (docs/explanation-determinism.md)."))
+    log_level: str = Field("info", description="The logging level: debug, info, warning, error or critical.")
+    log_format: LogFormat = Field("text", description=(
+        '"text": time, level, logger name, message; "json": one JSON object per line with time, level, logger, '
+        "message and, where known, run_id, edge_id and client_id (shared/runtime/log.py)."))
 
     @classmethod
     def settings_customise_sources(
@@ -72,8 +73,8 @@ class SettingFiles(PydanticBaseSettingsSource):
         return values
 
 
-# The tokens the settings default to, and the placeholders docker-compose used to fill in: anyone who has read
-# this repository knows them.
+# The tokens the settings default to, and placeholders of the change-me kind: anyone who has read this
+# repository knows them.
 DEVELOPMENT_TOKENS = frozenset({"dev-admin-token", "dev-edge-token", "dev-client-token"})
 
 
@@ -94,11 +95,11 @@ def is_loopback(host: str) -> bool:
 S = TypeVar("S", bound=BaseSettings)
 
 
-def load_settings(settings_cls: type[S], **overrides: Any) -> S:
-    """The service's settings (`overrides`, e.g. command-line options, over the environment), or exit with one
-    line per problem (status 1). Never pydantic's own report: it repeats the input, tokens included."""
+def load_settings(settings_cls: type[S], **values: Any) -> S:
+    """The service's settings (`values`, e.g. command-line options, over every other source), or exit with one
+    line per problem (status 2). Never pydantic's own report: it repeats the input, tokens included."""
     try:
-        return settings_cls(**overrides)
+        return settings_cls(**values)
     except ValidationError as exc:
         prefix = settings_cls.model_config.get("env_prefix", "")
         problems = [(f"{prefix}{str(e['loc'][0]).upper()}: " if e["loc"] else "")

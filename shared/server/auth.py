@@ -41,7 +41,7 @@ def bearer_guard(expected: Callable[[Request], str]):
 # Only declares the bearer scheme in the OpenAPI document (auto_error=False: it refuses nothing); the token
 # is checked by each router's guard, which knows which token it wants.
 _bearer_doc = Depends(HTTPBearer(auto_error=False, scheme_name="bearer",
-                                 description="the service's token for this API (see the README's REST table)"))
+                                 description="the service's token for this API (docs/explanation-security-model.md)"))
 
 
 def guarded_router(guard: Any, **router_options: Any) -> APIRouter:

@@ -123,7 +123,7 @@ async def read_body(request: Request, limit: int) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect as exc:
         # The caller gave up mid-upload (an edge drops its contribution when the run stops): a 4xx no one
-        # reads, where it was a 500 logged with its traceback ("Exception in ASGI application").
+        # reads, not a 500 logged with its traceback as an unexpected error.
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "the connection closed before the whole body arrived") from exc
     request.state.body = body = b"".join(chunks)
     return body
@@ -148,7 +148,7 @@ _PARSE_ON_LOOP_BYTES = 64 * 2**10
 
 async def read_json(request: Request, model: type[M], parse: Callable[[Any], M] | None = None) -> M:
     """A JSON body read by the route itself, after its dependencies (the token check) have run: FastAPI
-    parses a declared body first, so a bad token with a malformed body answered 422, not 401. At most
+    parses a declared body first, so a bad token with a malformed body would get 422, not 401. At most
     `model.max_body_bytes` are read (413 beyond). `parse` replaces `model.model_validate` where a model
     needs checks it cannot make itself (a RunConfig's algorithm); its ValidationError is a 422 all the same."""
     body = await read_body(request, getattr(model, "max_body_bytes", _PARSE_ON_LOOP_BYTES))
@@ -179,3 +179,10 @@ def binary(blob: bytes, headers: dict[str, str] | None = None) -> Response:
 
 def reject(exc: InvalidContent) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc))
+
+
+def same_as_url(named: str, value: int, url_value: int) -> None:
+    """422 unless the id a message carries (`named`: where, e.g. "header edge_id") is the one its URL names."""
+    if value != url_value:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                            f"{named} {value} does not match the URL's {url_value}")

@@ -2,8 +2,8 @@
 more (the answer went out before it had all arrived) is not waited for forever.
 
 uvicorn's only read timeout is `timeout_keep_alive`, for an idle connection between requests, and every
-byte received resets it: a client sending one byte every 2 s (slowloris) held a connection for as long as
-it liked, and forty such held forty connections for the whole 90 s a probe lasted. ASGI middleware cannot
+byte received resets it: a client sending one byte every 2 s (slowloris) would hold a connection for as long
+as it liked, and forty such would hold forty connections. ASGI middleware cannot
 help with the head, which uvicorn parses before the app is called, so this is uvicorn's pure-Python
 (h11) protocol with two timers. The body's own deadline, while the app reads it, is
 `shared.server.bodies.BodyLimit` (it can still answer 408).

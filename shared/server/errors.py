@@ -55,10 +55,10 @@ _echo.maxstring = _echo.maxother = _MAX_ECHO
 
 
 async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422, made small and safe to render. Its errors echo the input: a 60 MB body took a minute
-    to be written back whole, so each error quotes at most a short excerpt, and only the first few errors
-    are listed. An input such as 1e400 (inf) or a lone surrogate could not be written as JSON at all (the
-    422 became a 500 and the connection was dropped)."""
+    """FastAPI's 422, made small and safe to render. Its errors echo the input: a 60 MB body would take a
+    minute to be written back whole, so each error quotes at most a short excerpt, and only the first few errors
+    are listed. An input such as 1e400 (inf) or a lone surrogate cannot be written as JSON at all (the 422
+    would become a 500 and the connection would drop), so such values are quoted as text."""
     errors = list(exc.errors())
     shown = [{key: _brief(value) for key, value in error.items()} for error in errors[:_MAX_ERRORS]]
     if len(errors) > _MAX_ERRORS:

@@ -6,7 +6,9 @@ import inspect
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Query, Request
 
 T = TypeVar("T")
 
@@ -59,3 +61,16 @@ async def wait_until(condition: asyncio.Condition | Announcer, check: Callable[[
                     await lock.wait()
             except TimeoutError:
                 pass
+
+
+def capped_wait(request: Request, timeout: float) -> float:
+    """How long a long-poll waits: what the caller asks for, at most the service's `long_poll_max_s`."""
+    return min(timeout, request.app.state.settings.long_poll_max_s)
+
+
+async def _poll_timeout(request: Request, timeout: float = Query(20.0, ge=0)) -> float:
+    return capped_wait(request, timeout)
+
+
+# A long-poll's `timeout` query parameter, capped (capped_wait).
+PollTimeout = Annotated[float, Depends(_poll_timeout)]

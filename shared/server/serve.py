@@ -29,7 +29,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, server: ServerSett
     # The h11 protocol (uvicorn's pure-Python one; its request heads are capped at 16 KiB) with deadlines.
     # proxy_headers=False: uvicorn otherwise takes the caller's address from X-Forwarded-For whenever the
     # peer is 127.0.0.1, so any local caller wrote the address the audit log records; behind a proxy the
-    # address is the proxy's, as the README says.
+    # address is the proxy's, as docs/explanation-security-model.md says.
     Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, proxy_headers=False,
                           http=h11_with_deadlines(server.header_timeout_s),
                           limit_concurrency=server.max_connections, **server.tls_options())).run()

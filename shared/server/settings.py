@@ -12,45 +12,48 @@ from fl_services.shared.wire.tls import server_options
 
 
 class ServerSettings(ServiceSettings):
-    """What the two servers (cloud and edge) hold besides: HTTPS (README, Security), their limits against load
-    and abuse, their Prometheus metrics, and whether they may listen beyond loopback with the built-in
-    development tokens."""
+    """What the two servers (cloud and edge) hold besides: HTTPS (docs/how-to-tls-and-tokens.md), their limits
+    against load and abuse, their Prometheus metrics, and whether they may listen beyond loopback with the
+    built-in development tokens."""
 
-    # Serve HTTPS with this certificate (chain, PEM) and its key (unset: the key is in the same file);
-    # unset: plain HTTP.
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    # Mutual TLS: every caller must present a certificate this CA bundle (PEM) signed and that is valid now;
-    # the handshake refuses any other before a byte of HTTP is read. Needs tls_cert_file.
-    tls_client_ca_file: Path | None = None
+    tls_cert_file: Path | None = Field(None, description=(
+        "Serve HTTPS with this certificate (chain, PEM); unset: plain HTTP."))
+    tls_key_file: Path | None = Field(None, description="The key of tls_cert_file (unset: it is in the same file).")
+    tls_client_ca_file: Path | None = Field(None, description=(
+        "Mutual TLS: every caller must present a certificate this CA bundle (PEM) signed and that is valid now; "
+        "the handshake refuses any other before a byte of HTTP is read. Needs tls_cert_file."))
 
-    # A server bound beyond loopback (e.g. 0.0.0.0) refuses to start while a token it checks is a built-in
-    # development token (DEVELOPMENT_TOKENS, change-me-*): true allows it (a throwaway test network only).
-    allow_default_tokens: bool = False
+    allow_default_tokens: bool = Field(False, description=(
+        "A server bound beyond loopback (e.g. 0.0.0.0) refuses to start while a token it checks is a built-in "
+        "development token (dev-admin-token, dev-edge-token, dev-client-token, change-me-*): true allows it (a "
+        "throwaway test network only)."))
 
-    # Connections served at once (uvicorn's limit_concurrency): past it a request is answered 503, which
-    # edges and clients retry. Every long-polling edge or client holds one: room for 1,000 of them and more.
-    max_connections: int = Field(4096, ge=16)
-    # Slowloris: a request's head must arrive within header_timeout_s of its connection opening (else the
-    # connection is closed), and its body within body_timeout_s of the request starting (else 408). The
-    # body's deadline leaves a 64 MiB upload 0.5 MiB/s.
-    header_timeout_s: float = Field(10.0, gt=0)
-    body_timeout_s: float = Field(120.0, gt=0)
-    # Requests per caller on the routes a caller repeats (registration, results; the cloud: contributions),
-    # in the `limits` package's notation ("20/second", "100 per minute"): past it, 429 with Retry-After.
-    # The caller is the client (at an edge) or the edge (at the cloud) the request acts for, so a device
-    # with its own token can flood only its own allowance, and the many clients behind one operator's
-    # secret each have theirs.
-    rate_limit: str = "20/second"
-    # Requests per caller open at once on the routes that hold a connection long (an edge's task long-poll
-    # and result upload): past it, 429. A client holds one poll per logical client; retries after a dropped
-    # connection may overlap the old one for a while.
-    max_open_per_caller: int = Field(4, ge=1)
+    max_connections: int = Field(4096, ge=16, description=(
+        "Connections served at once (uvicorn's limit_concurrency): past it a request is answered 503, which "
+        "edges and clients retry. Every long-polling edge or client holds one: room for 1,000 of them and more."))
+    header_timeout_s: float = Field(10.0, gt=0, description=(
+        "Slowloris: a request's head must arrive within this many seconds of its connection opening, else the "
+        "connection is closed (shared/server/deadlines.py); a body a route answered early is read no longer "
+        "than that either."))
+    body_timeout_s: float = Field(120.0, gt=0, description=(
+        "A request's body must arrive within this many seconds of the request starting, else 408: a 64 MiB "
+        "upload needs 0.5 MiB/s."))
+    rate_limit: str = Field("20/second", description=(
+        'Requests per caller on the routes a caller repeats (registration, results; the cloud: contributions), '
+        'in the `limits` package\'s notation ("20/second", "100 per minute"): past it, 429 with Retry-After. '
+        "The caller is the client (at an edge) or the edge (at the cloud) the request acts for, so a device "
+        "with its own token can flood only its own allowance, and the many clients behind one operator's "
+        "secret each have theirs."))
+    max_open_per_caller: int = Field(4, ge=1, description=(
+        "Requests per caller open at once on the routes that hold a connection long (an edge's task long-poll "
+        "and result upload): past it, 429. A client holds one poll per logical client; retries after a dropped "
+        "connection may overlap the old one for a while."))
 
-    # False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404).
-    metrics: bool = True
-    # GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token.
-    metrics_token: str | None = None
+    metrics: bool = Field(True, description=(
+        "False: no instrumentation at all (no request middleware, no counters, GET /metrics is 404)."))
+    metrics_token: str | None = Field(None, description=(
+        "GET /metrics is open, as Prometheus scrapers expect; set this to require it as a bearer token "
+        "(empty: unset)."))
 
     @field_validator("rate_limit")
     @classmethod

@@ -3,7 +3,7 @@
 The tasks of a round mostly send the same tensors (FedAvg's global state) under different headers, so a
 bundle carries each distinct tensor data once: an item is its message's head (the safetensors length and
 JSON header, which hold the task header) and a reference to a shared data segment; head + segment is the
-whole message, byte for byte what the per-client route sends. 500 tasks of a 44k-parameter CNN were 88 MB
+whole message, byte for byte what the per-client route sends. 500 tasks of a 44k-parameter CNN are 88 MB
 as whole messages; as heads and one segment, about 1.5 MB.
 
 Layout: an 8-byte little-endian length, a JSON index of that length ({"items": [{"client_id", "task_id",

@@ -24,7 +24,7 @@ class ClientResultHeader(ClientParticipation):
     the task it answers."""
 
     task_id: str = Field(min_length=1, max_length=64)
-    # Wall time of local_update, exported by the edge (fl_client_train_seconds); None from older clients.
+    # Wall time of local_update, exported by the edge (fl_client_train_seconds); None where a client does not say.
     train_seconds: float | None = Field(None, ge=0, le=10**7, allow_inf_nan=False)
 
 

@@ -1,4 +1,6 @@
 import pytest
+import torch
+from pydantic import ValidationError
 
 from fl_services.client.config import ClientSettings, parse_ids
 from fl_services.shared.wire.protocol import issue_device_tokens, tokens_file_text
@@ -78,3 +80,16 @@ def test_an_issued_token_filed_under_another_client_is_refused():
         ClientSettings(client_tokens={3: issue_device_tokens("secret", [0])[0]})
     assert ClientSettings(client_tokens={3: "an opaque token"}).token_of(3) == "an opaque token"
     assert ClientSettings(client_token="shared").token_of(5) == "shared"
+
+
+def test_device_defaults_to_the_cpu_and_refuses_what_this_machine_lacks(clean_env, monkeypatch):
+    assert ClientSettings().compute_device == torch.device("cpu")
+    assert ClientSettings(device="CPU").compute_device == torch.device("cpu")
+    with pytest.raises(ValidationError, match="device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
+        ClientSettings(device="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for spec in ("cuda", "cuda:0", "cuda:3"):
+        with pytest.raises(ValidationError, match=f"device '{spec}': CUDA is not available on this machine"):
+            ClientSettings(device=spec)
+    clean_env.setenv("FL_CLIENT_DEVICE", "auto")
+    assert ClientSettings().compute_device == torch.device("cpu")

@@ -5,6 +5,7 @@ import logging
 
 import httpx
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from fl_services.client import main as client_main
@@ -24,7 +25,7 @@ def test_process_exits_non_zero_when_the_edge_refuses_every_client(tmp_path, mon
 
 
 def test_help_names_each_options_variable_and_default(monkeypatch):
-    # A device's operator has only `fl-client --help` and the README, which names FL_CLIENT_* variables.
+    # A device's operator has only `fl-client --help` and the docs, which name FL_CLIENT_* variables.
     monkeypatch.setenv("COLUMNS", "200")
     result = CliRunner().invoke(client_main.app, ["--help"])
     assert result.exit_code == 0
@@ -77,3 +78,12 @@ def test_a_url_that_is_not_an_edge_fails_fast_with_a_hint(tmp_path, monkeypatch,
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.exception
     assert f"http://cloud:8000 {said}" in caplog.text
     assert "FL_CLIENT_EDGE_URL (--edge) must name an edge" in caplog.text
+
+
+def test_a_device_this_machine_lacks_stops_the_process_at_start_up_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("FL_CLIENT_CONFIG_FILE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = CliRunner().invoke(client_main.app, ["--device", "cuda:1", "--state-dir", str(tmp_path)])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit), result.exception  # a clean exit, not a traceback
+    assert "invalid settings: FL_CLIENT_DEVICE: device 'cuda:1': CUDA is not available on this machine" in result.output

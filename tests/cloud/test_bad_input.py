@@ -770,9 +770,8 @@ async def test_contribution_run_not_running(cloud: Cloud, status: str) -> None:
 # cancel that arrived in the loop turn the wake event fired, so the cloud's shutdown hung forever.
 # =================================================================================================
 async def test_orchestrator_stops_when_cancelled_right_after_a_wake_up(redis_url: str) -> None:
-    from fl_services.cloud.keys import Keys
     from fl_services.cloud.orchestrator import Orchestrator
-    from fl_services.cloud.store import RedisStore
+    from fl_services.cloud.storage.redis import Keys, RedisStore
 
     redis = aioredis.Redis.from_url(redis_url)
     hung = []

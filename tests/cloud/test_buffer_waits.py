@@ -1,6 +1,6 @@
 """What the cloud tells edges about their contributions' wait in the buffer (the DVFS slack policy)."""
 from fl_services.cloud.orchestrator import buffer_waits
-from fl_services.cloud.store import BufferedContribution
+from fl_services.cloud.storage import BufferedContribution
 from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
 
 
@@ -8,7 +8,7 @@ def entry(edge_id: int, millis: int) -> BufferedContribution:
     header = EdgeContributionHeader(run_id="r", edge_id=edge_id, base_version=0, idempotency_key=f"r:{edge_id}:0",
                                     weight=1.0, clients=[ClientParticipation(client_id=edge_id, num_samples=1,
                                                                              loss=0.0)])
-    return BufferedContribution(f"{millis}-0".encode(), header, b"")
+    return BufferedContribution(f"{millis}-0", header, b"", received_s=millis / 1000)
 
 
 def test_each_waits_for_the_latest_of_the_others_and_the_last_gets_its_lag():

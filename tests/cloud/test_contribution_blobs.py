@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fl_services.cloud.global_states import GlobalStates
-from fl_services.cloud.keys import Entry, Keys
-from fl_services.cloud.store import RedisStore
+from fl_services.cloud.storage.redis import Entry, Keys, RedisStore
 from tests.cloud.harness import Cloud, contribution, contribution_header, running_run, two_edge_config
 
 pytestmark = pytest.mark.anyio
@@ -54,7 +53,7 @@ async def test_an_entry_with_its_blob_inline_reads_back(cloud: Cloud) -> None:
     keys = Keys(cloud.prefix)
     await cloud.redis.xadd(keys.buffer(run_id), {Entry.blob.value: body, Entry.header.value: header.model_dump_json()})
     [entry] = await RedisStore(cloud.redis, keys).buffered(run_id, 2)
-    assert (entry.blob, entry.header, entry.blob_key) == (body, header, None)
+    assert (entry.blob, entry.header, entry.blob_ref) == (body, header, None)
 
 
 async def test_an_unfinished_submission_blob_expires(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +63,7 @@ async def test_an_unfinished_submission_blob_expires(cloud: Cloud, monkeypatch: 
 
     run_id, global_ = await running_run(cloud, two_edge_config(), edges=(0, 1))
     store = RedisStore(cloud.redis, Keys(cloud.prefix))
-    monkeypatch.setattr(store, "_submit", killed)
+    monkeypatch.setattr(store.scripts, "submit", killed)
     with pytest.raises(ConnectionError):
         await store.submit(contribution_header(run_id), contribution(global_, run_id), True)
     [orphan] = await blob_keys(cloud, run_id)

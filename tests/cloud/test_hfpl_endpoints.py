@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fl_services.cloud.keys import Keys
+from fl_services.cloud.storage.redis import Keys
 from fl_services.shared.core.reports import ClientParticipation
 from fl_services.shared.core.tensors import Tensors, encode
 from tests.cloud.harness import (

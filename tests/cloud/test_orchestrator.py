@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fl_services.cloud.keys import Keys
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.store import RedisStore
+from fl_services.cloud.storage.redis import Keys, RedisStore
 from fl_services.shared.core.algorithms.fedavg import FedAvg
 from fl_services.shared.core.config import RunConfig
 from tests.cloud.harness import ADMIN_TOKEN, Cloud, contribution, running_cloud, running_run, small_config
@@ -95,7 +94,7 @@ def test_the_algorithm_cache_keeps_the_most_recent_runs_only() -> None:
 async def test_an_update_too_large_to_store_stops_the_run(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis drops a value over its limit, which redis-py reported as a lost WATCH: the update was then
     recomputed forever, silently. Now the run stops, and says why in the log."""
-    monkeypatch.setattr("fl_services.cloud.store._REDIS_MAX_VALUE", 100)
+    monkeypatch.setattr(cloud.app.state.store, "max_value_bytes", 100)
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
     await stopped_at_version_0(cloud, run_id)

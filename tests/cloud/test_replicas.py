@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fl_services.cloud.keys import Keys
-from fl_services.cloud.store import now
+from fl_services.cloud.storage import now
+from fl_services.cloud.storage.redis import Keys
 from fl_services.shared.core.reports import RoundRecord
 from fl_services.shared.core.tensors import decode
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader
@@ -60,8 +60,7 @@ async def test_an_update_whose_lease_is_held_waits_and_is_taken_over_once_it_exp
     """A replica that died holding the lease (never released, never renewed): after its TTL another computes."""
     a, b = replicas
     run_id, global_ = await running_run(a, small_config(rounds=3))
-    dead = a.app.state.store.lease(run_id, 2.0)
-    assert await dead.acquire(token="dead-replica:1")
+    assert await a.app.state.store.acquire_lease(run_id, 2.0, "dead-replica") is not None
     assert (await b.submit(0, contribution(global_, run_id))).status_code == 202
     await asyncio.sleep(1.0)
     assert (await a.info(run_id))["version"] == 0, "computed while another replica held the lease"
@@ -74,15 +73,16 @@ async def test_an_update_whose_lease_is_held_waits_and_is_taken_over_once_it_exp
 async def test_a_commit_under_a_lost_lease_publishes_nothing(cloud: Cloud) -> None:
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     store = cloud.app.state.store
-    lease = store.lease(run_id, 30.0)
-    assert await lease.acquire(token="another-replica:7")  # this cloud's loop can no longer take it
+    expired = await store.acquire_lease(run_id, 0.1, "expired-replica")
+    await asyncio.sleep(0.2)
+    held = await store.acquire_lease(run_id, 30.0, "another-replica")  # this cloud's loop can no longer take it
+    assert expired is not None and held is not None
     assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
     entries = await store.buffered(run_id, 1)
     before = await cloud.snapshot(run_id)
     record = RoundRecord(round=0, version=1, edges=[0], clients=[], contributions=[], train_loss=0, test_loss=0,
                          test_accuracy=0, started_at=now(), finished_at=now(), elapsed_s=0)
-    assert await store.commit_update(run_id, 0, entries, b"g", b"s", record, False, lease_token="expired:1") is False
+    assert await store.commit_update(run_id, 0, entries, b"g", b"s", record, False, lease=expired) is False
     assert await cloud.snapshot(run_id) == before
-    assert await store.commit_update(run_id, 0, entries, b"g", b"s", record, False,
-                                     lease_token="another-replica:7") is True
-    await lease.release()
+    assert await store.commit_update(run_id, 0, entries, b"g", b"s", record, False, lease=held) is True
+    await store.release_lease(held)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fl_services.cloud.keys import Keys
+from fl_services.cloud.storage.redis import Keys
 from fl_services.shared.core.algorithms.fedavg import FedAvg
 from fl_services.shared.core.tensors import decode
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader

@@ -12,16 +12,16 @@ def loop(tmp_path) -> EdgeRoundLoop:
 def test_state_round_trips_per_run(tmp_path):
     first = loop(tmp_path)
     state = {"prototypes": {"means": torch.arange(6, dtype=torch.float64).reshape(2, 3)}}
-    first._save_state("run-a", state)
+    first.states.save("run-a", state)
     again = loop(tmp_path)  # a restarted edge
-    assert torch.equal(again._load_state("run-a")["prototypes"]["means"], state["prototypes"]["means"])
-    assert again._load_state("run-b") == {}
+    assert torch.equal(again.states.load("run-a")["prototypes"]["means"], state["prototypes"]["means"])
+    assert again.states.load("run-b") == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors"]  # no temporary left
 
 
 def test_an_unreadable_state_file_starts_afresh_and_is_kept_aside(tmp_path):
     (tmp_path / "edge2-run-a.safetensors").write_bytes(b"\x00\x01 torn write")
-    assert loop(tmp_path)._load_state("run-a") == {}
+    assert loop(tmp_path).states.load("run-a") == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.corrupt"]
 
 
@@ -35,8 +35,8 @@ def test_the_state_files_of_runs_that_ended_are_deleted(tmp_path):
     edge = loop(tmp_path)
     state = {"prototypes": {"means": torch.zeros(2)}}
     for run_id in ("run-a", "run-b", "run-c"):
-        edge._save_state(run_id, state)
+        edge.states.save(run_id, state)
     (tmp_path / "edge3-run-a.safetensors").write_bytes(b"edge 3's")
     edge._forget_ended({"run-b"})  # what a long-poll answer names live
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-b.safetensors", "edge3-run-a.safetensors"]
-    assert torch.equal(edge._load_state("run-b")["prototypes"]["means"], torch.zeros(2))
+    assert torch.equal(edge.states.load("run-b")["prototypes"]["means"], torch.zeros(2))

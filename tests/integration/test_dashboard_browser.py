@@ -2,8 +2,8 @@
 create, start, watch, pause, resume and stop a run from the pages, with no console error and no request
 to any host but the cloud; both services' API docs render offline too.
 
-`./fl test` installs Chromium where it is missing (as root, with apt). FL_SCREENSHOTS=docs/ saves the
-README's screenshots of the two pages.
+`./fl test` installs Chromium where it is missing (as root, with apt). FL_SCREENSHOTS=docs/images saves
+the screenshots of the two pages that docs/tutorial-first-run.md shows.
 """
 from __future__ import annotations
 

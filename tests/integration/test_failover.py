@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from fl_services.cloud.keys import Keys
+from fl_services.cloud.storage.redis import Keys
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.config import RunConfig

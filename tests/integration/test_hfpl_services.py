@@ -7,7 +7,7 @@ import pytest
 import redis
 import torch
 
-from fl_services.cloud.keys import Keys
+from fl_services.cloud.storage.redis import Keys
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference, schedule_of
 from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus
@@ -166,7 +166,7 @@ LEVERS = {"momentum": 0.5, "proto_distance": "mean", "proto_weight": 1.0, "infer
 @pytest.mark.parametrize("classifier", [{"classifier": "cosine", "classifier_scale": 8.0},
                                         {"classifier": "mlp", "classifier_width": 16}], ids=["cosine", "mlp"])
 def test_the_levers_travel_through_the_services_and_equal_the_reference(three_edges, classifier):
-    """Every lever of docs/fedproto-protocol.md set at once, asynchronously: the services' model and every
+    """Every lever of docs/benchmarks/fedproto-protocol.md set at once, asynchronously: the services' model and every
     client's reported figures equal the in-process reference replaying the same buffers, and differ from
     the run without the levers."""
     topology, api = three_edges

@@ -1,4 +1,4 @@
-"""The installed package, the way a device meets it (README, "A client on another device"): the wheel
+"""The installed package, the way a device meets it (docs/tutorial-federation-of-devices.md): the wheel
 built from this checkout, installed into a fresh virtual environment outside the repository, and its
 `fl-client` console script, started outside the repository with no PYTHONPATH, serving two of the four
 clients of a real run that finishes on the in-process reference's model."""
@@ -84,8 +84,9 @@ def install(wheel: Path, venv: Path, extras: str = "") -> Path:
     started = time.monotonic()
     run(sys.executable, "-m", "venv", venv, cwd=venv.parent)
     pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile"]
-    # As the README tells a device: the CPU build of torch first where PyTorch's index is reachable (a plain
-    # torch requirement pulls a multi-GB CUDA build), then the wheel with the rest of its dependencies.
+    # As docs/tutorial-federation-of-devices.md tells a device: the CPU build of torch first where PyTorch's
+    # index is reachable (a plain torch requirement pulls a multi-GB CUDA build), then the wheel with the rest
+    # of its dependencies.
     try:
         run(*pip, "--no-deps", "--timeout", "10", "--retries", "0", TORCH_PIN,
             "--index-url", "https://download.pytorch.org/whl/cpu", cwd=venv.parent)

@@ -5,17 +5,9 @@ from datetime import datetime, timezone
 import pytest
 import torch
 
+from fl_services.shared.core import cloud_round
 from fl_services.shared.core.algorithms.base import MODEL, Contribution
 from fl_services.shared.core.algorithms.fedavg import FedAvg
-from fl_services.shared.core.cloud_round import (
-    NOT_EVALUATED,
-    CloudRoundOutcome,
-    Diverged,
-    evaluate_outcome,
-    round_record,
-    run_cloud_round,
-    with_evaluation,
-)
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.reports import ClientParticipation, RoundRecord
@@ -37,8 +29,8 @@ def update(sums: dict[str, torch.Tensor], clients=(0,)) -> Contribution:
 def test_a_round_nobody_evaluated_reads_back_from_json():
     """An update whose clients reported no held-out figures has a NaN loss and accuracy; stored as
     JSON null it would not parse again and the run's info and history would answer 500."""
-    outcome = CloudRoundOutcome({}, {}, Evaluation(math.nan, math.nan, 0), {})
-    record = round_record(0, [update({})], outcome, AT, AT, AT)
+    outcome = cloud_round.CloudRoundOutcome({}, {}, Evaluation(math.nan, math.nan, 0), {})
+    record = cloud_round.round_record(0, [update({})], outcome, AT, AT, AT)
     again = RoundRecord.model_validate_json(record.model_dump_json())
     assert math.isnan(again.test_loss) and math.isnan(again.test_accuracy)
 
@@ -46,14 +38,15 @@ def test_a_round_nobody_evaluated_reads_back_from_json():
 def test_an_update_to_a_non_finite_model_raises_diverged_naming_the_tensors():
     # A mean step of 1e39 is finite in float64, where FedAvg sums, and inf in the model's float32.
     step = {"linear.weight": torch.zeros(10, 64), "linear.bias": torch.full((10,), 1e39, dtype=torch.float64)}
-    with pytest.raises(Diverged, match=r"diverged: version 3 would have non-finite \['model/linear.bias'\]") as caught:
-        run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 2)
+    names = r"\['model/linear.bias'\]"
+    with pytest.raises(cloud_round.Diverged, match=rf"diverged: version 3 would have non-finite {names}") as caught:
+        cloud_round.run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 2)
     assert (caught.value.version, caught.value.names) == (3, ["model/linear.bias"])
 
 
 def test_a_finite_update_is_evaluated_and_keeps_the_state():
     step = {"linear.weight": torch.ones(10, 64), "linear.bias": torch.zeros(10)}
-    outcome = run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {"kept": {"x": torch.ones(1)}}, 0)
+    outcome = cloud_round.run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {"kept": {"x": torch.ones(1)}}, 0)
     assert torch.equal(outcome.global_[MODEL]["linear.weight"], torch.ones(10, 64))
     assert outcome.cloud_state.keys() == {"kept"}
     assert outcome.evaluation.samples > 0 and 0.0 <= outcome.evaluation.accuracy <= 1.0
@@ -63,12 +56,12 @@ def test_a_finite_update_is_evaluated_and_keeps_the_state():
 def test_an_update_evaluated_after_it_is_published_records_the_same_figures():
     """The cloud publishes first and evaluates off its critical path; the reference evaluates at once."""
     step = {"linear.weight": torch.full((10, 64), 0.01), "linear.bias": torch.zeros(10)}
-    inline = run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 0)
-    later = run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 0, evaluate=False)
-    assert later.evaluation is NOT_EVALUATED and math.isnan(later.evaluation.accuracy)
-    record = round_record(0, [update(step)], later, AT, AT, AT)
-    filled = with_evaluation(record, evaluate_outcome(FedAvg(CONFIG), later).evaluation)
-    assert filled == round_record(0, [update(step)], inline, AT, AT, AT)
+    inline = cloud_round.run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 0)
+    later = cloud_round.run_cloud_round(FedAvg(CONFIG), zeros(), [update(step)], {}, 0, evaluate=False)
+    assert later.evaluation is cloud_round.NOT_EVALUATED and math.isnan(later.evaluation.accuracy)
+    record = cloud_round.round_record(0, [update(step)], later, AT, AT, AT)
+    filled = cloud_round.with_evaluation(record, cloud_round.evaluate_outcome(FedAvg(CONFIG), later).evaluation)
+    assert filled == cloud_round.round_record(0, [update(step)], inline, AT, AT, AT)
 
 
 class NormReporting(FedAvg):
@@ -82,10 +75,11 @@ class NormReporting(FedAvg):
 def test_server_metrics_of_the_hook_reach_the_record_and_its_json():
     step = {"linear.weight": torch.full((10, 64), 0.5), "linear.bias": torch.zeros(10)}
     contribution = update(step, clients=(2, 0))
-    outcome = run_cloud_round(NormReporting(CONFIG), zeros(), [contribution], {"a": {"x": torch.ones(1)}}, 0)
+    state = {"a": {"x": torch.ones(1)}}
+    outcome = cloud_round.run_cloud_round(NormReporting(CONFIG), zeros(), [contribution], state, 0)
     assert outcome.server_metrics == {"weight_norm": pytest.approx(0.5 * math.sqrt(640)), "state_size": 1.0}
     assert all(type(v) is float for v in outcome.server_metrics.values())  # not tensors: they go to JSON
-    record = round_record(0, [contribution], outcome, AT, AT, AT)
+    record = cloud_round.round_record(0, [contribution], outcome, AT, AT, AT)
     assert RoundRecord.model_validate_json(record.model_dump_json()).server_metrics == outcome.server_metrics
     assert [c.client_id for c in record.clients] == [0, 2]
 
@@ -100,5 +94,5 @@ def test_the_reference_runner_stops_with_a_clear_error_when_the_model_diverges(m
 
     monkeypatch.setattr(FedAvg, "cloud_update", blows_up_in_round_1)
     names = r"\['model/linear.bias', 'model/linear.weight'\]"
-    with pytest.raises(Diverged, match=rf"diverged: version 2 would have non-finite {names}"):
+    with pytest.raises(cloud_round.Diverged, match=rf"diverged: version 2 would have non-finite {names}"):
         run_reference(CONFIG)

@@ -20,18 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from fl_services.shared.core.algorithms import aggregate, privacy, robust
-from fl_services.shared.core.algorithms.base import (
-    MODEL,
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
-    P,
-    combined_mean,
-)
+from fl_services.shared.core.algorithms import aggregate, base, privacy, robust
+from fl_services.shared.core.algorithms.base import MODEL, Algorithm, P, combined_mean
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.tensors import Tensors
@@ -57,7 +47,7 @@ class FedAvg(Algorithm[P]):
         """Extra term of the local objective; FedProx overrides this."""
         return None
 
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         w = task[MODEL]
         model = load_parameters(job.model_factory(), w)
         stats = local_sgd(
@@ -68,15 +58,15 @@ class FedAvg(Algorithm[P]):
         update: Record = {MODEL: {name: trained[name] - w[name] for name in w}}
         if self.config.privacy.noise == "client":
             update = privacy.privatised(self.config.privacy, update, job.generator)
-        return ClientUpdate(update, len(job.data.train), stats.mean_loss, state)
+        return base.ClientUpdate(update, len(job.data.train), stats.mean_loss, state)
 
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         return {MODEL: aggregate.add_scaled(global_[MODEL], self.cloud_step(contributions),
                                             self.config.server_lr)}, cloud_state
 
-    def cloud_step(self, contributions: list[Contribution]) -> Tensors:
+    def cloud_step(self, contributions: list[base.Contribution]) -> Tensors:
         """The combined model step: the mean over all clients, or the cloud's robust aggregator over the edges'
         mean steps (each edge counted once)."""
         name = self.config.aggregation.cloud
@@ -87,8 +77,8 @@ class FedAvg(Algorithm[P]):
         return robust.aggregate(name, self.config.aggregation, steps)[MODEL]
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         name = self.config.aggregation.edge
         if name == "mean" and self.config.privacy.noise != "edge":  # the associative weighted sum
             return super().edge_aggregate(results, edge_state, round)
@@ -100,16 +90,18 @@ class FedAvg(Algorithm[P]):
         weight = sum(self.client_weight(r.num_samples) for r in ordered)
         if self.config.privacy.noise == "edge":
             edge_id = self.config.edge_of_client(ordered[0].client_id)
-            return EdgeAggregate(privacy.noised_sum(self.config, updates, round, edge_id), weight), edge_state
+            return base.EdgeAggregate(privacy.noised_sum(self.config, updates, round, edge_id), weight), edge_state
         step = robust.aggregate(name, self.config.aggregation, updates)
         # As a sum: the contribution keeps the form the cloud and κ > 1 edge rounds expect (sums / weight = step).
-        return EdgeAggregate({g: {k: t * weight for k, t in ts.items()} for g, ts in step.items()}, weight), edge_state
+        sums = {g: {k: t * weight for k, t in ts.items()} for g, ts in step.items()}
+        return base.EdgeAggregate(sums, weight), edge_state
 
-    def edge_round_update(self, edge_global: Record, aggregate_: EdgeAggregate) -> Record:
+    def edge_round_update(self, edge_global: Record, aggregate_: base.EdgeAggregate) -> Record:
         mean = aggregate.mean(aggregate.Partial(aggregate_.tensors, aggregate_.weight))
         return {MODEL: aggregate.add_scaled(edge_global[MODEL], mean[MODEL], 1.0)}
 
-    def edge_contribution(self, global_: Record, edge_global: Record, aggregate_: EdgeAggregate) -> EdgeAggregate:
+    def edge_contribution(self, global_: Record, edge_global: Record,
+                          aggregate_: base.EdgeAggregate) -> base.EdgeAggregate:
         w, w_l, sums = global_[MODEL], edge_global[MODEL], aggregate_.tensors[MODEL]
         drift = {name: (w_l[name].to(torch.float64) - w[name].to(torch.float64)) * aggregate_.weight for name in w}
-        return EdgeAggregate({MODEL: {name: sums[name] + drift[name] for name in w}}, aggregate_.weight)
+        return base.EdgeAggregate({MODEL: {name: sums[name] + drift[name] for name in w}}, aggregate_.weight)

@@ -6,7 +6,7 @@ summed over every model parameter, where w is the model the client was sent; it 
 Server: as FedAvg, w ← w + η_s Σ_{k∈S} p_k Δw_k, including several edges and κ > 1 edge rounds (the
 proximal centre is then the model the edge sent, i.e. the edge's model in that edge round).
 
-Differences from the paper, as the issue asks: every client runs exactly E epochs (the paper's
+Differences from the paper, as the specification asks: every client runs exactly E epochs (the paper's
 γ-inexact solvers and dropped stragglers are not modelled), and μ is one run-wide value (the notes'
 μ_k per client is not used). The reported training loss is ℓ alone, without the proximal term, so it
 compares directly with FedAvg's. With μ = 0 the client is FedAvg's, bit for bit.

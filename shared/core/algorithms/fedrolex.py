@@ -1,4 +1,4 @@
-"""FedRolex (Alam et al., NeurIPS 2022): rolling-window sub-models, as issue 3 writes it.
+"""FedRolex (Alam et al., NeurIPS 2022): rolling-window sub-models, as the seed specification writes it.
 
 Client k has capacity β_k ∈ (0, 1]. In round r every hidden layer with K units (a conv layer: K
 filters) gives client k the rolling window of max(⌊β_k·K⌋, 1) units starting at index r mod K,
@@ -16,11 +16,11 @@ embeds its clients' Δw_k at their windows and sends, per parameter, the float64
 Both are associative, so several edges give the flat rule over all of S (multi_edge is allowed).
 
 Capacities: `params.capacities` lists β_k per client (length N). Without it, client k gets
-β_k = [1, ½, ¼][k mod 3], the mix the issue's convergence claim is about. logreg has no hidden
+β_k = [1, ½, ¼][k mod 3], the mix the specification's convergence claim is about. logreg has no hidden
 layer, so every client gets the whole model and FedRolex is FedAvg.
 
-Differences from the paper, following the issue: the server step has no learning rate η_s (the
-issue's rule has none, so a run with server_lr ≠ 1 is refused rather than silently ignoring it);
+Differences from the paper, following the specification: the server step has no learning rate η_s (the
+specification's rule has none, so a run with server_lr ≠ 1 is refused rather than silently ignoring it);
 the window starts at r mod K with r the round counted from 0 (the paper rolls by one unit a round
 as well); the paper's static batch norm and output scaler are absent because our models have
 neither. The window is a set of units; sub-models keep them in global order (see submodel.py).
@@ -34,16 +34,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
-from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.algorithms.base import (
-    MODEL,
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
-)
+from fl_services.shared.core.algorithms import aggregate, base
+from fl_services.shared.core.algorithms.base import MODEL, Algorithm
 from fl_services.shared.core.algorithms.submodel import (
     Architecture,
     Masks,
@@ -106,7 +98,7 @@ class FedRolex(Algorithm[RP]):
     name = "fedrolex"
     multi_edge = True
     edge_rounds = False
-    # The issue's FedRolex step has no η_s; FedSCAVAR's has one.
+    # The specification's FedRolex step has no η_s; FedSCAVAR's has one.
     has_server_lr: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig):
@@ -153,7 +145,7 @@ class FedRolex(Algorithm[RP]):
         shapes = self.full_shapes if full_shapes is None else full_shapes
         return layer_windows(self.architecture, shapes, self.capacity(client_id), round)
 
-    def sub_model(self, job: LocalJob, weights: Tensors) -> torch.nn.Module:
+    def sub_model(self, job: base.LocalJob, weights: Tensors) -> torch.nn.Module:
         widths = self.architecture.widths({name: tuple(t.shape) for name, t in weights.items()})
         # The factory's first free positional argument is the init seed: widths go by keyword.
         return load_parameters(job.model_factory(**widths), weights)
@@ -169,23 +161,23 @@ class FedRolex(Algorithm[RP]):
         return {MODEL: extract(model, self.architecture, self.windows(client_id, round))}
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         ordered = sorted(results, key=lambda r: r.client_id)
         partial = coverage_reduce(
             (self.client_weight(r.num_samples), *self.embed_result(r.tensors[MODEL], r.client_id, round))
             for r in ordered
         )
-        return EdgeAggregate(partial.sums, partial.weight), edge_state
+        return base.EdgeAggregate(partial.sums, partial.weight), edge_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         w = task[MODEL]
         model = self.sub_model(job, w)
         stats = local_sgd(model, job.data.train, self.config.local, job.generator)
         trained = parameters_of(model)
         delta = {name: (trained[name] - w[name]).contiguous() for name in w}
-        return ClientUpdate({MODEL: delta}, len(job.data.train), stats.mean_loss, state)
+        return base.ClientUpdate({MODEL: delta}, len(job.data.train), stats.mean_loss, state)
 
     # ---- cloud ---------------------------------------------------------------------------------
     def contribution_spec(self, global_: Record, clients: list[int]) -> RecordSpec:
@@ -207,7 +199,7 @@ class FedRolex(Algorithm[RP]):
                                      "in its coverage")
 
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         ordered = sorted(contributions, key=lambda c: c.edge_id)
         combined = aggregate.combine(aggregate.Partial(c.tensors, c.weight) for c in ordered)

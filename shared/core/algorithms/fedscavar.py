@@ -1,4 +1,5 @@
-"""FedSCAVAR: FedRolex sub-models + SCAFFOLD control variates + ClusterFedVARP server memory (issue 3).
+"""FedSCAVAR: FedRolex sub-models + SCAFFOLD control variates + ClusterFedVARP server memory, as the seed
+specification writes it.
 
 State: the global state holds the model w ("model") and the server control c ("control", c⁰ = 0);
 client k keeps its control c_k (c_k⁰ = 0) at full size in its own state's "control" group, because
@@ -23,13 +24,13 @@ The cloud, with M_k the coverage mask of client k's window and c_k ∈ [G] its c
     c ← c + (m/N) Σ_{k∈S} p_k Δc_k
     y_g ← per coordinate, the mean of Δw_i over i ∈ S ∩ C_g whose window covers it; unchanged where none does.
 
-Choices the issue leaves open:
+Choices the specification leaves open:
 - y_{c_k} in the correction term is restricted to k's window (M_k ⊙ y_{c_k}), as the source notes
   write it (y_{c_k, I(r, β_k)}): a client says nothing about coordinates it did not train, and there
   the memory term (1/N) Σ_j y_{c_j} stands in for it. With β_k = 1 for all k this is ClusterFedVARP's v.
 - m is the number of clients whose results reached the cloud (as FedVARP/ClusterFedVARP here), used
   both in v and in c's step (m/N); it equals max(⌊λN⌋, 1) whenever every selected client answers.
-  p_k are FedAvg's weights normalised over those clients (`weighting`); v is unweighted as in the issue.
+  p_k are FedAvg's weights normalised over those clients (`weighting`); v is unweighted as in the specification.
 - The client→cluster map is ClusterFedVARP's run setting (`clusters`, or by default k-means with
   `num_clusters` on the clients' label histograms, fl_services.shared.core.algorithms.clustering); capacities are
   FedRolex's (`capacities`, default [1, ½, ¼][k mod 3]); μ is one run-wide value (the notes' μ_k per
@@ -43,17 +44,8 @@ from typing import ClassVar
 
 import torch
 
-from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.algorithms.base import (
-    MODEL,
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
-    combined_mean,
-)
+from fl_services.shared.core.algorithms import aggregate, base
+from fl_services.shared.core.algorithms.base import MODEL, Algorithm, combined_mean
 from fl_services.shared.core.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
 from fl_services.shared.core.algorithms.control import CONTROL, control_step, corrected_sgd, kept_control, with_control
 from fl_services.shared.core.algorithms.fedprox import FedProxParams, proximal_term
@@ -98,7 +90,7 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
     check_contribution = Algorithm.check_contribution
 
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         groups = self.memory_groups()
         b = buffered_clients(self.name, contributions, groups)
@@ -120,8 +112,8 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         return {**task, CONTROL: extract(global_[CONTROL], self.architecture, self.windows(client_id, round))}
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         if not results:
             raise ValueError("cannot aggregate an empty set of results")
         deltas, items = [], []
@@ -131,10 +123,10 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
             deltas.append(full_dw)
             items.append((self.client_weight(r.num_samples), {CONTROL: full_dc}))
         control = aggregate.reduce(items)
-        return EdgeAggregate({DELTAS: stacked(deltas), **control.sums}, control.weight), edge_state
+        return base.EdgeAggregate({DELTAS: stacked(deltas), **control.sums}, control.weight), edge_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         w, c = task[MODEL], task[CONTROL]
         # The run's full-width model gives the shapes c_k is kept at.
         full = {n: p.detach() for n, p in job.model_factory().named_parameters()}
@@ -151,5 +143,5 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
                           regulariser=(lambda m: proximal_term(m, centre, mu)) if mu > 0 else None)
         placed, covered = embed(u.control, self.architecture, windows, full_shapes)
         new_state = {n: torch.where(covered[n], placed[n], c_k_full[n]).contiguous() for n in w}
-        return ClientUpdate({MODEL: u.delta_w, CONTROL: u.delta_c}, len(job.data.train), u.stats.mean_loss,
+        return base.ClientUpdate({MODEL: u.delta_w, CONTROL: u.delta_c}, len(job.data.train), u.stats.mean_loss,
                             {CONTROL: new_state})

@@ -16,7 +16,7 @@ from fl_services.shared.core.training import full_gradient, load_parameters
 class FedSGD(FedAvg[NoParams]):
     name = "fedsgd"
     edge_rounds = False  # an edge round would need a step size for gradients; not defined by the rule
-    robust_aggregation = False  # not asked of gradient averaging (issue 14 names FedAvg and FedProx)
+    robust_aggregation = False  # not asked of gradient averaging (the robust rules are defined for FedAvg and FedProx)
 
     def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         model = load_parameters(job.model_factory(), task[MODEL])

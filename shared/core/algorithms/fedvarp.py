@@ -7,14 +7,14 @@ local_update). Server, with a memory y_k per client k ∈ [N] (N = data.num_clie
     w ← w + η_s v
     y_k ← Δw_k for k ∈ S, unchanged otherwise.
 
-The paper writes the client's update as (w − w_k)/η_k and steps w ← w − η_s η_k v; the issue's
+The paper writes the client's update as (w − w_k)/η_k and steps w ← w − η_s η_k v; the specification's
 Δw_k = w_k − w and w ← w + η_s v is the same rule with the sign and η_k folded into Δw_k and η_s.
 
-Choices the issue leaves open:
+Choices the specification leaves open:
 - m is the number of clients whose Δw_k reached the cloud this round, not max(⌊λN⌋, 1): when a
   straggler misses the deadline, v is the same estimator over the clients that answered (and leaves the
   straggler's y as it was). The two agree whenever every selected client answers.
-- The rule is unweighted (1/m, 1/N) as in the issue and the paper; `weighting` does not apply.
+- The rule is unweighted (1/m, 1/N) as in the specification and the paper; `weighting` does not apply.
 - Δw_k crosses the wire per client (the "deltas" group: per parameter, the Δw_k of the contribution's
   clients stacked in id order, the model's dtype, float32) rather than as a partial sum: the cloud must
   see each Δw_k to store it as y_k. Hence one edge only (multi_edge = False) and no edge rounds; the

@@ -19,14 +19,14 @@ Edge: S is a uniform sample of m = max(⌊λ_part·n⌋, 1) of the n clients who
     history lists the clients of S, as every algorithm's lists the clients whose updates entered the model.
 Cloud: θ ← (1 − β)·θ + β · (Σ_l Σ_{k∈S_l} ω_k) / (Σ_l |S_l|), applied once over all edges' partials.
 
-Deviations from the paper and its code, all following issue 3:
+Deviations from the paper and its code, all following the seed specification:
 - The inner problem is solved by exactly K gradient steps of step η_p (the paper leaves the
   proximal solver open; its code uses K steps too). θ_k restarts from the global model every round, as in
   the authors' code, so the kept θ_k is only the personalised model to evaluate, never a warm start.
 - Several edges are allowed: each samples its own S_l, so S = ∪ S_l is a sample stratified by edge
   rather than one uniform draw over all N clients; with one edge it is exactly the paper's rule.
 - With config.local.optimizer = "nesterov" the K inner steps use torch's SGD(nesterov=True) on θ_k with
-  lr η_p and config.local.momentum, its buffer reset every global round (the issue's Nesterov option).
+  lr η_p and config.local.momentum, its buffer reset every global round (the specification's Nesterov option).
 - p_k is always 1/|S| (config.weighting is not used), local.epochs is replaced by R, and server_lr must
   stay 1 because β is the server step.
 """
@@ -39,17 +39,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.algorithms.base import (
-    MODEL,
-    Algorithm,
-    ClientResult,
-    ClientUpdate,
-    Contribution,
-    EdgeAggregate,
-    LocalJob,
-    combined_mean,
-)
+from fl_services.shared.core.algorithms import aggregate, base
+from fl_services.shared.core.algorithms.base import MODEL, Algorithm, combined_mean
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ArrayDataset
 from fl_services.shared.core.records import Record
@@ -117,21 +108,21 @@ class PFedMe(Algorithm[PFedMeParams]):
         return 1.0  # θ mixes the plain mean of the ω_k over S
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
-    ) -> tuple[EdgeAggregate, Record]:
+        self, results: list[base.ClientResult], edge_state: Record, round: int
+    ) -> tuple[base.EdgeAggregate, Record]:
         chosen = set(self.sampled([r.client_id for r in results], round))
         ordered = sorted((r for r in results if r.client_id in chosen), key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
-        return EdgeAggregate(partial.sums, partial.weight, tuple(r.client_id for r in ordered)), edge_state
+        return base.EdgeAggregate(partial.sums, partial.weight, tuple(r.client_id for r in ordered)), edge_state
 
     # ---- cloud ---------------------------------------------------------------------------------
     def cloud_update(
-        self, global_: Record, contributions: list[Contribution], cloud_state: Record, round: int
+        self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
         return {MODEL: mix(global_[MODEL], combined_mean(contributions)[MODEL], self.params.beta)}, cloud_state
 
     # ---- client --------------------------------------------------------------------------------
-    def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
+    def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         p = self.params
         model = load_parameters(job.model_factory(), task[MODEL])
         model.train()
@@ -158,7 +149,7 @@ class PFedMe(Algorithm[PFedMeParams]):
                 for name, t in theta.items():
                     omega[name].sub_(omega[name] - t, alpha=self.config.local.lr * p.lam)
         personal = parameters_of(model)
-        return ClientUpdate({MODEL: omega}, len(train), loss_sum / (p.local_rounds * p.inner_steps),
+        return base.ClientUpdate({MODEL: omega}, len(train), loss_sum / (p.local_rounds * p.inner_steps),
                             {PERSONAL: personal}, personal_metrics(model, job.data.test))
 
 

@@ -55,8 +55,10 @@ def clip(update: Record, bound: float) -> Record:
 
 def gaussian(like: Record, std: float, generator: torch.Generator) -> Record:
     """N(0, std²) noise shaped like `like` (float64), drawn from `generator` in sorted (group, name) order: a
-    record decoded from the wire lists its tensors in another order than the model that made it."""
-    return {group: {name: torch.randn(like[group][name].shape, generator=generator, dtype=torch.float64) * std
+    record decoded from the wire lists its tensors in another order than the model that made it. Drawn on the CPU
+    (`generator`'s device) and placed where `like` is: a client training on a GPU adds the noise a CPU one would."""
+    return {group: {name: (torch.randn(like[group][name].shape, generator=generator, dtype=torch.float64) * std)
+                    .to(like[group][name].device)
                     for name in sorted(like[group])}
             for group in sorted(like)}
 

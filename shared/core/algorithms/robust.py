@@ -9,8 +9,8 @@ edge that uses them keeps its clients' updates until the round ends, and the clo
 - (multi-)Krum (Blanchard et al., NeurIPS 2017): each update is scored by the sum of squared distances to
   its n − f − 2 nearest others; the m best-scored are averaged (m = 1: Krum);
 
-Every update counts once: the sample counts clients claim are what one device used to take a round over
-(issue 14, defect 3). Results are float64, like the mean's sums; inputs are taken in the order given (the
+Every update counts once: weighting by the sample counts clients claim would let one device take a round
+over by claiming a huge count. Results are float64, like the mean's sums; inputs are taken in the order given (the
 callers sort by client or edge id), and every reduction is deterministic.
 """
 from __future__ import annotations

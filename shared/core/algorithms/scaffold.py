@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates, as issue 3 writes it.
+"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates, as the seed specification writes it.
 
 State: the global state holds the model w ("model" group) and the server control c ("control" group,
 c⁰ = 0); client k keeps c_k (c_k⁰ = 0) in its own state's "control" group (shared/core/algorithms/control.py).
@@ -18,7 +18,7 @@ multi_edge is therefore allowed. m is then the total selected over all edges, Σ
 which is what the edges' `select` draws. κ > 1 edge rounds are not defined by the rule and refused.
 
 Differences from the paper: the paper's server step for c is c ← c + (1/N) Σ_{k∈S} Δc_k; the
-issue's (m/N) Σ p_k Δc_k equals it for p_k = 1/m (weighting="uniform") and weights Δc_k by data size
+specification's (m/N) Σ p_k Δc_k equals it for p_k = 1/m (weighting="uniform") and weights Δc_k by data size
 for option 1 (weighting="samples", the default). As in the paper, η_s scales only the step for w.
 
 Nesterov (local.optimizer = "nesterov"): the correction c − c_k is added to the minibatch gradient
@@ -28,7 +28,7 @@ by L·g with L = η_k Σ_{t=1..K} (1 + β(1 − β^t)/(1 − β)) ≈ K·η_k/(1
 would give c_k⁺ ≈ s·ḡ + (s − 1)(c − c_k) with s = L/(K·η_k) and ḡ the mean minibatch gradient, so the correction
 c − c_k would be multiplied by about −(s − 1) every round, with s ≈ 10 at β = 0.9: the controls
 diverge (measured: |c| ≈ 5e12 after 20 rounds on digits, Dirichlet(0.3), E = 2). With Nesterov the
-denominator is therefore L, which makes c_k⁺ = ḡ again; for plain SGD L = K·η_k, the issue's rule.
+denominator is therefore L, which makes c_k⁺ = ḡ again; for plain SGD L = K·η_k, the specification's rule.
 """
 from __future__ import annotations
 

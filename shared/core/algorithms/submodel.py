@@ -100,7 +100,7 @@ def window_size(num_units: int, capacity: float) -> int:
 
 
 def window_indices(num_units: int, capacity: float, round: int) -> list[int]:
-    """The rolling window in the issue's order: n units from r mod K, wrapping around."""
+    """The rolling window in the specification's order: n units from r mod K, wrapping around."""
     start = round % num_units
     return [(start + i) % num_units for i in range(window_size(num_units, capacity))]
 
@@ -162,8 +162,8 @@ def embed(sub: Tensors, arch: Architecture, windows: Windows, full_shapes: Shape
         expected = tuple(i.numel() for i in at)
         if tuple(t.shape) != expected:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, its window has shape {expected}")
-        full = torch.zeros(shape, dtype=t.dtype)
-        mask = torch.zeros(shape, dtype=torch.bool)
+        full = torch.zeros(shape, dtype=t.dtype, device=t.device)
+        mask = torch.zeros(shape, dtype=torch.bool, device=t.device)
         full[at] = t
         mask[at] = True
         out[name], masks[name] = full, mask

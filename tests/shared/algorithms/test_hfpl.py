@@ -424,7 +424,7 @@ def test_history_has_the_mean_of_every_clients_latest_nearest_prototype_accuracy
     assert latest and len(latest) > len(run.history[-1].clients)  # more clients than the last update's
 
 
-# ---- levers (measured on FedProto's protocol: docs/fedproto-protocol.md) ----------------------------
+# ---- levers (measured on FedProto's protocol: docs/benchmarks/fedproto-protocol.md) -----------------
 
 def test_a_mean_over_d_is_the_sum_at_a_d_times_smaller_weight():
     centre = torch.zeros(10, 64, dtype=F64)
@@ -510,7 +510,8 @@ def xor_triple(n: int = 200) -> dict:
 
 def test_the_default_classifier_is_the_plain_linear_layer_bit_for_bit():
     """The default G is nn.Linear, seeded as before, trained by the same SGD loop: classifier="mlp" added a
-    kind, it did not change the linear one (a run's digest against main's code: docs/fedproto-protocol.md)."""
+    kind, it did not change the linear one (a run's digest against main's code:
+    docs/benchmarks/fedproto-protocol.md)."""
     a = hfpl(feature_dim=2, classifier_epochs=3)
     g0 = a.init_global(nn.Linear(1, 2))
     with seeded_default_generator(derive_seed(0, MODEL_INIT, CLASSIFIER)):

@@ -1,0 +1,70 @@
+"""An edge's contribution: what the cloud checks before it may enter the buffer, and its submission.
+
+A contribution must be one that this edge could have computed in this run: from its own clients, each
+at most once per edge round, with a weight those clients can give (an edge that claimed a weight
+of 1e-300 for ordinary sums would blow the next global model up to inf), and with the tensors the
+algorithm expects. Anything else is refused before it is buffered, so it changes nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+
+from fl_services.cloud.orchestrator import Orchestrator
+from fl_services.cloud.storage import Store, SubmitOutcome
+from fl_services.shared.core.algorithms.base import Algorithm
+from fl_services.shared.core.records import Record
+from fl_services.shared.core.reports import EdgeContributionHeader
+from fl_services.shared.core.tensors import InvalidContent
+
+
+@dataclass(frozen=True)
+class EdgeContribution:
+    """A contribution as it arrived: its tensors and header, decoded from `blob` (what the buffer keeps)."""
+
+    tensors: Record
+    header: EdgeContributionHeader
+    blob: bytes
+
+
+async def submit(*, store: Store, orchestrator: Orchestrator, contribution: EdgeContribution) -> SubmitOutcome:
+    """Buffers an admissible contribution (idempotent per idempotency key) and wakes the cloud loop; raises
+    InvalidContent, with nothing buffered, for one its run cannot take."""
+    header = contribution.header
+    algorithm = orchestrator.algorithm(header.run_id, await store.config(header.run_id))
+    # The global state's shapes alone (its header), not a copy of it. The check reads every value: on a
+    # worker thread, so long-polls are answered meanwhile.
+    global_ = await orchestrator.globals.layout(header.run_id)
+    await asyncio.to_thread(check_contribution, algorithm, global_, header, contribution.tensors)
+    outcome = await store.submit(header, contribution.blob, algorithm.synchronous)
+    orchestrator.notify()
+    return outcome
+
+
+def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContributionHeader,
+                       tensors: Record) -> None:
+    """Raises InvalidContent (HTTP 422) unless the contribution is admissible."""
+    topology = algorithm.config.topology
+    if header.edge_id >= topology.num_edges:
+        raise InvalidContent(f"edge {header.edge_id} is not part of this run ({topology.num_edges} edges)")
+    ids = [c.client_id for c in header.clients]
+    foreign = sorted(set(ids) - set(algorithm.config.clients_of_edge(header.edge_id)))
+    if foreign:
+        raise InvalidContent(f"clients must be clients of edge {header.edge_id}; not its clients: {foreign}")
+    repeated = sorted(k for k, n in Counter(ids).items() if n > topology.edge_rounds)
+    if repeated:
+        raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
+                             f"more often: {repeated}")
+    _check_weight(algorithm, header)
+    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
+
+
+def _check_weight(algorithm: Algorithm, header: EdgeContributionHeader) -> None:
+    # The weight of some of the listed clients: all of them (FedAvg, pFedMe's S), or those of the last of
+    # κ edge rounds; so between one client's weight and all of theirs.
+    weights = [algorithm.client_weight(c.num_samples) for c in header.clients]
+    low, high = min(weights), sum(weights)
+    if not low * (1 - 1e-9) <= header.weight <= high * (1 + 1e-9):
+        raise InvalidContent(f"weight {header.weight:.12g} is not one its clients give: expected between "
+                             f"{low:.12g} (one client) and {high:.12g} (all of them)")

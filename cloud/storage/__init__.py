@@ -1,0 +1,42 @@
+"""The cloud's storage, behind a port: what the routes, the orchestrator and the background tasks may ask of it
+(ports.py), kept by a backend that implements it. Two do: `MemoryStore` (this process's memory: tests and a
+single-process development cloud) and `fl_services.cloud.storage.redis.RedisStore` (Redis, shared by every
+replica; imported from there, so that nothing but the cloud's entry point loads redis-py).
+
+Implementing another backend: docs/how-to-storage-backend.md.
+"""
+from __future__ import annotations
+
+from fl_services.cloud.storage.memory import MemoryStore
+from fl_services.cloud.storage.ports import (
+    ACTIVE,
+    ENDED,
+    TRANSITIONS,
+    Action,
+    AuditLog,
+    BufferedContribution,
+    Conflict,
+    ContributionBuffer,
+    EdgeRegistry,
+    Events,
+    Lease,
+    LeaseLost,
+    NotFound,
+    RevokedTokens,
+    Runs,
+    StateTooLarge,
+    StorageError,
+    StorageRefused,
+    StorageUnavailable,
+    Store,
+    SubmitOutcome,
+    UpdateLeases,
+    now,
+)
+
+__all__ = [
+    "ACTIVE", "ENDED", "TRANSITIONS", "Action", "AuditLog", "BufferedContribution", "Conflict", "ContributionBuffer",
+    "EdgeRegistry", "Events", "Lease", "LeaseLost", "MemoryStore", "NotFound", "RevokedTokens", "Runs",
+    "StateTooLarge", "StorageError", "StorageRefused", "StorageUnavailable", "Store", "SubmitOutcome",
+    "UpdateLeases", "now",
+]

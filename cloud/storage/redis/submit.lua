@@ -1,0 +1,33 @@
+-- Accepts one contribution into a run's buffer, or refuses it, atomically: {outcome, detail}.
+-- A word after a dollar sign is a placeholder, filled in with keys.py's names when it is loaded (scripts.py).
+-- KEYS: the run's meta hash, idempotency key -> entry id, slot (edge:version) -> idempotency key,
+--       the buffer stream, edge -> its entry still in the buffer, the contribution's blob (SET just before)
+local meta, idempotency, slots, buffer, pending, blob = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- ARGV: the submission's idempotency key, edge id, base version, header JSON, and
+--       '1' if the algorithm is synchronous (a contribution must be on the current version)
+local key, edge, base_version, header, synchronous = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+local function refuse(outcome, detail)
+  redis.call('DEL', blob)
+  return {outcome, detail}
+end
+local slot = edge .. ':' .. base_version
+local prev = redis.call('HGET', idempotency, key)
+if prev then
+  if redis.call('HGET', slots, slot) == key then return refuse('duplicate', prev) end
+  return refuse('key_reused', prev)
+end
+local status = redis.call('HGET', meta, '$status')
+if status ~= '$running' and status ~= '$paused' then return refuse('not_running', status or 'missing') end
+local version = tonumber(redis.call('HGET', meta, '$version'))
+local base = tonumber(base_version)
+if base > version then return refuse('future', tostring(version)) end
+if synchronous == '1' and base ~= version then return refuse('stale', tostring(version)) end
+if redis.call('HEXISTS', slots, slot) == 1 then return refuse('conflict', tostring(version)) end
+if redis.call('HEXISTS', pending, edge) == 1 then return refuse('pending', tostring(version)) end
+if redis.call('PERSIST', blob) ~= 1 then return {'lost', blob} end
+local id = redis.call('XADD', buffer, '*', '$blob_key', blob, '$header', header)
+redis.call('HSET', idempotency, key, id)
+redis.call('HSET', slots, slot, key)
+redis.call('HSET', pending, edge, id)
+return {'accepted', id}

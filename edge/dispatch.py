@@ -1,0 +1,109 @@
+"""An edge round's traffic: its tasks posted on the task board, their answers collected (quorum, retries), and
+its contribution submitted to the cloud."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import httpx
+from prometheus_client import Counter
+
+from fl_services.edge.tasks import Task, TaskBoard
+from fl_services.shared.core.algorithms.base import Algorithm, ClientResult
+from fl_services.shared.core.config import RoundPolicy
+from fl_services.shared.core.edge_round import ClientTask
+from fl_services.shared.core.federation import participation
+from fl_services.shared.core.records import Record, encode
+from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader
+from fl_services.shared.wire.client_edge import ClientTaskHeader
+from fl_services.shared.wire.edge_cloud import GlobalStateHeader
+from fl_services.shared.wire.http import binary_body
+from fl_services.shared.wire.retry import DEDUPLICATED
+
+log = logging.getLogger(__name__)
+
+
+class RoundAbandoned(Exception):
+    """The cloud moved on while the round waited for clients that cannot answer."""
+
+
+class Dispatch:
+    """Posts an edge round's tasks, collects their answers and submits the round's contribution."""
+
+    def __init__(self, edge_id: int, board: TaskBoard, cloud: httpx.AsyncClient, max_client_samples: int | None,
+                 submissions: Counter):
+        self.edge_id = edge_id
+        self.board = board
+        self.cloud = cloud
+        self.max_client_samples = max_client_samples
+        self.submissions = submissions  # by the cloud's answer's status
+
+    def task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm, budget_s: float | None,
+             num_samples: list[int] | None) -> Task:
+        """Client k's task of this round; with the clients' sample counts known, a result must claim k's."""
+        message = ClientTaskHeader(
+            task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
+            client_id=task.client_id, round=task.round, version=header.version, config=header.config,
+            budget_s=budget_s,
+        )
+        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors),
+                    num_samples=num_samples[task.client_id] if num_samples else None,
+                    max_samples=self.max_client_samples)
+
+    async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy,
+                      failures: list[ClientFailure], moved_on: Callable[[], Awaitable[bool]]) -> list[ClientResult]:
+        """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered; after
+        max_retries, goes on with any answer, waiting for a first one only until the cloud `moved_on`.
+        A client's reported failure ends the wait for it; the failures left unanswered join `failures`.
+        (A run that ends meanwhile cancels the whole round: see EdgeRoundLoop._forget_ended.)"""
+        run_id = header.run_id
+        quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
+        await self.board.post(tasks)
+        log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)
+        try:
+            for attempt in range(policy.max_retries + 1):
+                results = await self.board.wait_results(run_id, policy.deadline_s)
+                if len(results) >= quorum:
+                    return results
+                log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
+                            self.edge_id, len(results), len(tasks), quorum, attempt + 1)
+            while not results:
+                # No client can answer (e.g. every one fails on a diverged model): without this check the
+                # edge would wait here for good, even after its run moved on to a newer version.
+                if await moved_on():
+                    raise RoundAbandoned(f"run {run_id} moved on from version {header.version}")
+                # Every client may have reported failure: wait the deadline for a result all the same.
+                results = await self.board.wait_results(run_id, policy.deadline_s, failures_settle=False)
+            log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
+            return results
+        finally:
+            failures.extend(self.board.failures(run_id))
+            await self.board.clear(run_id)
+
+    async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
+                     results: list[ClientResult], failures: list[ClientFailure]) -> None:
+        message = EdgeContributionHeader(
+            run_id=header.run_id,
+            edge_id=self.edge_id,
+            base_version=header.version,
+            # Deterministic, so a retry after a lost answer (or an edge restart) is counted once.
+            idempotency_key=f"{header.run_id}:{self.edge_id}:{header.version}",
+            weight=weight,
+            clients=participation(results),
+            failures=failures,
+        )
+        blob = await asyncio.to_thread(encode, tensors, message)
+        # Re-sent through a passing fault: the cloud counts an idempotency key once.
+        response = await self.cloud.post(f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob),
+                                         extensions=DEDUPLICATED)
+        self.submissions.labels(str(response.status_code)).inc()
+        if response.status_code == 409:  # counted already, or the run moved on: nothing to do
+            log.info("edge %d: %s", self.edge_id, response.text[:300])
+        elif response.status_code >= 400:
+            # The same contribution would be refused again (too large, values beyond the bounds): the run
+            # cannot use this round. Said loudly: a synchronous run waits for this edge.
+            log.error("edge %d: cloud refused the contribution of version %d: %s %s", self.edge_id,
+                      header.version, response.status_code, response.text[:300])
