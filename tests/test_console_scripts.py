@@ -65,3 +65,16 @@ def test_a_service_refuses_an_argument_it_does_not_take(name):
     done = script(name, "--port", "9000", env={})
     assert done.returncode == 2
     assert "takes no arguments ('--port 9000'): its settings come from the environment" in done.stderr
+
+
+def test_fedctl_help_imports_neither_torch_nor_the_models():
+    # What keeps `fedctl --help` under a second on a loaded machine (8.5 s before its imports were lazy): a
+    # deterministic stand-in for a timing.
+    code = ("import sys\nfrom fl_services.fedctl.__main__ import main\nsys.argv = ['fedctl', 'create', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'httpx', 'numpy', 'fl_services.shared.core.algorithms', "
+            "'fl_services.fedctl.api') if m in sys.modules), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert "data.client_holdout" in done.stdout  # create's epilog, made when shown
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
