@@ -313,6 +313,9 @@ class ImportSource(OwnSource[ImportSpec]):
                 check_samples(*held_out, "x_test", "y_test")
         except (ValueError, TypeError) as exc:
             raise ValueError(f"the data loader {self.spec.loader!r}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - the loader's Dataset runs its own code while it is read
+            raise ValueError(f"the data loader {self.spec.loader!r}: reading its samples raised "
+                             f"{type(exc).__name__}: {exc}") from exc
         return train, held_out
 
 

@@ -188,3 +188,11 @@ def test_normalisation_that_makes_pixels_infinite_is_refused(tmp_path):
 def test_a_shape_of_billions_of_pixels_is_refused_in_the_spec(tmp_path):
     with pytest.raises(DataSourceError, match="images of at most"):
         open_source(f"image-folder:{tmp_path}?shape=1x100000x100000")
+
+
+# ---- import ----
+
+def test_a_loaders_dataset_failing_while_read_names_the_loader():
+    refused("import:tests.shared.user_factories:device_broken_dataset",
+            "'tests.shared.user_factories:device_broken_dataset': reading its samples raised RuntimeError: a "
+            "transform failed")
