@@ -196,3 +196,15 @@ def test_a_loaders_dataset_failing_while_read_names_the_loader():
     refused("import:tests.shared.user_factories:device_broken_dataset",
             "'tests.shared.user_factories:device_broken_dataset': reading its samples raised RuntimeError: a "
             "transform failed")
+
+
+# ---- partition ----
+
+def test_a_partition_of_a_file_that_is_no_npz_is_a_data_source_error(tmp_path):
+    (tmp_path / "not.npz").write_text("root:x:0:0\n")
+    refused(f"partition:npz?clients=2&index=0&path={tmp_path / 'not.npz'}", "cannot read the partition data source")
+
+
+def test_a_partition_of_a_loader_breaking_its_contract_is_a_data_source_error():
+    refused("partition:tests.shared.user_factories:device_pair?clients=2&index=0",
+            "cannot read the partition data source")
