@@ -125,3 +125,17 @@ def device_datasets():
 
 def device_strings():
     return {"x": [["a", "b"], ["c", "d"]], "y": [0, 1]}
+
+
+class _BrokenSamples(torch.utils.data.Dataset):
+    """A Dataset whose samples fail when read, as a transform failing inside torch does."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        raise RuntimeError("a transform failed")
+
+
+def device_broken_dataset():
+    return _BrokenSamples()

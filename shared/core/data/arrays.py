@@ -68,11 +68,18 @@ def shape_text(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape) or "()"
 
 
+# The largest finite float32: a larger value of a wider type becomes infinite when a sample is made float32.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def check_labels(y: np.ndarray, name: str) -> None:
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"{name} must be a 1-D integer array, got {y.dtype} of shape {y.shape}")
     if len(y) and y.min() < 0:
         raise ValueError(f"{name} has negative labels")
+    if len(y) and int(y.max()) > _INT64_MAX:  # an unsigned label that int64 would wrap to a negative one
+        raise ValueError(f"{name} has labels beyond {_INT64_MAX}")
 
 
 def check_samples(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str) -> None:
@@ -81,9 +88,14 @@ def check_samples(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str) -> Non
         raise ValueError(f"{x_name} must have shape (N, ...) with N >= 1, got {x.shape}")
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
         raise ValueError(f"{x_name} must be numeric, got dtype {x.dtype}")
+    if np.issubdtype(x.dtype, np.complexfloating):  # made float32, it would lose its imaginary part silently
+        raise ValueError(f"{x_name} must be real numbers, got dtype {x.dtype}")
     if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
         # Training on it gives non-finite updates, which the cloud refuses: the run could never move.
         raise ValueError(f"{x_name} holds NaN or infinite values")
+    if x.dtype.itemsize > 4 and np.issubdtype(x.dtype, np.floating) and np.abs(x).max() > _FLOAT32_MAX:
+        # Finite here, infinite once the samples are float32, with the same end.
+        raise ValueError(f"{x_name} holds values beyond float32's range (±{_FLOAT32_MAX:.3g})")
     check_labels(y, y_name)
     if len(y) != len(x):
         raise ValueError(f"{y_name} has {len(y)} labels for {len(x)} samples in {x_name}")

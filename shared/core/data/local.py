@@ -4,11 +4,15 @@ images per class, or the user's loader. Each reads once, checks what it read, an
 from __future__ import annotations
 
 import csv
+import math
+import os
+import stat
 import threading
+import zipfile
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, TextIO, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +41,15 @@ from fl_services.shared.core.user_code import call
 Arrays = tuple[np.ndarray, np.ndarray]
 S = TypeVar("S", NpzSpec, CsvSpec, ImageFolderSpec, ImportSpec)
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+# A CSV row longer than this is not a table's row (a binary file named .csv, /dev/zero): reading it whole would
+# take memory without end. 64 MiB holds a row of millions of features.
+MAX_CSV_LINE = 64 * 2**20
+
+
+def _regular_file(path: Path) -> None:
+    """Refuses what is not a regular file before it is opened: a FIFO or a device would block or never end."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a missing file or a symlink loop: its OSError says so
+        raise ValueError(f"{path} is not a regular file")
 
 
 class OwnSource(ABC, Generic[S]):
@@ -56,6 +69,9 @@ class OwnSource(ABC, Generic[S]):
                     self._loaded = self._split(train, held_out)
                 except (OSError, ValueError) as exc:  # a loader's UserCodeError too
                     raise DataSourceError(f"cannot read the {self.spec.kind} data source: {exc}") from exc
+                except MemoryError:  # e.g. images resized to an enormous shape
+                    raise DataSourceError(f"cannot read the {self.spec.kind} data source: it does not fit in this "
+                                          "machine's memory") from None
             return self._loaded
 
     def summary(self) -> DataSummary:
@@ -87,20 +103,61 @@ class NpzSource(OwnSource[NpzSpec]):
 
     def _read(self) -> tuple[Arrays, Arrays | None]:
         path = self.spec.path
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise ValueError(f"{path} is not an npz archive (np.savez) but one array of shape {loaded.shape}")
-        with loaded as archive:
-            names = set(archive.files)
-            if not {"x", "y"} <= names or len(names & {"x_test", "y_test"}) == 1:
-                raise ValueError(f"{path} must hold arrays x and y (and optionally both x_test and y_test); it has "
-                                 f"{sorted(names)}")
-            arrays = {name: archive[name] for name in ("x", "y", "x_test", "y_test") if name in names}
+        arrays = _npz_arrays(path)
         check_samples(arrays["x"], arrays["y"], f"{path}: x", f"{path}: y")
         if "x_test" not in arrays:
             return (arrays["x"], arrays["y"]), None
         check_samples(arrays["x_test"], arrays["y_test"], f"{path}: x_test", f"{path}: y_test")
         return (arrays["x"], arrays["y"]), (arrays["x_test"], arrays["y_test"])
+
+
+def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays x, y (and x_test, y_test) of an npz archive, each checked from its header before it is read:
+    no array of Python objects is unpickled, and none claims more memory than the archive holds."""
+    _regular_file(path)
+    with open(path, "rb") as file:
+        magic = file.read(len(np.lib.format.MAGIC_PREFIX))
+    if magic == np.lib.format.MAGIC_PREFIX:
+        raise ValueError(f"{path} is not an npz archive (np.savez) but one array (np.save)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = {name.removesuffix(".npy") for name in archive.namelist() if name.endswith(".npy")}
+            if not {"x", "y"} <= names or len(names & {"x_test", "y_test"}) == 1:
+                raise ValueError(f"{path} must hold arrays x and y (and optionally both x_test and y_test); it has "
+                                 f"{sorted(names)}")
+            return {name: _npy_member(archive, name, path) for name in ("x", "y", "x_test", "y_test")
+                    if name in names}
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"{path} is not an npz archive (np.savez): {exc}") from None
+
+
+def _npy_member(archive: zipfile.ZipFile, name: str, path: Path) -> np.ndarray:
+    info = archive.getinfo(f"{name}.npy")
+    with archive.open(info) as member:
+        try:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise ValueError(f"npy format version {version[0]}.{version[1]} is not read")
+        except ValueError as exc:
+            raise ValueError(f"{path}: {name} is not a numpy array: {exc}") from None
+        if dtype.hasobject:
+            raise ValueError(f"{path}: {name} holds Python objects, which are never unpickled; save numeric arrays")
+        size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        held = info.file_size - member.tell()
+        if size != held:
+            raise ValueError(f"{path}: {name} declares shape {shape} of {dtype} ({size} bytes) but holds {held} bytes")
+        try:
+            data = member.read(size)
+        except MemoryError:
+            raise ValueError(f"{path}: {name} ({size} bytes) does not fit in this machine's memory") from None
+    if len(data) != size:
+        raise ValueError(f"{path}: {name} ends after {len(data)} of its {size} bytes")
+    array = np.frombuffer(data, dtype=dtype)
+    return array.reshape(shape[::-1]).transpose() if fortran_order else array.reshape(shape)
 
 
 class CsvSource(OwnSource[CsvSpec]):
@@ -116,12 +173,22 @@ class CsvSource(OwnSource[CsvSpec]):
         return train, test
 
     def _table(self, path: Path) -> tuple[list[str], Arrays]:
-        with open(path, newline="") as file:
-            reader = csv.reader(file)
-            header = [name.strip() for name in next(reader, [])]
-            rows = [(line, row) for line, row in enumerate(reader, start=2) if any(cell.strip() for cell in row)]
+        _regular_file(path)
+        # utf-8-sig: a spreadsheet's UTF-8 export starts with a byte-order mark, which is no part of a name.
+        with open(path, newline="", encoding="utf-8-sig") as file:
+            reader = csv.reader(_bounded_lines(file, path))
+            try:
+                header = [name.strip() for name in next(reader, [])]
+                rows = [(line, row) for line, row in enumerate(reader, start=2) if any(cell.strip() for cell in row)]
+            except csv.Error as exc:
+                raise ValueError(f"{path} line {reader.line_num}: {exc}") from None
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path} is not UTF-8 text: {exc}") from None
         if self.spec.label not in header:
             raise ValueError(f"{path} has no column {self.spec.label!r} (the label option); its columns: {header}")
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:  # a second label column would train as a feature
+            raise ValueError(f"{path} names columns {repeated} more than once")
         if len(header) < 2:
             raise ValueError(f"{path} has no feature column besides the label {self.spec.label!r}")
         if not rows:
@@ -135,8 +202,10 @@ class CsvSource(OwnSource[CsvSpec]):
             raise ValueError(_first_non_number(path, header, rows)) from None
         column = header.index(self.spec.label)
         labels = table[:, column]
-        if not np.all(np.isfinite(labels) & (labels == np.round(labels))):
-            raise ValueError(f"{path}: the label column {self.spec.label!r} holds values that are not integers")
+        # Beyond 2**53 a float64 is no longer an exact integer (and beyond 2**63 int64 would wrap it).
+        if not np.all(np.isfinite(labels) & (labels == np.round(labels)) & (np.abs(labels) <= 2**53)):
+            raise ValueError(f"{path}: the label column {self.spec.label!r} holds values that are not integers (or "
+                             "beyond ±2**53)")
         x = np.delete(table, column, axis=1).astype(np.float32)
         if self.spec.shape is not None:
             if int(np.prod(self.spec.shape)) != x.shape[1]:
@@ -146,6 +215,14 @@ class CsvSource(OwnSource[CsvSpec]):
         y = labels.astype(np.int64)
         check_samples(x, y, f"{path}: the features", f"{path}: the labels")
         return header, (x, y)
+
+
+def _bounded_lines(file: TextIO, path: Path) -> Iterator[str]:
+    """The file's lines, each at most MAX_CSV_LINE characters long (one longer is refused, never read whole)."""
+    while line := file.readline(MAX_CSV_LINE + 1):
+        if len(line) > MAX_CSV_LINE:
+            raise ValueError(f"{path} has a line longer than {MAX_CSV_LINE} characters: not a table")
+        yield line
 
 
 def _first_non_number(path: Path, header: list[str], rows: list[tuple[int, list[str]]]) -> str:
@@ -189,9 +266,15 @@ class ImageFolderSource(OwnSource[ImageFolderSpec]):
                 raise ValueError(f"{root / name} is not one of the classes {sorted(labels)}")
             for file in sorted(p for p in (root / name).iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES):
                 try:
+                    _regular_file(file)
                     with Image.open(file) as opened:
+                        # Pillow only warns between MAX_IMAGE_PIXELS and twice that: decoding one takes
+                        # gigabytes, for an image resized to a few thousand pixels.
+                        if opened.width * opened.height > (Image.MAX_IMAGE_PIXELS or math.inf):
+                            raise ValueError(f"{opened.width}x{opened.height} pixels, more than "
+                                             f"{Image.MAX_IMAGE_PIXELS} (Pillow's limit)")
                         image = opened.convert(mode)
-                except OSError as exc:
+                except (OSError, ValueError, Image.DecompressionBombError) as exc:
                     raise ValueError(f"{file} is not a readable image: {exc}") from None
                 if image.size != (width, height):
                     image = image.resize((width, height), Image.Resampling.BILINEAR)
@@ -200,8 +283,11 @@ class ImageFolderSource(OwnSource[ImageFolderSpec]):
                 targets.append(labels[name])
         if not samples:
             raise ValueError(f"{root} holds no PNG or JPEG images in class directories")
-        x = (np.stack(samples) - self.spec.mean) / self.spec.std
-        return x.astype(np.float32), np.array(targets, dtype=np.int64)
+        with np.errstate(over="ignore"):  # an overflow becomes inf, which check_samples names
+            x = ((np.stack(samples) - self.spec.mean) / self.spec.std).astype(np.float32)
+        y = np.array(targets, dtype=np.int64)
+        check_samples(x, y, f"{root}: the images (with mean and std)", f"{root}: the labels")
+        return x, y
 
 
 def _class_dirs(root: Path) -> list[str]:
@@ -227,6 +313,9 @@ class ImportSource(OwnSource[ImportSpec]):
                 check_samples(*held_out, "x_test", "y_test")
         except (ValueError, TypeError) as exc:
             raise ValueError(f"the data loader {self.spec.loader!r}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - the loader's Dataset runs its own code while it is read
+            raise ValueError(f"the data loader {self.spec.loader!r}: reading its samples raised "
+                             f"{type(exc).__name__}: {exc}") from exc
         return train, held_out
 
 

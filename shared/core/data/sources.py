@@ -15,6 +15,7 @@ from fl_services.shared.core.data.federated import load_client
 from fl_services.shared.core.data.local import CsvSource, ImageFolderSource, ImportSource, NpzSource
 from fl_services.shared.core.data.specs import (
     CsvSpec,
+    DataSourceError,
     ImageFolderSpec,
     NpzSpec,
     PartitionSpec,
@@ -44,7 +45,10 @@ class PartitionSource:
         return cls(PartitionSpec(data=data, seed=seed, index=index))
 
     def client_data(self) -> ClientData:
-        return load_client(self.spec.data, self.spec.seed, self.spec.index)
+        try:
+            return load_client(self.spec.data, self.spec.seed, self.spec.index)
+        except (OSError, ValueError) as exc:  # an npz that is none, an imported loader's UserCodeError
+            raise DataSourceError(f"cannot read the partition data source: {exc}") from exc
 
     def load(self) -> tuple[ArrayDataset, ArrayDataset]:
         client = self.client_data()

@@ -29,6 +29,8 @@ from fl_services.shared.core.config import DataConfig, is_import_path
 from fl_services.shared.core.data.arrays import shape_text
 
 DEFAULT_HELD_OUT = 0.2
+# The largest height x width an image source resizes to (4096 x 4096): far beyond what a device trains on.
+MAX_IMAGE_PIXELS = 2**24
 
 
 class DataSourceError(ValueError):
@@ -96,13 +98,16 @@ class ImageFolderSpec(_WithTest):
                                         "images of another size are resized")
     classes: tuple[str, ...] | None = Field(None, min_length=1, description="the class directories in label "
                                             "order (default: integer names are the labels, else sorted names)")
-    mean: float = Field(0.0, description="pixels in [0, 1] become (pixel - mean) / std")
-    std: float = Field(1.0, gt=0)
+    mean: float = Field(0.0, allow_inf_nan=False, description="pixels in [0, 1] become (pixel - mean) / std")
+    std: float = Field(1.0, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _channels(self) -> ImageFolderSpec:
         if self.shape[0] not in (1, 3):
             raise ValueError(f"shape {shape_text(self.shape)}: images have 1 (grayscale) or 3 (RGB) channels")
+        if self.shape[1] * self.shape[2] > MAX_IMAGE_PIXELS:
+            # Every image is resized to it: one of billions of pixels would take the machine's memory.
+            raise ValueError(f"shape {shape_text(self.shape)}: images of at most {MAX_IMAGE_PIXELS} pixels")
         return self
 
 
