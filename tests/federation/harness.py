@@ -117,6 +117,24 @@ def _run_path(run_id: str) -> str:
     return f"/api/v1/runs/{quote(run_id, safe='')}"
 
 
+class ThreadBridge(httpx.BaseTransport):
+    """A synchronous transport for a thread beside the federation's loop (fedctl's CloudAPI, as the CLI uses it):
+    each request is handed to `inner` on `loop` and its answer read there."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, inner: httpx.AsyncBaseTransport):
+        self.loop, self.inner = loop, inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+
+        async def send() -> httpx.Response:
+            response = await self.inner.handle_async_request(
+                httpx.Request(request.method, request.url, headers=request.headers, content=body))
+            return httpx.Response(response.status_code, headers=response.headers, content=await response.aread())
+
+        return asyncio.run_coroutine_threadsafe(send(), self.loop).result()
+
+
 @dataclass
 class EdgeNode:
     edge_id: int
@@ -170,6 +188,10 @@ class Federation:
     workdir: Path
     cloud_settings: CloudSettings
     _cloud_http: httpx.AsyncClient
+
+    def cloud_bridge(self) -> ThreadBridge:
+        """A synchronous transport to the cloud, for a thread (asyncio.to_thread) beside this loop."""
+        return ThreadBridge(asyncio.get_running_loop(), asgi(self.cloud))
 
     async def cloud_request(self, method: str, url: str, token: str | None = ADMIN_TOKEN,
                             **kwargs: Any) -> httpx.Response:

@@ -17,7 +17,7 @@ from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import ROOT, LocalTopology
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
-from tests.integration.test_fedavg_services import assert_same_model
+from tests.federation.checks import assert_same_model
 from tests.integration.test_tls_services import wait_for_log
 
 pytestmark = pytest.mark.slow
