@@ -219,12 +219,14 @@ class Federation:
 async def federation(storage: dict[str, Any], workdir: Path, num_clients: int, num_edges: int = 1,
                      procs_per_edge: int = 2, cloud: dict[str, Any] | None = None,
                      edge: Callable[[int], dict[str, Any]] | dict[str, Any] | None = None,
-                     client: dict[str, Any] | None = None) -> AsyncIterator[Federation]:
+                     client: Callable[[list[int]], dict[str, Any]] | dict[str, Any] | None = None
+                     ) -> AsyncIterator[Federation]:
     """A cloud on `storage`, `num_edges` edges and clients 0..num_clients-1 in `procs_per_edge` workers per
     edge, every client registered; stopped clients first, then edges, then the cloud.
 
-    `cloud`, `edge` (or a function of the edge id giving them) and `client`: settings of those services on top
-    of the topology's (what FL_CLOUD_*, FL_EDGE_* and FL_CLIENT_* set for the processes).
+    `cloud`, `edge` (or a function of the edge id giving them) and `client` (or a function of the worker's client
+    ids): settings of those services on top of the topology's (what FL_CLOUD_*, FL_EDGE_* and FL_CLIENT_* set for
+    the processes).
     """
     cloud_settings = CloudSettings(**{"admin_token": ADMIN_TOKEN, "edge_token": EDGE_TOKEN, **storage,
                                       **(cloud or {})})
@@ -250,7 +252,7 @@ async def federation(storage: dict[str, Any], workdir: Path, num_clients: int, n
             for p, ids in enumerate(split(list(range(node.edge_id, num_clients, num_edges)), procs_per_edge)):
                 settings = ClientSettings(**{"edge_url": f"http://edge{node.edge_id}", "clients": ids_spec(ids),
                                              "client_token": CLIENT_TOKEN, "state_dir": workdir / "client-state",
-                                             **(client or {})})
+                                             **(client(ids) if callable(client) else client or {})})
                 processes.append(ClientProcess(f"client{node.edge_id}.{p}", node.edge_id, settings.hosted_ids(),
                                                settings))
         fed = Federation(cloud_app, Admin(admin_http), edges, processes, num_clients, workdir, cloud_settings,
