@@ -45,9 +45,39 @@ CLIENT_TOKEN = "federation-client-token"
 CLOUD_URL = "http://cloud"
 
 
-def asgi(app: FastAPI) -> httpx.ASGITransport:
-    # An unhandled product error reaches the caller as a 500 answer, as over a socket, not as a crash.
-    return httpx.ASGITransport(app=app, raise_app_exceptions=False)
+class Wire(httpx.AsyncBaseTransport):
+    """An ASGI app as a peer across a network: each request is served in a task of its own, as a server's
+    connection is. A caller that gives up (its task cancelled: an edge re-polling once a round ends, a client
+    feed re-polling once a client joins) is released at once, whatever the handler does with the cancel it
+    then gets (as at a disconnect); with httpx.ASGITransport alone the handler ran in the caller's task, and a
+    cancel it lost (Python 3.11's wait_for inside redis-py) held the caller until the handler's own timeout."""
+
+    def __init__(self, app: FastAPI):
+        # An unhandled product error reaches the caller as a 500 answer, as over a socket, not as a crash.
+        self.inner = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        self.serving: set[asyncio.Task[httpx.Response]] = set()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        served = asyncio.create_task(self._serve(httpx.Request(request.method, request.url,
+                                                               headers=request.headers, content=body)))
+        self.serving.add(served)
+        served.add_done_callback(self.serving.discard)
+        try:
+            return await asyncio.shield(served)
+        except asyncio.CancelledError:
+            served.cancel()
+            raise
+
+    async def _serve(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        return httpx.Response(response.status_code, headers=response.headers, content=await response.aread())
+
+    async def aclose(self) -> None:
+        """Ends the requests still being served (abandoned ones whose handler ignored the cancel)."""
+        for task in self.serving:
+            task.cancel()
+        await asyncio.gather(*self.serving, return_exceptions=True)
 
 
 @asynccontextmanager
@@ -159,7 +189,7 @@ class ClientProcess:
 
     def start(self, edge: EdgeNode) -> None:
         self._http = make_client(f"http://edge{edge.edge_id}", self.settings.token_of(self.ids[0]),
-                                 self.settings.long_poll_s, transport=asgi(edge.app))
+                                 self.settings.long_poll_s, transport=Wire(edge.app))
         self.worker = Worker(self.settings, self.ids, self._http)
         self.task = asyncio.create_task(self.worker.run(), name=self.name)
 
@@ -191,7 +221,7 @@ class Federation:
 
     def cloud_bridge(self) -> ThreadBridge:
         """A synchronous transport to the cloud, for a thread (asyncio.to_thread) beside this loop."""
-        return ThreadBridge(asyncio.get_running_loop(), asgi(self.cloud))
+        return ThreadBridge(asyncio.get_running_loop(), Wire(self.cloud))
 
     async def cloud_request(self, method: str, url: str, token: str | None = ADMIN_TOKEN,
                             **kwargs: Any) -> httpx.Response:
@@ -234,18 +264,18 @@ async def federation(storage: dict[str, Any], workdir: Path, num_clients: int, n
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running(cloud_app))
         cloud_http = await stack.enter_async_context(httpx.AsyncClient(
-            transport=asgi(cloud_app), base_url=CLOUD_URL, timeout=60))
+            transport=Wire(cloud_app), base_url=CLOUD_URL, timeout=60))
         admin_http = await stack.enter_async_context(httpx.AsyncClient(
-            transport=asgi(cloud_app), base_url=CLOUD_URL, headers=bearer(ADMIN_TOKEN), timeout=60))
+            transport=Wire(cloud_app), base_url=CLOUD_URL, headers=bearer(ADMIN_TOKEN), timeout=60))
         edges = []
         for edge_id in range(num_edges):
             extra = edge(edge_id) if callable(edge) else (edge or {})
             settings = EdgeSettings(**{"edge_id": edge_id, "cloud_url": CLOUD_URL, "edge_token": EDGE_TOKEN,
                                        "client_token": CLIENT_TOKEN, "state_dir": workdir / "edge-state", **extra})
-            app = create_edge(settings, cloud_transport=asgi(cloud_app))
+            app = create_edge(settings, cloud_transport=Wire(cloud_app))
             await stack.enter_async_context(running(app))
             http = await stack.enter_async_context(httpx.AsyncClient(
-                transport=asgi(app), base_url=f"http://edge{edge_id}", timeout=60))
+                transport=Wire(app), base_url=f"http://edge{edge_id}", timeout=60))
             edges.append(EdgeNode(edge_id, app, http))
         processes = []
         for node in edges:
