@@ -14,8 +14,8 @@ from fl_services.fedctl.launch import ROOT
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.reports import RunStatus
-from tests.integration.test_fedavg_services import assert_same_model, run
-from tests.integration.topology import federation
+from tests.federation.checks import assert_same_model
+from tests.integration.topology import federation, run
 from tests.web import detail_of
 
 pytestmark = pytest.mark.slow

@@ -1,11 +1,10 @@
 """Operations as an operator meets them, over real processes: a device token issued with `fedctl
 issue-token` works for its client only, `fedctl revoke-token` makes the edges refuse it (and it alone) within
-their refresh, `fedctl audit` shows who did it, and `fedctl delete` removes a stopped run; a client process
-holding a token per logical client runs a federation, and revoking one token stops that client alone."""
+their refresh, `fedctl audit` shows who did it, and `fedctl delete` removes a stopped run. (A client process
+holding a token per logical client, one of them revoked: tests/federation/test_device_tokens.py.)"""
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -16,9 +15,6 @@ import pytest
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import ROOT, LocalTopology
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reference import run_reference
-from tests.integration.test_fedavg_services import assert_same_model
-from tests.integration.test_tls_services import wait_for_log
 
 pytestmark = pytest.mark.slow
 
@@ -71,37 +67,3 @@ def test_a_device_token_is_revoked_alone_and_the_audit_log_says_who(tmp_path):
         assert [line.split()[4] for line in log] == ["delete", "stop", "create", "revoke"]
         assert log[-1].split()[2:4] == ["admin", "127.0.0.1"] and token_id in log[-1]
         assert [line.split()[3] for line in log] == ["127.0.0.1"] * 4, log
-
-
-def test_a_process_with_a_token_per_client_runs_and_a_revoked_token_stops_that_client_alone(tmp_path):
-    """One client process hosts clients 0, 1 and 2, each with its own issued token and without the edges'
-    client secret: a run through the services equals the reference. Revoking client 1's token stops client
-    1 alone: the process goes on, and the next run finishes with clients 0 and 2 at its deadline."""
-    with LocalTopology(num_clients=3, num_edges=1, procs_per_edge=1, workdir=tmp_path, device_tokens=True,
-                       client_token=secrets.token_hex(16), redis_url=os.environ.get("REDIS_URL"),
-                       extra_env={"FL_EDGE_REVOCATION_REFRESH_S": "0.5"}) as topology,\
-            CloudAPI(topology.cloud_url, topology.admin_token) as api:
-        process = topology.clients[0]
-        assert "FL_CLIENT_CLIENT_TOKEN" not in process.env and sorted(topology.tokens) == [0, 1, 2]
-        config = RunConfig(name="tokens", model={"name": "logreg"}, rounds=2, local={"lr": 0.1},
-                           data={"dataset": "digits", "num_clients": 3},
-                           policy={"deadline_s": 4, "min_fraction": 0.6})
-
-        def finished_run() -> tuple[str, list[list[int]]]:
-            run_id = api.create_run(config).run_id
-            api.action(run_id, "start")
-            assert api.wait(run_id, timeout_s=300).status == "finished"
-            return run_id, [sorted(c.client_id for c in record.clients) for record in api.history(run_id)]
-
-        run_id, answered = finished_run()
-        assert answered == [[0, 1, 2]] * config.rounds
-        assert_same_model(api.model(run_id), run_reference(config).global_state)
-
-        env = {"FL_CLOUD_URL": topology.cloud_url, "FL_ADMIN_TOKEN": topology.admin_token}
-        fedctl("revoke-token", topology.tokens[1].split(".")[2], env=env)
-        wait_for_log(process, "client 1: stopped for good")
-        _, answered = finished_run()
-        assert answered == [[0, 2]] * config.rounds
-        assert process.alive()
-        log = process.log.read_text(errors="replace")
-        assert "revoked" in log and "client 0: stopped" not in log and "client 2: stopped" not in log

@@ -17,7 +17,7 @@ from fl_services.fedctl.redis_server import RedisServer, free_port
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.reports import RunStatus
-from tests.integration.test_fedavg_services import assert_same_model
+from tests.federation.checks import assert_same_model
 from tests.integration.test_resilience import wait_version
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.reports import RunStatus
-from tests.integration.test_fedavg_services import assert_same_model
+from tests.federation.checks import assert_same_model
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.admin import EdgeHealth
 from fl_services.shared.wire.tls import client_context
 from tests.fedctl.test_errors import _fedctl
-from tests.integration.test_fedavg_services import assert_same_model
+from tests.federation.checks import assert_same_model
 
 pytestmark = pytest.mark.slow
 

@@ -7,6 +7,10 @@ from contextlib import contextmanager
 
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reports import RoundRecord, RunStatus
+from fl_services.shared.core.tensors import Tensors
+from fl_services.shared.wire.admin import RunInfo
 
 
 @contextmanager
@@ -21,3 +25,13 @@ def federation(tmp_path_factory, num_clients: int, num_edges: int = 1, procs_per
                        extra_env=extra_env or {}, client_env=client_env or {}) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         yield topo, api
+
+
+def run(api: CloudAPI, config: RunConfig) -> tuple[RunInfo, list[RoundRecord], Tensors]:
+    """Creates and starts the run, waits for it to finish: its final info, history and model."""
+    info = api.create_run(config)
+    assert info.status == RunStatus.created and info.version == 0
+    api.action(info.run_id, "start")
+    final = api.wait(info.run_id, timeout_s=600)
+    assert final.status == RunStatus.finished and final.version == config.rounds
+    return final, api.history(info.run_id), api.model(info.run_id)

@@ -28,8 +28,8 @@ import torch
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ArrayDataset, load_federated
 from fl_services.shared.core.federation import initial_model
-from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.training import evaluate, load_parameters
+from tests.parallel import run_references
 
 SEED = 5
 ROUNDS = 30
@@ -54,8 +54,8 @@ def _train_loss(config: RunConfig, model_state: dict[str, torch.Tensor]) -> floa
 
 @pytest.mark.slow
 def test_fedprox_beats_fedavg_on_synthetic_1_1():
-    runs = {name: (config, run_reference(config)) for name, config in
-            (("fedavg", _config("fedavg", {})), ("fedprox", _config("fedprox", {"mu": 1.0})))}
+    configs = {"fedavg": _config("fedavg", {}), "fedprox": _config("fedprox", {"mu": 1.0})}
+    runs = dict(zip(configs, zip(configs.values(), run_references(*configs.values()), strict=True), strict=True))
     assert all(len(h.clients) == 10 for _, r in runs.values() for h in r.history)
     # The global test set is the union of the devices' held-out splits.
     late = {name: sum(h.test_loss for h in r.history[LATE:]) / (ROUNDS - LATE) for name, (_, r) in runs.items()}

@@ -1,21 +1,22 @@
 """DVFS through the services, emulated: 2 edges × 2 clients with heterogeneous device profiles (edge 0 holds
 the fast ones), FedAvg, synchronous. Each policy trains the same model as the reference runner; the history
 carries each client's frequencies, modelled time and energy; deadline and slack spend less than max."""
+import asyncio
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
+from rich.console import Console
+from typer.testing import CliRunner
 
-from fl_services.fedctl.launch import ROOT
+from fl_services.fedctl import __main__ as fedctl
+from fl_services.fedctl import display
+from fl_services.fedctl.api import CloudAPI
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.reports import RoundRecord, RunStatus
-from tests.integration.test_fedavg_services import assert_same_model
-from tests.integration.topology import federation
-
-pytestmark = pytest.mark.slow
+from fl_services.shared.core.tensors import Tensors
+from tests.federation.checks import assert_same_model
+from tests.federation.harness import ADMIN_TOKEN, CLOUD_URL, Federation, federation
 
 SCALE = 0.3  # a modelled second is 0.3 s of wall time: well above the real computation's share
 # Clients k ≡ e (mod 2) belong to edge e: edge 0 gets rpi4 and odroid-xu4-a15, edge 1 the A7 and the Zero 2 W.
@@ -29,24 +30,40 @@ def config(policy: str) -> RunConfig:
                      dvfs={"policy": policy, "profiles": PROFILES, "time_scale": SCALE})
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    # Emulation is asked for explicitly: a host with writable cpufreq would otherwise be driven for real.
-    with federation(tmp_path_factory, num_clients=4, num_edges=2, procs_per_edge=1,
-                    extra_env={"FL_CLIENT_DVFS_BACKEND": "emulate"}) as (topology, api):
-        done = {}
-        for policy in ("max", "deadline", "slack"):
-            cfg = config(policy)
-            run_id = api.create_run(cfg).run_id
-            api.action(run_id, "start")
-            final = api.wait(run_id, timeout_s=300)
-            assert final.status == RunStatus.finished
-            done[policy] = (run_id, api.history(run_id), api.model(run_id))
-        done["topology"] = topology
-        yield done
-
-
 POLICIES = ("max", "deadline", "slack")
+
+
+async def run_policies(fed: Federation, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Each policy's run (id, history, model), the three at once, and what `fedctl results` printed for the
+    deadline one. At once: the emulated devices' waits, not the computation, set each run's pace."""
+    async def run(policy: str) -> tuple[str, list[RoundRecord], Tensors]:
+        run_id = (await fed.admin.create_run(config(policy))).run_id
+        await fed.admin.action(run_id, "start")
+        assert (await fed.admin.wait(run_id)).status == RunStatus.finished
+        return run_id, await fed.admin.history(run_id), await fed.admin.model(run_id)
+
+    done: dict = dict(zip(POLICIES, await asyncio.gather(*map(run, POLICIES)), strict=True))
+    # The CLI in a thread beside the loop, its REST client reaching the in-loop cloud.
+    bridge = fed.cloud_bridge()
+    monkeypatch.setattr(fedctl, "cloud_api", lambda cloud, token: CloudAPI(cloud, token, transport=bridge))
+    monkeypatch.setattr(display, "console", Console(width=200))
+    printed = await asyncio.to_thread(CliRunner().invoke, fedctl.app, ["results", done["deadline"][0], "--cloud",
+                                                                      CLOUD_URL, "--token", ADMIN_TOKEN])
+    assert printed.exit_code == 0, printed.output
+    done["results"] = printed.output
+    return done
+
+
+@pytest.fixture(scope="module")
+def runs(new_cloud_storage, tmp_path_factory):
+    # Emulation is asked for explicitly: a host with writable cpufreq would otherwise be driven for real.
+    async def main() -> dict:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            async with federation(new_cloud_storage(), tmp_path_factory.mktemp("dvfs"), num_clients=4, num_edges=2,
+                                  procs_per_edge=1, client={"dvfs_backend": "emulate"}) as fed:
+                return await run_policies(fed, monkeypatch)
+
+    return asyncio.run(main())
 
 
 def energy(history: list[RoundRecord]) -> float:
@@ -103,18 +120,14 @@ def test_slack_slows_the_edge_that_is_not_on_the_critical_path(runs):
 
 
 def test_fedctl_results_prints_each_updates_energy_and_the_running_total(runs):
-    topology = runs["topology"]
-    run_id, history, _ = runs["deadline"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "fl_services.fedctl", "results", run_id, "--cloud", topology.cloud_url,
-                          "--token", topology.admin_token], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    _, history, _ = runs["deadline"]
+    out = runs["results"]
     assert "dvfs deadline" in out
     assert "energy J" in out and "total J" in out
     rows = [line.split() for line in out.splitlines()]
-    printed = [(int(r[0]), r[7], r[8]) for r in rows if len(r) == 9 and r[0].isdigit()]
+    printed = [(int(r[0]), r[8], r[9]) for r in rows if len(r) == 10 and r[0].isdigit()]
     total, expected = 0.0, []
     for h in history:
         total += h.energy_j
-        expected.append((h.version, f"{h.energy_j:.1f}", f"{total:.1f}"))
+        expected.append((h.round, f"{h.energy_j:.1f}", f"{total:.1f}"))
     assert printed == expected

@@ -1,20 +1,22 @@
-"""Robust aggregation and DP-FedAvg end to end: a cloud, 3 edges and client processes over real HTTP, with
-one poisoned client among 12, against the reference runner given the same poisoned client.
+"""Robust aggregation and DP-FedAvg end to end: a cloud, 3 edges and client workers over the services' HTTP
+APIs, with one poisoned client among 12, against the reference runner given the same poisoned client.
 
-Clients 0–10 are hosted by client processes; client 11 (edge 2's) is the test itself, speaking the client
+Clients 0–10 are hosted by client workers; client 11 (edge 2's) is the test itself, speaking the client
 API as any device could: it registers, long-polls its tasks and answers each with a large fixed random
 step, claiming its true sample count. Every run of this module is under that attack, so each equality
 test also checks that the services aggregate the poisoned update exactly as the reference does.
 """
 from __future__ import annotations
 
-import threading
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import cache
 
-import httpx
+import anyio
 import pytest
 import torch
 
-from fl_services.fedctl.api import CloudAPI
 from fl_services.shared.core.algorithms import privacy
 from fl_services.shared.core.algorithms.base import MODEL, ClientResult
 from fl_services.shared.core.config import RunConfig
@@ -25,10 +27,11 @@ from fl_services.shared.core.reference import InProcessClients, run_reference
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
 from fl_services.shared.wire.http import binary_body
-from tests.integration.topology import federation
+from tests.federation.checks import assert_same_model, reference, run
+from tests.federation.harness import CLIENT_TOKEN, EdgeNode, Federation, federation
 from tests.web import bearer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.anyio
 
 EDGES, CLIENTS = 3, 12
 ATTACKER = 11  # served by edge 11 mod 3 = 2, with clients 2, 5 and 8
@@ -46,6 +49,7 @@ def config(**overrides) -> RunConfig:
     return RunConfig.model_validate({**base, **overrides})
 
 
+@cache
 def attacker_samples() -> int:
     c = config()
     return len(load_federated(c.data, c.seed).clients[ATTACKER].train)
@@ -60,59 +64,52 @@ class PoisonedClients(InProcessClients):
                          for t in tasks if t.client_id == ATTACKER]
 
 
-class Attacker(threading.Thread):
-    """Client 11 over the edge's client API: answers every task it gets with `poison`."""
+async def attack(edge: EdgeNode, answered: list[int]) -> None:
+    """Client 11 over the edge's client API: answers every task it gets with `poison` (until cancelled)."""
+    auth = bearer(CLIENT_TOKEN)
 
-    def __init__(self, edge_url: str, token: str):
-        super().__init__(daemon=True)
-        self.edge_url, self.token = edge_url, token
-        self.stopping = threading.Event()
-        self.answered: list[int] = []  # the status of each upload
-        self.samples = attacker_samples()
+    async def register() -> None:
+        response = await edge.http.post("/api/v1/clients", json={"client_id": ATTACKER,
+                                                                 "num_samples": attacker_samples()}, headers=auth)
+        response.raise_for_status()
 
-    def run(self) -> None:
-        with httpx.Client(base_url=self.edge_url, headers=bearer(self.token), timeout=30) as http:
-            self.register(http)
-            while not self.stopping.is_set():
-                r = http.get(f"/api/v1/clients/{ATTACKER}/task", params={"timeout": 1})
-                if r.status_code == 404:  # the edge forgot us (a run of other clients): register again
-                    self.register(http)
-                if r.status_code != 200:
-                    continue
-                task, header = decode(r.content, ClientTaskHeader)
-                result = ClientResultHeader(task_id=header.task_id, client_id=ATTACKER, num_samples=self.samples,
-                                            loss=0.0)
-                answer = http.post(f"/api/v1/clients/{ATTACKER}/results", **binary_body(encode(poison(task), result)))
-                self.answered.append(answer.status_code)
-
-    def register(self, http: httpx.Client) -> None:
-        http.post("/api/v1/clients", json={"client_id": ATTACKER, "num_samples": self.samples}).raise_for_status()
+    await register()
+    while True:
+        r = await edge.http.get(f"/api/v1/clients/{ATTACKER}/task", params={"timeout": 1}, headers=auth)
+        if r.status_code == 404:  # the edge forgot us (a run of other clients): register again
+            await register()
+        if r.status_code != 200:
+            continue
+        task, header = decode(r.content, ClientTaskHeader)
+        result = ClientResultHeader(task_id=header.task_id, client_id=ATTACKER, num_samples=attacker_samples(),
+                                    loss=0.0)
+        answer = await edge.http.post(f"/api/v1/clients/{ATTACKER}/results",
+                                      **binary_body(encode(poison(task), result), auth))
+        answered.append(answer.status_code)
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    # The client processes host clients 0..10; the test is client 11.
-    with federation(tmp_path_factory, num_clients=CLIENTS - 1, num_edges=EDGES, procs_per_edge=1) as (topo, api):
-        attacker = Attacker(topo.edges[ATTACKER % EDGES].address(), topo.client_token)
-        attacker.start()
-        yield api
-        attacker.stopping.set()
-        attacker.join(10)
-        assert attacker.answered and set(attacker.answered) == {202}, attacker.answered
+@asynccontextmanager
+async def attacked(cloud_storage, tmp_path) -> AsyncIterator[Federation]:
+    """Client workers hosting clients 0..10, and the test as client 11; every upload of the attacker accepted."""
+    async with federation(cloud_storage, tmp_path, num_clients=CLIENTS - 1, num_edges=EDGES, procs_per_edge=1) as fed:
+        edge = fed.edges[ATTACKER % EDGES]
+        answered: list[int] = []
+        attacker = asyncio.create_task(attack(edge, answered))
+        try:
+            with anyio.fail_after(30):
+                while (await edge.health()).clients < len(range(edge.edge_id, CLIENTS, EDGES)):
+                    await asyncio.sleep(0.02)
+            yield fed
+        finally:
+            attacker.cancel()
+            await asyncio.gather(attacker, return_exceptions=True)
+    assert answered and set(answered) == {202}, answered
 
 
-def run(api: CloudAPI, cfg: RunConfig):
-    info = api.create_run(cfg)
-    api.action(info.run_id, "start")
-    final = api.wait(info.run_id, timeout_s=600)
-    assert final.status == RunStatus.finished, final
-    return api.history(info.run_id), api.model(info.run_id)
-
-
-def assert_same_model(distributed, reference, atol=1e-5):
-    assert distributed.keys() == reference.keys()
-    for name in reference:
-        assert torch.allclose(distributed[name], reference[name], atol=atol), name
+@pytest.fixture
+async def admin(cloud_storage, tmp_path):
+    async with attacked(cloud_storage, tmp_path) as fed:
+        yield fed.admin
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +118,11 @@ def clean_accuracy() -> float:
     return run_reference(config()).history[-1].test_accuracy
 
 
-def test_the_mean_follows_the_poisoned_client_and_equals_the_reference(api, clean_accuracy):
+async def test_the_mean_follows_the_poisoned_client_and_equals_the_reference(admin, clean_accuracy):
     cfg = config(name="poisoned-mean")
-    history, model = run(api, cfg)
-    reference = run_reference(cfg, clients=PoisonedClients)
-    assert_same_model(model, reference.global_state)
+    _, history, model = await run(admin, cfg)
+    expected = await reference(cfg, clients=PoisonedClients)
+    assert_same_model(model, expected.global_state)
     assert all(ATTACKER in [c.client_id for c in h.clients] for h in history)
     assert history[-1].test_accuracy < clean_accuracy - 0.3, (history[-1].test_accuracy, clean_accuracy)
 
@@ -138,45 +135,48 @@ def test_the_mean_follows_the_poisoned_client_and_equals_the_reference(api, clea
                                                                   "edge_rounds": 2}}),
     ({"edge": "krum", "krum_byzantine": 0, "krum_selected": 2, "cloud": "trimmed_mean", "trim_fraction": 0.34}, {}),
 ], ids=["median+krum", "trimmed+median-fedprox-hierarchical", "multikrum+trimmed"])
-def test_a_robust_aggregator_bounds_the_poisoned_client_and_equals_the_reference(api, clean_accuracy, aggregation,
-                                                                                  extra):
+async def test_a_robust_aggregator_bounds_the_poisoned_client_and_equals_the_reference(admin, clean_accuracy,
+                                                                                        aggregation, extra):
     cfg = config(name="robust", aggregation=aggregation, **extra)
-    history, model = run(api, cfg)
-    reference = run_reference(cfg, clients=PoisonedClients)
-    assert_same_model(model, reference.global_state)
+    _, history, model = await run(admin, cfg)
+    expected = await reference(cfg, clients=PoisonedClients)
+    assert_same_model(model, expected.global_state)
     # Nothing accepted is lost: every client's result, the poisoned one included, is counted in every round.
     assert all({c.client_id for c in h.clients} == set(range(CLIENTS)) for h in history)
-    assert [h.test_accuracy for h in history] == pytest.approx([h.test_accuracy for h in reference.history], abs=2e-3)
+    assert [h.test_accuracy for h in history] == pytest.approx([h.test_accuracy for h in expected.history], abs=2e-3)
     assert history[-1].test_accuracy >= clean_accuracy - 0.05, (history[-1].test_accuracy, clean_accuracy)
 
 
-def test_edge_noise_records_epsilon_stops_at_the_budget_and_equals_the_reference(api):
+async def test_edge_noise_records_epsilon_stops_at_the_budget_and_equals_the_reference(admin):
     unlimited = config(weighting="uniform", rounds=4, privacy={"noise": "edge", "noise_multiplier": 2.0,
                                                                "clip_norm": 0.5})
     eps = [privacy.epsilon(unlimited, t) for t in range(1, 5)]
     cfg = config(name="private", weighting="uniform", rounds=4,
                  privacy={"noise": "edge", "noise_multiplier": 2.0, "clip_norm": 0.5,
                           "epsilon_budget": (eps[1] + eps[2]) / 2})
-    history, model = run(api, cfg)
+    info = await admin.create_run(cfg)
+    await admin.action(info.run_id, "start")
+    assert (await admin.wait(info.run_id)).status == RunStatus.finished
+    history, model = await admin.history(info.run_id), await admin.model(info.run_id)
     assert [h.version for h in history] == [1, 2]  # the budget allows two of the four rounds
     assert [h.epsilon for h in history] == pytest.approx(eps[:2])
-    reference = run_reference(cfg, clients=PoisonedClients)
-    assert_same_model(model, reference.global_state)
+    expected = await reference(cfg, clients=PoisonedClients)
+    assert_same_model(model, expected.global_state)
 
 
-def test_client_noise_equals_the_reference(api):
+async def test_client_noise_equals_the_reference(admin):
     cfg = config(name="local-dp", weighting="uniform", rounds=2,
                  privacy={"noise": "client", "noise_multiplier": 0.5, "clip_norm": 1.0})
-    history, model = run(api, cfg)
+    _, history, model = await run(admin, cfg)
     assert [h.epsilon for h in history] == pytest.approx([privacy.epsilon(cfg, t) for t in (1, 2)])
-    assert_same_model(model, run_reference(cfg, clients=PoisonedClients).global_state)
+    assert_same_model(model, (await reference(cfg, clients=PoisonedClients)).global_state)
 
 
-def test_dp_sgd_in_local_training_records_its_epsilon_and_equals_the_reference(api):
-    """DP-SGD (opacus) inside each client process's training: the same noise as the reference runner's, from
+async def test_dp_sgd_in_local_training_records_its_epsilon_and_equals_the_reference(admin):
+    """DP-SGD (opacus) inside each client worker's training: the same noise as the reference runner's, from
     each client's training stream, and ε per training example in every history record."""
     cfg = config(name="dp-sgd", rounds=2, local={"lr": 0.1, "batch_size": 16},
                  privacy={"dp_sgd_noise_multiplier": 1.0, "dp_sgd_clip_norm": 1.0})
-    history, model = run(api, cfg)
+    _, history, model = await run(admin, cfg)
     assert [h.dp_sgd_epsilon for h in history] == pytest.approx([privacy.dp_sgd_epsilon(cfg, t) for t in (1, 2)])
-    assert_same_model(model, run_reference(cfg, clients=PoisonedClients).global_state)
+    assert_same_model(model, (await reference(cfg, clients=PoisonedClients)).global_state)

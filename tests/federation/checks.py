@@ -1,0 +1,52 @@
+"""What the federation tests assert of a finished run: it equals the in-process reference runner."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import ReferenceResult, run_reference
+from fl_services.shared.core.reports import RoundRecord, RunStatus
+from fl_services.shared.core.tensors import Tensors
+from tests.federation.harness import Admin
+
+
+async def reference(config: RunConfig, **kwargs) -> ReferenceResult:
+    """The reference runner on a thread of its own: it runs its own event loop, and the federation's goes on."""
+    return await asyncio.to_thread(run_reference, config, **kwargs)
+
+
+async def run(admin: Admin, config: RunConfig, timeout_s: float = 300) -> tuple[str, list[RoundRecord], Tensors]:
+    """Creates and starts the run, waits for it to finish: its id, history and model."""
+    info = await admin.create_run(config)
+    assert info.status == RunStatus.created and info.version == 0
+    await admin.action(info.run_id, "start")
+    final = await admin.wait(info.run_id, timeout_s=timeout_s)
+    assert final.status == RunStatus.finished and final.version == config.rounds, final
+    return info.run_id, await admin.history(info.run_id), await admin.model(info.run_id)
+
+
+def assert_same_model(distributed: Tensors, expected: Tensors, atol: float = 1e-5) -> None:
+    assert distributed.keys() == expected.keys()
+    for name in expected:
+        assert torch.allclose(distributed[name].to(expected[name].dtype), expected[name], atol=atol), name
+
+
+async def assert_equals_reference(admin: Admin, run_id: str, config: RunConfig,
+                                  timeout_s: float = 300) -> list[RoundRecord]:
+    """Waits for the run to finish; its clients, model, accuracies and client metrics are the reference's."""
+    expected = asyncio.ensure_future(reference(config))  # computed while the services train
+    final = await admin.wait(run_id, timeout_s=timeout_s)
+    assert final.status == RunStatus.finished and final.version == config.rounds
+    history = await admin.history(run_id)
+    model = await admin.model(run_id)
+    want = await expected
+    assert [[(c.client_id, c.edge_id) for c in h.clients] for h in history] ==\
+        [[(c.client_id, c.edge_id) for c in h.clients] for h in want.history]
+    assert_same_model(model, want.global_state)  # the model as the REST API serves it (model_parameters)
+    for got, ref in zip(history, want.history, strict=True):
+        assert got.test_accuracy == pytest.approx(ref.test_accuracy, abs=3e-3)
+        assert got.client_metrics == pytest.approx(ref.client_metrics, abs=1e-6)
+    return history
