@@ -16,8 +16,7 @@ from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.records import decode
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
-from tests.integration.test_fedavg_services import run
-from tests.integration.topology import federation
+from tests.integration.topology import federation, run
 
 pytestmark = pytest.mark.slow
 
