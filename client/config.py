@@ -4,11 +4,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.data import parse_source
 from fl_services.shared.core.device import DeviceSetting, resolve
+from fl_services.shared.core.reports import Labels, parse_labels
 from fl_services.shared.runtime.settings import ServiceSettings
 from fl_services.shared.wire.protocol import issued_token_parts
 
@@ -40,6 +41,8 @@ class ClientSettings(ServiceSettings):
     # For a process hosting one device (one logical client). Unset: each client trains on its partition of the
     # run's data set.
     data: str | None = None
+    # The device's labels, e.g. "region=eu,site=lyon", registered with it: a run's device selection may name them.
+    labels: str = ""
     long_poll_s: float = Field(20.0, gt=0)
     # A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits
     # retry_initial_s, doubling up to retry_max_s, then tries again; a success resets the wait.
@@ -66,6 +69,15 @@ class ClientSettings(ServiceSettings):
         if spec is not None:
             parse_source(spec)  # a spec that names nothing readable fails at start-up, saying why
         return spec
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return parse_labels(self.labels)
+
+    @model_validator(mode="after")
+    def _labels_parse(self) -> ClientSettings:
+        TypeAdapter(Labels).validate_python(self.label_map)  # a malformed label fails at start-up, saying which
+        return self
 
     @model_validator(mode="after")
     def _shard_in_range(self) -> ClientSettings:

@@ -110,6 +110,8 @@ class CloudSettings(ServerSettings):
     retain_days: float | None = Field(None, gt=0)
     retain_runs: int | None = Field(None, ge=0)
     retention_interval_s: float = Field(300.0, gt=0)
+    # How often waiting runs (a selection's) are checked for their devices: admitted, or failed past their timeout.
+    admission_interval_s: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
     def _one_name_per_token(self) -> Self:

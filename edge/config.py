@@ -3,9 +3,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, TypeAdapter, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from fl_services.shared.core.reports import Labels, parse_labels
 from fl_services.shared.server.settings import ServerSettings
 
 
@@ -15,6 +16,12 @@ class EdgeSettings(ServerSettings):
     model_config = SettingsConfigDict(env_prefix="FL_EDGE_", extra="forbid")
 
     edge_id: int = Field(0, ge=0)
+    # The site this edge is: a stable name (unset: edge-<edge_id>) and labels, e.g. "region=eu,tier=gold",
+    # registered with the cloud, where a run's selection may name them.
+    name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    labels: str = ""
+    # How often the edge reports to the cloud's site registry (its devices, its last round): its last seen.
+    site_report_s: float = Field(10.0, gt=0)
     host: str = "127.0.0.1"
     port: int = 8100
     cloud_url: str = "http://127.0.0.1:8000"
@@ -46,6 +53,15 @@ class EdgeSettings(ServerSettings):
     # ≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow
     # site (asynchronous-buffer experiments); 1 means no delay.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return parse_labels(self.labels)
+
+    @model_validator(mode="after")
+    def _labels_parse(self) -> "EdgeSettings":
+        TypeAdapter(Labels).validate_python(self.label_map)  # a malformed label fails at start-up, saying which
+        return self
 
     @model_validator(mode="after")
     def _secret_tokens_beyond_loopback(self) -> "EdgeSettings":
