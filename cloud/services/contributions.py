@@ -49,13 +49,13 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
     config = algorithm.config
     topology = config.topology
     if header.edge_id not in config.edge_ids():
-        raise InvalidContent(f"edge {header.edge_id} is not part of this run (its edges: {config.edge_ids()})")
+        raise InvalidContent(f"edge {header.edge_id} is not part of this run ({topology.num_edges} edges)")
     ids = [c.client_id for c in header.clients]
     members = _members(config, header)
     foreign = sorted(set(ids) - set(members))
     if foreign:
-        raise InvalidContent(f"clients must be members of edge {header.edge_id} for this round; not its members: "
-                             f"{foreign}")
+        raise InvalidContent(f"clients must be clients of edge {header.edge_id} (its members this round); not its "
+                             f"clients: {foreign}")
     _check_samples(config, header, members)
     repeated = sorted(k for k, n in Counter(ids).items() if n > topology.edge_rounds)
     if repeated:

@@ -115,12 +115,12 @@ def test_sites_and_devices_are_registered_with_what_they_declare(sites):
 
 def test_a_run_over_both_sites_refuses_a_misfit_and_takes_a_joiner_from_its_next_round(sites):
     topo, api, data = sites
-    config = RunConfig(name="both-sites", rounds=4, selection={"sites": "all", "min_devices": 4}, **TASK)
+    config = RunConfig(name="both-sites", rounds=20, selection={"sites": "all", "min_devices": 4}, **TASK)
     info = api.create_run(config)
     assert info.config.selection is not None and info.config.selection.edge_ids == [0, 1]
     assert info.config.topology.num_edges == 2 and info.config.topology.buffer_size == 2
     api.action(info.run_id, "start")
-    wait_for(lambda: api.run(info.run_id).version >= 2, 300)
+    wait_for(lambda: api.run(info.run_id).version >= 1, 300, poll_s=0.05)
     api.action(info.run_id, "pause")
     paused_at = api.run(info.run_id).version
     joiner = start_joiner(topo, data)
@@ -130,7 +130,7 @@ def test_a_run_over_both_sites_refuses_a_misfit_and_takes_a_joiner_from_its_next
         final = api.wait(info.run_id, timeout_s=300)
     finally:
         joiner.stop()
-    assert final.status == RunStatus.finished and final.version == 4
+    assert final.status == RunStatus.finished and final.version == 20
     history = api.history(info.run_id)
     for h in history:
         assert sorted(h.edges) == [0, 1]
@@ -168,6 +168,5 @@ def test_a_run_waits_for_its_devices_then_fails_saying_why(sites):
 
 def test_a_selection_that_names_no_registered_site_is_refused(sites):
     _, api, _ = sites
-    with pytest.raises(httpx.HTTPStatusError) as refused:
+    with pytest.raises(RuntimeError, match=r"422 .*sites that are not registered: \['paris'\]"):
         api.create_run(RunConfig(name="nowhere", selection={"sites": ["paris"]}, **TASK))
-    assert refused.value.response.status_code == 422 and "paris" in refused.value.response.text
