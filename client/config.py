@@ -5,11 +5,12 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.data import parse_source
 from fl_services.shared.core.device import DeviceSetting, resolve
+from fl_services.shared.core.reports import Labels, parse_labels
 from fl_services.shared.runtime.settings import ServiceSettings
 from fl_services.shared.wire.protocol import issued_token_parts
 
@@ -45,6 +46,9 @@ class ClientSettings(ServiceSettings):
         '"image-folder:/data/imgs?shape=1x28x28": tasks train on its training split, whatever the run\'s data set. '
         "For a process hosting one device (one logical client). Unset: each client trains on its partition of the "
         "run's data set."))
+    labels: str = Field("", description=(
+        'The device\'s labels, e.g. "region=eu,site=lyon", registered with it: a run\'s device selection may name '
+        "them."))
     long_poll_s: float = Field(20.0, gt=0, description="How long the process's task long-poll asks to be held.")
     retry_initial_s: float = Field(1.0, gt=0, description=(
         "A logical client whose loop fails (a malformed task, an error answer, an edge away for long) waits "
@@ -82,6 +86,15 @@ class ClientSettings(ServiceSettings):
         if spec is not None:
             parse_source(spec)  # a spec that names nothing readable fails at start-up, saying why
         return spec
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return parse_labels(self.labels)
+
+    @model_validator(mode="after")
+    def _labels_parse(self) -> ClientSettings:
+        TypeAdapter(Labels).validate_python(self.label_map)  # a malformed label fails at start-up, saying which
+        return self
 
     @model_validator(mode="after")
     def _shard_in_range(self) -> ClientSettings:

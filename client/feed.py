@@ -17,6 +17,7 @@ import httpx
 
 from fl_services.client.config import ClientSettings
 from fl_services.client.state import drop_ended_runs
+from fl_services.shared.core.data.summary import DataSummary
 from fl_services.shared.wire import bundle
 from fl_services.shared.wire.backoff import Backoff
 from fl_services.shared.wire.bundle import BundleItem
@@ -58,8 +59,10 @@ JOIN_SETTLE_S = 0.2
 class TaskFeed:
     """Registers the process's logical clients and long-polls the edge for all their tasks at once."""
 
-    def __init__(self, settings: ClientSettings, edge: httpx.AsyncClient, client_ids: list[int], deliver: Deliver):
+    def __init__(self, settings: ClientSettings, edge: httpx.AsyncClient, client_ids: list[int], deliver: Deliver,
+                 summary: DataSummary | None = None):
         self.settings = settings
+        self.summary = summary  # the device's own data, as it describes it in its registration
         self.edge = edge
         self.client_ids = client_ids
         self.deliver = deliver
@@ -111,13 +114,16 @@ class TaskFeed:
 
     async def _register(self, client_id: int) -> None:
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s, jitter=0.5)
-        reg = ClientRegistration(client_id=client_id, capabilities={"torch_threads": self.settings.torch_threads})
+        reg = ClientRegistration(client_id=client_id, capabilities={"torch_threads": self.settings.torch_threads},
+                                 labels=self.settings.label_map, summary=self.summary)
         try:
             while True:
                 try:
                     async with self._registrations:
                         # Re-sent through a passing fault: a registration repeated replaces itself.
-                        response = await self.edge.post("/api/v1/clients", json=reg.model_dump(),
+                        # Without the fields left unset: an edge that predates them still takes the registration.
+                        response = await self.edge.post("/api/v1/clients",
+                                                        json=reg.model_dump(mode="json", exclude_defaults=True),
                                                         headers=self.auth[client_id], extensions=DEDUPLICATED)
                     check(response, unknown_client=False)  # a 404 here is a wrong edge URL, not a lost registration
                     break

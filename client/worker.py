@@ -169,7 +169,9 @@ class Worker:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         # One training at a time for the whole process, the runs taking turns.
         self.trainer = RoundRobin(self.executor)
-        self.feed = TaskFeed(settings, edge, client_ids, self._deliver)
+        # A device on its own data describes it when it registers (a run over registered devices checks it fits).
+        summary = own_source(settings.data).summary() if settings.data is not None else None
+        self.feed = TaskFeed(settings, edge, client_ids, self._deliver, summary)
         self.completed = 0
         # Tasks whose training raised (e.g. diverged to NaN) or whose result was refused: the same inputs
         # would fail again, so they are not retried (the feed keeps holding them); the edge treats the

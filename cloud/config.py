@@ -122,6 +122,9 @@ class CloudSettings(ServerSettings):
         "All but the latest this many ended runs are deleted, checked every retention_interval_s; unset: kept "
         "for good."))
     retention_interval_s: float = Field(300.0, gt=0, description="How often retention is checked, in seconds.")
+    admission_interval_s: float = Field(1.0, gt=0, description=(
+        "How often waiting runs (a selection's) are checked for their devices: admitted, or failed past their "
+        "timeout."))
 
     @model_validator(mode="after")
     def _one_name_per_token(self) -> Self:

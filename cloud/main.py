@@ -18,6 +18,7 @@ from fl_services.cloud.initial_state import InvalidRun
 from fl_services.cloud.metrics import CloudMetrics
 from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.routes import admin, edges, health, runs, ui
+from fl_services.cloud.services import sites
 from fl_services.cloud.storage import Conflict, MemoryStore, NotFound, StorageRefused, StorageUnavailable, Store
 from fl_services.cloud.storage.redis import check_redis, redis_store
 from fl_services.shared.runtime.log import configure_logging
@@ -41,7 +42,10 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
             app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
             tasks = [asyncio.create_task(orchestrator.run_forever()),
                      asyncio.create_task(orchestrator.relay_events()),
-                     asyncio.create_task(_wake_on_stop(app.state.stopping, orchestrator))]
+                     asyncio.create_task(_wake_on_stop(app.state.stopping, orchestrator)),
+                     asyncio.create_task(sites.admit_forever(
+                         store=store, orchestrator=orchestrator, interval_s=settings.admission_interval_s,
+                         audit=Auditor(store, "admission", settings.audit_max_entries)))]
             if settings.retain_days is not None or settings.retain_runs is not None:
                 tasks.append(asyncio.create_task(retention.run_forever(
                     store, settings.retain_days, settings.retain_runs, settings.retention_interval_s,

@@ -3,9 +3,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, TypeAdapter, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from fl_services.shared.core.reports import Labels, parse_labels
 from fl_services.shared.server.settings import ServerSettings
 
 
@@ -15,8 +16,18 @@ class EdgeSettings(ServerSettings):
     model_config = SettingsConfigDict(env_prefix="FL_EDGE_", extra="forbid")
 
     edge_id: int = Field(0, ge=0, description=(
-        "This edge's index l: it takes part in every run with topology.num_edges > l and serves the clients k "
-        "with k mod num_edges = l."))
+        "This edge's index l: it takes part in every run with topology.num_edges > l; in a run without a "
+        "selection (a simulated federation) it serves the clients k with k mod num_edges = l, in a run with one "
+        "the devices registered here."))
+    name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+                             description=(
+        "The site this edge is: a stable name (unset: edge-<edge_id>), registered with the cloud, where a run's "
+        "selection may name it."))
+    labels: str = Field("", description=(
+        'The site\'s labels, e.g. "region=eu,tier=gold", registered with the cloud: a run\'s selection may name '
+        "them."))
+    site_report_s: float = Field(10.0, gt=0, description=(
+        "How often the edge reports to the cloud's site registry (its devices, its last round): its last seen."))
     host: str = Field("127.0.0.1", description=(
         "The address to listen on. Beyond loopback (0.0.0.0, a LAN address) the development client token is "
         "refused."))
@@ -54,6 +65,15 @@ class EdgeSettings(ServerSettings):
     slowdown: float = Field(1.0, ge=1.0, le=100.0, description=(
         "≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow "
         "site (asynchronous-buffer experiments); 1 means no delay."))
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return parse_labels(self.labels)
+
+    @model_validator(mode="after")
+    def _labels_parse(self) -> "EdgeSettings":
+        TypeAdapter(Labels).validate_python(self.label_map)  # a malformed label fails at start-up, saying which
+        return self
 
     @model_validator(mode="after")
     def _secret_tokens_beyond_loopback(self) -> "EdgeSettings":

@@ -87,6 +87,12 @@ async def client_auth(request: Request) -> ClientAuth:
     return auth
 
 
+async def operator_auth(request: Request) -> None:
+    """401 unless the caller holds the edge's client secret (an operator's): a device token may not list the others."""
+    if not same_token(await bearer_token(request), request.app.state.settings.client_token):
+        raise unauthorized("invalid bearer token")
+
+
 def _client_id(raw: str) -> int | None:
     # ASCII digits only: str.isdigit() admits '¹' and '①', which int() refuses.
     return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else None

@@ -17,7 +17,7 @@ from fl_services.shared.core.config import RoundPolicy
 from fl_services.shared.core.edge_round import ClientTask
 from fl_services.shared.core.federation import participation
 from fl_services.shared.core.records import Record, encode
-from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader
+from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader, Member
 from fl_services.shared.wire.client_edge import ClientTaskHeader
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 from fl_services.shared.wire.http import binary_body
@@ -42,16 +42,17 @@ class Dispatch:
         self.submissions = submissions  # by the cloud's answer's status
 
     def task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm, budget_s: float | None,
-             num_samples: list[int] | None) -> Task:
-        """Client k's task of this round; with the clients' sample counts known, a result must claim k's."""
+             num_samples: int | None) -> Task:
+        """Client k's task of this round; with its sample count known (`num_samples`), a result must claim it.
+        Claims weigh at most the run's max_samples_per_device, else the edge's max_client_samples."""
         message = ClientTaskHeader(
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
             budget_s=budget_s,
         )
-        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors),
-                    num_samples=num_samples[task.client_id] if num_samples else None,
-                    max_samples=self.max_client_samples)
+        cap = header.config.max_samples_per_device or self.max_client_samples
+        return Task(message, task.tensors, partial(algorithm.check_result, task.tensors), num_samples=num_samples,
+                    max_samples=cap)
 
     async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy,
                       failures: list[ClientFailure], moved_on: Callable[[], Awaitable[bool]]) -> list[ClientResult]:
@@ -84,7 +85,7 @@ class Dispatch:
             await self.board.clear(run_id)
 
     async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
-                     results: list[ClientResult], failures: list[ClientFailure]) -> None:
+                     results: list[ClientResult], failures: list[ClientFailure], members: list[Member]) -> None:
         message = EdgeContributionHeader(
             run_id=header.run_id,
             edge_id=self.edge_id,
@@ -94,6 +95,7 @@ class Dispatch:
             weight=weight,
             clients=participation(results),
             failures=failures,
+            members=members,
         )
         blob = await asyncio.to_thread(encode, tensors, message)
         # Re-sent through a passing fault: the cloud counts an idempotency key once.

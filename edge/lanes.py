@@ -11,6 +11,7 @@ from pathlib import Path
 from fl_services.edge.pacing import EdgePacing
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.summary import RunTask
 from fl_services.shared.core.records import Record, decode_state, encode
 from fl_services.shared.core.tensors import PayloadError
 from fl_services.shared.runtime.files import atomic_write
@@ -37,6 +38,8 @@ class Lane:
     task: asyncio.Task | None = None
     # The clients' sample counts as the edge derives them from the run (None: it cannot know them).
     num_samples: list[int] | None = None
+    # What a run over registered devices trains (its model's input shape and classes): their data must fit it.
+    trains: RunTask | None = None
     samples_known: bool = False
 
 

@@ -13,7 +13,7 @@ from fl_services.edge.config import EdgeSettings
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.revocations import Revocations
 from fl_services.edge.round_loop import EdgeRoundLoop
-from fl_services.edge.routes import clients, health
+from fl_services.edge.routes import clients, devices, health
 from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import answer_help, load_settings
@@ -42,7 +42,7 @@ def create_app(settings: EdgeSettings | None = None,
                       version=round_loop.version)
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
         app.state.revocations = revocations = Revocations()
-        tasks = [asyncio.create_task(round_loop.run_forever()),
+        tasks = [asyncio.create_task(round_loop.run_forever()), asyncio.create_task(round_loop.report_forever()),
                  asyncio.create_task(_close_on_stop(app.state.stopping, board)),
                  asyncio.create_task(revocations.run_forever(cloud, settings.revocation_refresh_s))]
         try:
@@ -54,7 +54,7 @@ def create_app(settings: EdgeSettings | None = None,
                     await task
             await cloud.aclose()
 
-    return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router],
+    return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router, devices.router],
                        errors={UnknownClient: 404, TaskConflict: 409, ForeignClient: 409},
                        metrics=metrics, metrics_token=settings.metrics_token, server=settings)
 

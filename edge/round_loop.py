@@ -16,13 +16,15 @@ import httpx
 from fl_services.edge.config import EdgeSettings
 from fl_services.edge.dispatch import Dispatch, RoundAbandoned
 from fl_services.edge.lanes import Lane, StateFiles
+from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
+from fl_services.shared.core.data.summary import RunTask
 from fl_services.shared.core.edge_round import ClientTask, run_edge_round
-from fl_services.shared.core.federation import known_num_samples
+from fl_services.shared.core.federation import known_num_samples, run_task
 from fl_services.shared.core.records import Record, decode
 from fl_services.shared.core.reports import ClientFailure
 from fl_services.shared.runtime.log import bind
@@ -32,6 +34,10 @@ from fl_services.shared.wire.protocol import live_runs
 from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
+
+
+class NoMembers(Exception):
+    """A run over registered devices has none at this edge that it takes (yet)."""
 
 
 class EdgeRoundLoop:
@@ -142,6 +148,10 @@ class EdgeRoundLoop:
             await self.until_run_ends(header, self.run_round(header, global_))
         except RoundAbandoned as exc:
             log.warning("edge %d: round abandoned: %s", self.edge_id, exc)
+        except NoMembers as exc:  # devices may register meanwhile: the same round again after a backoff
+            delay = lane.backoff.next()
+            log.warning("edge %d: %s; trying again in %g s", self.edge_id, exc, delay)
+            await asyncio.sleep(delay)
         except Exception:  # not a cancellation: a stop or an ended run ends the round for good
             delay = lane.backoff.next()
             log.exception("edge %d: round at version %d of run %s failed; re-running it in %g s",
@@ -210,19 +220,42 @@ class EdgeRoundLoop:
                 pass
             await asyncio.sleep(backoff.next())
 
+    def site_report(self) -> EdgeRegistration:
+        """This edge as a site: its name, labels and URL, and what it serves now."""
+        serving = self.serving
+        return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
+                                labels=self.settings.label_map, devices=len(self.board.clients),
+                                serving=f"{serving.run_id}:{serving.version}" if serving else None)
+
     async def register(self) -> None:
-        reg = EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url)
         # Re-sent through a passing fault: a registration repeated replaces itself.
-        response = await self.cloud.post("/api/v1/edges", json=reg.model_dump(), extensions=DEDUPLICATED)
+        response = await self.cloud.post("/api/v1/edges", json=self.site_report().model_dump(exclude_none=True),
+                                         extensions=DEDUPLICATED)
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
 
-    def _own_clients(self) -> set[int]:
-        return {k for lane in self.lanes.values() for k in lane.config.clients_of_edge(self.edge_id)}
+    async def report_forever(self) -> None:
+        """Registers again every site_report_s: the cloud's site registry shows when the edge was last seen, its
+        devices and its last round. A failed report waits for the next one (the state poll retries by itself)."""
+        while True:
+            await asyncio.sleep(self.settings.site_report_s)
+            try:
+                await self.register()
+            except (httpx.HTTPError, OSError) as exc:
+                log.debug("edge %d: site report failed: %s", self.edge_id, exc)
+
+    def _own_clients(self) -> set[int] | None:
+        """The clients of the simulated runs' rosters here; None (any device) while a run over registered devices
+        is live, or none is known."""
+        if not self.lanes or any(lane.config.selection is not None for lane in self.lanes.values()):
+            return None
+        return {k for lane in self.lanes.values() for k in members(lane.config, self.edge_id, {}, None, None).ids}
 
     def check_own_client(self, client_id: int) -> None:
-        """Raises ForeignClient for a client this edge serves in none of the runs it knows (none yet: any)."""
-        if not self.lanes or client_id in self._own_clients():
+        """Raises ForeignClient for a client this edge serves in none of the runs it knows (none yet, or a run
+        over the devices registered here: any)."""
+        own = self._own_clients()
+        if own is None or client_id in own:
             return
         raise ForeignClient("; ".join(
             f"client {client_id} is not a client of edge {self.edge_id} in run {run_id}: edge {self.edge_id} "
@@ -243,12 +276,21 @@ class EdgeRoundLoop:
         self.current = header
         bind(run_id=header.run_id)
         lane = self.lane(header)
-        # Before any run was known, any client id could register; now the runs say which are this edge's.
-        self.board.keep_only(self._own_clients())
+        # Before any run was known, any client id could register; now the simulated runs say which are this edge's.
+        own = self._own_clients()
+        if own is not None:
+            self.board.keep_only(own)
         algorithm = lane.algorithm
         if not lane.samples_known:
-            lane.num_samples, lane.samples_known = await asyncio.to_thread(self._known_num_samples, header), True
-        failures: list[ClientFailure] = []  # of every edge round
+            lane.num_samples, lane.trains = await asyncio.to_thread(self._known_data, header)
+            lane.samples_known = True
+        # The members as they are now: a device registering during the round is one from the next.
+        membership = members(header.config, self.edge_id, self.board.clients, lane.trains, lane.num_samples)
+        if not membership.ids:
+            refused = "".join(f"; device {f.client_id} {f.error}" for f in membership.refused)
+            raise NoMembers(f"run {header.run_id} has no member at edge {self.edge_id} yet: no registered device "
+                            f"its selection takes{refused}")
+        failures: list[ClientFailure] = list(membership.refused)  # of every edge round
         pacing = lane.pacing
         pacing.heard(header)
 
@@ -256,7 +298,8 @@ class EdgeRoundLoop:
             chosen = [t.client_id for t in tasks]
             budget = pacing.budget(header.config, chosen)
             results = await self.dispatch.collect(
-                header, [self.dispatch.task(header, t, algorithm, budget, lane.num_samples) for t in tasks],
+                header, [self.dispatch.task(header, t, algorithm, budget, membership.samples.get(t.client_id))
+                         for t in tasks],
                 header.config.policy, failures, partial(self._moved_on, header))
             pacing.observe(header.config, chosen, results)
             return results
@@ -265,13 +308,13 @@ class EdgeRoundLoop:
         before = lane.edge_state  # algorithms return new dicts: this one stays as it is
         try:
             outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
-                                           offload=asyncio.to_thread)
+                                           offload=asyncio.to_thread, members=membership.ids)
             lane.edge_state = outcome.edge_state
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
             await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
-                                       outcome.results, failures)
+                                       outcome.results, failures, membership.declared())
             self.metrics.round_seconds.observe(time.monotonic() - started)
             log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:
@@ -280,14 +323,18 @@ class EdgeRoundLoop:
             lane.edge_state = before
             raise
 
-    def _known_num_samples(self, header: GlobalStateHeader) -> list[int] | None:
+    def _known_data(self, header: GlobalStateHeader) -> tuple[list[int] | None, RunTask | None]:
+        """A simulated run's sample counts, where the edge can derive them; a selected run's task, which its
+        devices' data must fit (the devices' own summaries give their counts)."""
         try:
-            return known_num_samples(header.config)
+            if header.config.selection is not None:
+                return None, run_task(header.config)
+            return known_num_samples(header.config), None
         except Exception:  # e.g. an unreadable npz file: the cap (max_client_samples) bounds claims instead
-            log.warning("edge %d: cannot derive the clients' sample counts of run %s; claims are capped by "
-                        "max_client_samples=%s", self.edge_id, header.run_id, self.settings.max_client_samples,
-                        exc_info=True)
-            return None
+            log.warning("edge %d: cannot derive the clients' sample counts (or the task) of run %s; claims are "
+                        "capped by max_client_samples=%s", self.edge_id, header.run_id,
+                        self.settings.max_client_samples, exc_info=True)
+            return None, None
 
     async def _moved_on(self, header: GlobalStateHeader) -> bool:
         """Whether the cloud now has a newer version of this run for this edge."""

@@ -91,7 +91,11 @@ class TaskBoard:
     """
 
     def __init__(self) -> None:
+        # The device registry: every client registered here (its labels and data summary), and when it was last
+        # heard from (registration, task poll, result), seconds since the epoch.
         self.clients: dict[int, ClientRegistration] = {}
+        self.registered_at: dict[int, float] = {}
+        self.last_seen: dict[int, float] = {}
         self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
         self._posted: dict[tuple[str, int], int] = {}  # (run_id, client_id) -> when its task was posted
         self._posts = 0
@@ -102,11 +106,32 @@ class TaskBoard:
 
     # ---- clients -------------------------------------------------------------------------------
     def register(self, reg: ClientRegistration) -> None:
+        now = time.time()
         self.clients[reg.client_id] = reg
+        self.registered_at.setdefault(reg.client_id, now)
+        self.last_seen[reg.client_id] = now
+
+    def seen(self, client_ids: Iterable[int]) -> None:
+        now = time.time()
+        for k in client_ids:
+            if k in self.clients:
+                self.last_seen[k] = now
 
     def keep_only(self, client_ids: set[int]) -> None:
         """Forgets the registrations of other clients (they hear 404, register again and are refused)."""
         self.clients = {k: reg for k, reg in self.clients.items() if k in client_ids}
+        self.registered_at = {k: t for k, t in self.registered_at.items() if k in client_ids}
+        self.last_seen = {k: t for k, t in self.last_seen.items() if k in client_ids}
+
+    def open_runs(self, client_id: int) -> list[str]:
+        """The runs whose task for the client is open (posted, neither answered nor reported failed)."""
+        return [run_id for run_id, tasks in self._tasks.items()
+                if (t := tasks.get(client_id)) is not None and t.result is None and t.failure is None]
+
+    def last_failure(self, client_id: int) -> str | None:
+        """What the client last reported it could not train, among the tasks still on the board."""
+        return next((t.failure for tasks in self._tasks.values()
+                     if (t := tasks.get(client_id)) is not None and t.failure is not None), None)
 
     def _known(self, client_id: int) -> None:
         if client_id not in self.clients:
@@ -176,12 +201,14 @@ class TaskBoard:
     async def fetch(self, client_id: int, timeout: float) -> Task | None:
         """The client's open task posted first, whichever its run; waits up to `timeout` for one."""
         self._known(client_id)
+        self.seen([client_id])
         found = await self._wait_for_tasks([client_id], lambda: self._open_tasks(client_id)[:1], timeout)
         return found[0] if found else None
 
     async def fetch_many(self, client_ids: list[int], holding: set[str], timeout: float) -> list[Task]:
         """Every open task of the known clients among `client_ids` but those in `holding` (a client process's
         batch long-poll), oldest first; waits up to `timeout` for one."""
+        self.seen(client_ids)
         def ready() -> list[Task]:
             found = [t for k in client_ids if k in self.clients for t in self._open_tasks(k)
                      if t.header.task_id not in holding]

@@ -117,7 +117,9 @@ class Service:
 class LocalTopology:
     """Cloud + `num_edges` edges + clients 0..num_clients-1, `procs_per_edge` client processes per edge.
 
-    Client k is served by edge k mod L, as RunConfig.clients_of_edge says.
+    Client k's process is started at edge k mod L: the simulated federation's binding (RunConfig.clients_of_edge),
+    which the reference runner replays. It is this launcher's choice: a device is a member of the edge it registers
+    at, which a run with a selection takes as it finds it.
     """
 
     num_clients: int = 10

@@ -9,7 +9,7 @@ from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import read_json
 from fl_services.shared.server.docs import json_body_doc
 from fl_services.shared.server.errors import error_responses
-from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken
+from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken, SiteInfo
 
 router = guarded_router(require_admin, prefix="/api/v1", tags=["operations"])
 
@@ -32,3 +32,10 @@ async def revoke_token(request: Request, store: StoreDep, audit: AuditDep) -> Re
 @router.get("/tokens/revoked")
 async def revoked_tokens(store: StoreDep) -> list[RevokedToken]:
     return await store.revoked_tokens()
+
+
+@router.get("/sites")
+async def sites(store: StoreDep) -> list[SiteInfo]:
+    """The site registry: every edge that registered, by its name, with its labels, URL, when it was last seen
+    (it reports every FL_EDGE_SITE_REPORT_S), the devices registered at it and its last round."""
+    return await store.sites()

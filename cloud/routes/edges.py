@@ -27,12 +27,13 @@ from fl_services.shared.wire.protocol import LIVE_RUNS
 router = guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
 
 
-@router.post("/edges", responses=error_responses(400, 408, 413, 422, 429),
+@router.post("/edges", responses=error_responses(400, 408, 409, 413, 422, 429),
              openapi_extra=json_body_doc(EdgeRegistration))
 async def register(request: Request, store: StoreDep) -> EdgeRegistration:
+    """Registers the edge, and its site (name, labels, devices, last round): an edge repeats it as its report."""
     reg = await read_json(request, EdgeRegistration)  # after the token check
     await rate_limited(request, "registration", reg.edge_id)
-    await store.register_edge(reg)
+    await edges.register(store=store, registration=reg)
     return reg
 
 

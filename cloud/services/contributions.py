@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import Store, SubmitOutcome
 from fl_services.shared.core.algorithms.base import Algorithm
+from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import EdgeContributionHeader
 from fl_services.shared.core.tensors import InvalidContent
@@ -45,19 +46,54 @@ async def submit(*, store: Store, orchestrator: Orchestrator, contribution: Edge
 def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContributionHeader,
                        tensors: Record) -> None:
     """Raises InvalidContent (HTTP 422) unless the contribution is admissible."""
-    topology = algorithm.config.topology
-    if header.edge_id >= topology.num_edges:
+    config = algorithm.config
+    topology = config.topology
+    if header.edge_id not in config.edge_ids():
         raise InvalidContent(f"edge {header.edge_id} is not part of this run ({topology.num_edges} edges)")
     ids = [c.client_id for c in header.clients]
-    foreign = sorted(set(ids) - set(algorithm.config.clients_of_edge(header.edge_id)))
+    members = _members(config, header)
+    foreign = sorted(set(ids) - set(members))
     if foreign:
-        raise InvalidContent(f"clients must be clients of edge {header.edge_id}; not its clients: {foreign}")
+        raise InvalidContent(f"clients must be clients of edge {header.edge_id} (its members this round); not its "
+                             f"clients: {foreign}")
+    _check_samples(config, header, members)
     repeated = sorted(k for k, n in Counter(ids).items() if n > topology.edge_rounds)
     if repeated:
         raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
                              f"more often: {repeated}")
     _check_weight(algorithm, header)
     algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
+
+
+def _members(config: RunConfig, header: EdgeContributionHeader) -> dict[int, int | None]:
+    """The members the edge declared for the round, with their sample counts where it knows them. Those of a
+    simulated run (no selection) lie within its roster at that edge, which an edge that declares none is taken to
+    have: that roster is the run's own (data.num_clients over topology.num_edges), not the edge's to widen."""
+    declared = {m.client_id: m.num_samples for m in header.members} if header.members is not None else None
+    if config.selection is not None:
+        if declared is None:
+            raise InvalidContent("a contribution to a run over registered devices declares the round's members")
+        return declared
+    roster = config.clients_of_edge(header.edge_id)
+    if declared is None:
+        return dict.fromkeys(roster)
+    strangers = sorted(set(declared) - set(roster))
+    if strangers:
+        raise InvalidContent(f"members {strangers} are not in this run's roster at edge {header.edge_id}")
+    return declared
+
+
+def _check_samples(config: RunConfig, header: EdgeContributionHeader, members: dict[int, int | None]) -> None:
+    """A client's counted samples: its declared count where the edge knows it, and at most the run's cap."""
+    cap = config.max_samples_per_device
+    for c in header.clients:
+        known = members.get(c.client_id)
+        if cap is not None and c.num_samples > cap:
+            raise InvalidContent(f"client {c.client_id} counts {c.num_samples} samples, over the run's "
+                                 f"max_samples_per_device {cap}")
+        if known is not None and c.num_samples != min(known, cap or known):
+            raise InvalidContent(f"client {c.client_id} counts {c.num_samples} samples; the edge declared it holds "
+                                 f"{known}")
 
 
 def _check_weight(algorithm: Algorithm, header: EdgeContributionHeader) -> None:

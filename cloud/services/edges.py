@@ -9,7 +9,13 @@ from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import NotFound, Store
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.server.app import Stopping
-from fl_services.shared.wire.edge_cloud import RunEnd
+from fl_services.shared.wire.edge_cloud import EdgeRegistration, RunEnd
+
+
+async def register(*, store: Store, registration: EdgeRegistration) -> None:
+    """The edge and its site: the site first, so that a name another edge holds (409) registers nothing."""
+    await store.report_site(registration)
+    await store.register_edge(registration)
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ async def _offer(store: Store, orchestrator: Orchestrator, edge_id: int, poll: S
             run_status, version = await store.status(run_id)
         except NotFound:  # deleted meanwhile
             continue
-        if edge_id >= config.topology.num_edges:
+        if edge_id not in config.edge_ids():
             continue
         live.append(run_id)
         if offer is not None or run_status != RunStatus.running or run_id in poll.busy:

@@ -8,6 +8,7 @@ from fl_services.cloud.audit import Auditor
 from fl_services.cloud.config import CloudSettings
 from fl_services.cloud.initial_state import checked_initial_global
 from fl_services.cloud.orchestrator import Orchestrator
+from fl_services.cloud.services import sites
 from fl_services.cloud.storage import Store
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import decode
@@ -20,6 +21,7 @@ Action = Literal["start", "pause", "resume", "stop"]
 
 async def create(*, store: Store, settings: CloudSettings, audit: Auditor, config: RunConfig) -> RunInfo:
     """A new run at version 0, once its initial global state is built and within the limits (InvalidRun)."""
+    config = await sites.resolve(store=store, config=config)
     run_id = store.new_run_id()
     blob = await checked_initial_global(run_id, config, settings.max_state_bytes, settings.max_payload_bytes,
                                         settings.allowed_import_prefixes, settings.create_timeout_s)
@@ -30,7 +32,11 @@ async def create(*, store: Store, settings: CloudSettings, audit: Auditor, confi
 
 async def control(*, store: Store, orchestrator: Orchestrator, audit: Auditor, run_id: str,
                   action: Action) -> RunInfo:
-    await store.transition(run_id, action)
+    """A run over registered devices (a selection) starts by waiting for them (sites.admit_waiting)."""
+    if action == "start" and (await store.config(run_id)).selection is not None:
+        await store.transition(run_id, "wait")
+    else:
+        await store.transition(run_id, action)
     orchestrator.notify()
     await orchestrator.announce()  # wakes the edges' long-polls: a stop releases them (their end signal)
     await audit(action, run_id)

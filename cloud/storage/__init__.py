@@ -24,6 +24,7 @@ from fl_services.cloud.storage.ports import (
     NotFound,
     RevokedTokens,
     Runs,
+    SiteRegistry,
     StateTooLarge,
     StorageError,
     StorageRefused,
@@ -37,6 +38,6 @@ from fl_services.cloud.storage.ports import (
 __all__ = [
     "ACTIVE", "ENDED", "TRANSITIONS", "Action", "AuditLog", "BufferedContribution", "Conflict", "ContributionBuffer",
     "EdgeRegistry", "Events", "Lease", "LeaseLost", "MemoryStore", "NotFound", "RevokedTokens", "Runs",
-    "StateTooLarge", "StorageError", "StorageRefused", "StorageUnavailable", "Store", "SubmitOutcome",
+    "SiteRegistry", "StateTooLarge", "StorageError", "StorageRefused", "StorageUnavailable", "Store", "SubmitOutcome",
     "UpdateLeases", "now",
 ]

@@ -32,10 +32,11 @@ from fl_services.cloud.storage.ports import (
     lease_token,
     now,
     refusal,
+    site_record,
 )
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import EdgeContributionHeader, RoundRecord, RunStatus
-from fl_services.shared.wire.admin import AuditRecord, RevokedToken, RunInfo
+from fl_services.shared.wire.admin import AuditRecord, RevokedToken, RunInfo, SiteInfo
 from fl_services.shared.wire.edge_cloud import EdgeRegistration
 
 
@@ -48,6 +49,7 @@ class _Run:
     version: int = 0
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    reason: str | None = None
     cloud_state: bytes | None = None
     history: list[str] = field(default_factory=list)  # RoundRecord JSON
     # By entry id, in acceptance order: the header's JSON, the blob and when it was accepted (epoch seconds).
@@ -62,6 +64,7 @@ class MemoryStore(Store):
         self.max_value_bytes = max_value_bytes  # what one stored blob may hold (None: no limit)
         self._runs: dict[str, _Run] = {}  # in creation order
         self._edges: dict[int, str] = {}  # registration JSON
+        self._sites: dict[str, str] = {}  # site name -> SiteInfo JSON
         self._audit: list[str] = []  # AuditRecord JSON, oldest first
         self._revoked: dict[str, str] = {}  # RevokedToken JSON
         self._leases: dict[str, tuple[str, float]] = {}  # run -> (token, expiry on the monotonic clock)
@@ -96,7 +99,7 @@ class MemoryStore(Store):
         config = RunConfig.model_validate_json(run.config)
         return RunInfo(run_id=run_id, status=run.status, config=config, version=run.version, rounds=config.rounds,
                        buffered=len(run.buffer), created_at=run.created_at, started_at=run.started_at,
-                       finished_at=run.finished_at,
+                       finished_at=run.finished_at, reason=run.reason,
                        last_round=RoundRecord.model_validate_json(run.history[-1]) if run.history else None)
 
     async def run_ids(self) -> list[str]:
@@ -105,13 +108,13 @@ class MemoryStore(Store):
     async def active_runs(self) -> list[str]:
         return sorted(run_id for run_id, run in self._runs.items() if run.status in ACTIVE)
 
-    async def transition(self, run_id: str, action: Action) -> RunStatus:
+    async def transition(self, run_id: str, action: Action, reason: str | None = None) -> RunStatus:
         run = self._run(run_id)
         run.status = allowed(action, run.status)
-        if action == "start":
+        if action in ("start", "wait"):
             run.started_at = now()
         if action == "stop":
-            run.finished_at = now()
+            run.finished_at, run.reason = now(), reason
         return run.status
 
     async def global_blob(self, run_id: str) -> bytes:
@@ -260,6 +263,18 @@ class MemoryStore(Store):
 
     async def registered_edges(self) -> set[int]:
         return set(self._edges)
+
+    async def report_site(self, reg: EdgeRegistration) -> SiteInfo:
+        earlier = self._sites.get(reg.site_name)
+        record = site_record(reg, SiteInfo.model_validate_json(earlier) if earlier is not None else None)
+        for name in [n for n, r in self._sites.items() if n != record.name and SiteInfo.model_validate_json(r).edge_id
+                     == reg.edge_id]:
+            del self._sites[name]
+        self._sites[record.name] = record.model_dump_json()
+        return record
+
+    async def sites(self) -> list[SiteInfo]:
+        return [SiteInfo.model_validate_json(self._sites[name]) for name in sorted(self._sites)]
 
     async def audit(self, record: AuditRecord, max_entries: int) -> None:
         self._audit.append(record.model_dump_json())

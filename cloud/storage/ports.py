@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import EdgeContributionHeader, RoundRecord, RunStatus
-from fl_services.shared.wire.admin import AuditRecord, RevokedToken, RunInfo
+from fl_services.shared.wire.admin import AuditRecord, RevokedToken, RunInfo, SiteInfo
 from fl_services.shared.wire.edge_cloud import EdgeRegistration
 
 
@@ -99,13 +99,16 @@ def lease_token(holder: str) -> str:
     return f"{holder}:{secrets.token_hex(8)}"
 
 
-Action = Literal["start", "pause", "resume", "stop"]
+Action = Literal["start", "wait", "admit", "pause", "resume", "stop"]
 # Which transitions each control action allows.
 TRANSITIONS: dict[str, tuple[set[RunStatus], RunStatus]] = {
     "start": ({RunStatus.created}, RunStatus.running),
+    # A run over registered devices starts by waiting for them, and is admitted once they are there.
+    "wait": ({RunStatus.created}, RunStatus.waiting),
+    "admit": ({RunStatus.waiting}, RunStatus.running),
     "pause": ({RunStatus.running}, RunStatus.paused),
     "resume": ({RunStatus.paused}, RunStatus.running),
-    "stop": ({RunStatus.created, RunStatus.running, RunStatus.paused}, RunStatus.stopped),
+    "stop": ({RunStatus.created, RunStatus.waiting, RunStatus.running, RunStatus.paused}, RunStatus.stopped),
 }
 # The statuses of an active run: it takes contributions, a computed update may be published, it cannot be deleted.
 ACTIVE = frozenset({RunStatus.running, RunStatus.paused})
@@ -186,8 +189,10 @@ class Runs(Protocol):
         """Every run's id, in creation order."""
     async def active_runs(self) -> list[str]:
         """The runs that are running or paused, sorted by id (a stable order for every replica)."""
-    async def transition(self, run_id: str, action: Action) -> RunStatus:
-        """Applies a control action (TRANSITIONS); Conflict if the run's status does not allow it."""
+    async def transition(self, run_id: str, action: Action, reason: str | None = None) -> RunStatus:
+        """Applies a control action (TRANSITIONS); Conflict if the run's status does not allow it. A stop's
+        `reason` is kept (RunInfo.reason). Starting or waiting stamps started_at; it is active (active_runs)
+        from its start or admission to its stop."""
     async def global_blob(self, run_id: str) -> bytes: ...
     async def versioned_global(self, run_id: str) -> tuple[int, bytes]:
         """The current version and its global state, read together."""
@@ -239,6 +244,28 @@ class EdgeRegistry(Protocol):
     async def registered_edges(self) -> set[int]: ...
 
 
+class SiteRegistry(Protocol):
+    """The sites (edges) that exist: each by its stable name, from its registrations, repeated as reports."""
+
+    async def report_site(self, reg: EdgeRegistration) -> SiteInfo:
+        """Records the edge's registration under its site name (first seen kept, last seen now); Conflict if
+        another edge id holds that name. An edge that renamed itself leaves its old name."""
+    async def sites(self) -> list[SiteInfo]:
+        """Every site, by name."""
+
+
+def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
+    """What the registry keeps of a registration, `earlier` the record its name holds (Conflict: another edge's)."""
+    name = reg.site_name
+    if earlier is not None and earlier.edge_id != reg.edge_id:
+        raise Conflict(f"site name {name!r} is edge {earlier.edge_id}'s, not edge {reg.edge_id}'s: give each edge "
+                       "its own FL_EDGE_NAME", "site_name")
+    at = now()
+    return SiteInfo(name=name, edge_id=reg.edge_id, labels=reg.labels, url=reg.url,
+                    registered_at=earlier.registered_at if earlier is not None else at, last_seen=at,
+                    devices=reg.devices, serving=reg.serving)
+
+
 class UpdateLeases(Protocol):
     """One lease per run: the replica holding it computes the run's next cloud update."""
 
@@ -273,5 +300,6 @@ class RevokedTokens(Protocol):
         """Every revocation, oldest first."""
 
 
-class Store(Runs, ContributionBuffer, EdgeRegistry, UpdateLeases, Events, AuditLog, RevokedTokens, Protocol):
+class Store(Runs, ContributionBuffer, EdgeRegistry, SiteRegistry, UpdateLeases, Events, AuditLog, RevokedTokens,
+            Protocol):
     """Every interface of the storage: what a backend implements."""

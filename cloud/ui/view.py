@@ -34,7 +34,7 @@ def run_edges(info: RunInfo, registered: set[int], buffered: list[tuple[datetime
             consumed[c.edge_id] += 1
     waiting = {header.edge_id: (at, header) for at, header in buffered}
     edges = []
-    for edge_id in range(info.config.topology.num_edges):
+    for edge_id in info.config.edge_ids():
         common = dict(edge_id=edge_id, registered=edge_id in registered, consumed=consumed[edge_id])
         if edge_id in waiting:
             at, header = waiting[edge_id]

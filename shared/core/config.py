@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
@@ -295,6 +295,44 @@ class PrivacyConfig(Strict):
         return self
 
 
+LabelSelector = Annotated[dict[Annotated[str, Field(min_length=1, max_length=63)],
+                                Annotated[str, Field(max_length=63)]], Field(min_length=1, max_length=32)]
+SiteName = Annotated[str, Field(min_length=1, max_length=63)]
+# Algorithms whose rounds need no roster of the run's clients (per-client server memory, per-edge client
+# counts, client indices into a partition): the ones a run over registered devices may use.
+SELECTABLE_ALGORITHMS = frozenset({"fedavg", "fedprox", "fedsgd"})
+
+
+def matches(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
+    """Whether `labels` carry every key=value of `selector` (None: everything matches)."""
+    return selector is None or all(labels.get(key) == value for key, value in selector.items())
+
+
+class Selection(Strict):
+    """Which of the federation that exists trains a run: the sites (edges) registered with the cloud, and the devices
+    registered at them. Without it, a run is the simulated federation of data.num_clients clients over
+    topology.num_edges edges."""
+
+    sites: Literal["all"] | list[SiteName] | LabelSelector = Field(
+        "all", description="all, a list of site names, or a label selector such as {\"region\": \"eu\"}")
+    devices: Literal["all"] | LabelSelector = Field("all", description="all, or a label selector of devices")
+    min_devices: int = Field(1, ge=1, le=10**7, description="devices registered at the selected sites for the run "
+                             "to leave `waiting`")
+    start_timeout_s: float = Field(600.0, gt=0, le=7 * 86400, description="how long the run may wait for them "
+                                   "before it fails")
+    # The selected sites' edge ids, resolved by the cloud from its site registry when the run is created.
+    edge_ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, max_length=10_000)
+
+    @property
+    def device_selector(self) -> dict[str, str] | None:
+        return None if self.devices == "all" else self.devices
+
+    def takes_site(self, name: str, labels: dict[str, str]) -> bool:
+        if self.sites == "all":
+            return True
+        return name in self.sites if isinstance(self.sites, list) else matches(labels, self.sites)
+
+
 class RunConfig(Strict):
     # The largest JSON body POST /runs reads (413 beyond): a config is a few KiB; user code's options
     # and params have room, a data set does not.
@@ -324,6 +362,13 @@ class RunConfig(Strict):
                                            "the cloud")
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy: DP-FedAvg and DP-SGD")
 
+    selection: Selection | None = Field(None, description=(
+        "which registered sites and devices train (unset: the simulated federation of data.num_clients clients "
+        "over topology.num_edges edges)"))
+    max_samples_per_device: int | None = Field(None, ge=1, le=10**12, description=(
+        "A device's sample count cannot be checked where its data is its own: its claims weigh at most this many "
+        "(unset: the edge's max_client_samples, if any). Robust aggregation (aggregation.edge/cloud) is the "
+        "defence against a device that claims the most it may."))
     @model_validator(mode="before")
     @classmethod
     def _default_buffer_size(cls, data: Any) -> Any:
@@ -354,19 +399,38 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
+        if self.selection is not None:
+            self._check_selection()
         _check_finite(self.params, "params")
         if self.model.name in ("cnn", "flower_cnn") and self.data.dataset in ("synthetic", "mnist1d"):
             raise ValueError(f"the {self.model.name} needs images; {self.data.dataset} has 1-D features "
                              "(use logreg or mlp)")
-        if self.data.num_clients < self.topology.num_edges:
+        if self.selection is None and self.data.num_clients < self.topology.num_edges:
             raise ValueError("every edge needs at least one client")
         strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)
         if strangers:
             raise ValueError(f"dvfs.clients names clients {strangers} outside 0..{self.data.num_clients - 1}")
         return self
 
+    def _check_selection(self) -> None:
+        if self.algorithm not in SELECTABLE_ALGORITHMS:
+            takes = ", ".join(sorted(SELECTABLE_ALGORITHMS))
+            raise ValueError(f"a run over registered devices (selection) takes {takes}; {self.algorithm} keeps a "
+                             "memory per client of a simulated roster")
+        if self.privacy.noise != "off" or self.aggregation.edge != "mean" or self.dvfs.clients:
+            raise ValueError("a run over registered devices (selection) takes no privacy accounting, no edge-level "
+                             "robust aggregation and no per-client dvfs: each counts a simulated roster")
+
+    def edge_ids(self) -> list[int]:
+        """The run's edges: the sites its selection resolved to, or the simulated federation's 0 … L−1."""
+        if self.selection is not None and self.selection.edge_ids is not None:
+            return list(self.selection.edge_ids)
+        return list(range(self.topology.num_edges))
+
     def clients_of_edge(self, edge_index: int) -> list[int]:
-        """Client indices an edge serves: round-robin over edges, so edge l has k ≡ l (mod L)."""
+        """The simulated federation's members of edge l: round-robin, k ≡ l (mod L). A launcher's binding (fedctl
+        starts client k's process at edge k mod L; the reference runner replays it), not the protocol's: the edge
+        service's members are the devices registered at it, which it declares with each contribution."""
         return list(range(edge_index, self.data.num_clients, self.topology.num_edges))
 
     def edge_of_client(self, client_id: int) -> int:

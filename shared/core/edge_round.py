@@ -41,14 +41,17 @@ class EdgeRoundOutcome:
 
 async def run_edge_round(
     algorithm: Algorithm, global_: Record, version: int, edge_id: int, edge_state: Record, train: Train,
-    offload: Offload = _inline,
+    offload: Offload = _inline, members: list[int] | None = None,
 ) -> EdgeRoundOutcome:
+    """`members`: the run's devices at this edge for this round, which it selects from (the edge service: those
+    registered there; None: the simulated federation's, RunConfig.clients_of_edge, as the reference runner has)."""
     config = algorithm.config
+    pool = config.clients_of_edge(edge_id) if members is None else members
     kappa = config.topology.edge_rounds
     edge_global, all_results = global_, list[ClientResult]()
     for e in range(kappa):
         r = client_round(config, version, e)
-        chosen = algorithm.select(config.clients_of_edge(edge_id), r, edge_id)
+        chosen = algorithm.select(pool, r, edge_id)
         results = await train(await offload(_tasks, algorithm, edge_global, chosen, r))
         aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r)
         all_results.extend(x for x in results if aggregate.clients is None or x.client_id in aggregate.clients)

@@ -33,12 +33,29 @@ Figure = Annotated[float, BeforeValidator(_nan_from_null),
                    WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
 
 
+# Free-form key=value labels of a site or a device (e.g. region=eu), which a run's selection may name.
+Labels = Annotated[dict[Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_./-]+$")],
+                        Annotated[str, Field(max_length=63)]], Field(max_length=32)]
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """Labels written as "region=eu,tier=gold" (a setting, a command line); ValueError for a malformed one."""
+    labels: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"label {item!r} is not key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
 # Far above any real data set, and small enough that weights stay finite floats.
 MAX_SAMPLES = 10**12
 
 
 class RunStatus(str, Enum):
     created = "created"
+    waiting = "waiting"  # started, waiting for the devices its selection needs (RunConfig.selection)
     running = "running"
     paused = "paused"
     stopped = "stopped"
@@ -99,6 +116,13 @@ class ClientFailure(Message):
     error: str = FailureText
 
 
+class Member(Message):
+    """A device among a run's members at an edge for one round."""
+
+    client_id: int = Id
+    num_samples: int | None = Field(None, ge=0, le=MAX_SAMPLES)
+
+
 class EdgeContributionHeader(Message):
     run_id: str = Field(min_length=1, max_length=64)
     edge_id: int = Id
@@ -108,6 +132,9 @@ class EdgeContributionHeader(Message):
     clients: list[ClientParticipation] = Field(min_length=1)
     # Selected clients that reported they could not train their task this round.
     failures: list[ClientFailure] = Field(default_factory=list, max_length=100_000)
+    # The run's members at this edge for the round (the devices it selected from), with their sample counts
+    # where the edge knows them: the cloud checks `clients` against these. None: an edge that declares none.
+    members: list[Member] | None = Field(None, max_length=1_000_000)
 
 
 # ---- control API (admin <-> cloud) ------------------------------------------------------------

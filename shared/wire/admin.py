@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import Message, RoundRecord, RunStatus
+from fl_services.shared.core.data.summary import DataSummary
+from fl_services.shared.core.reports import Labels, Message, RoundRecord, RunStatus
 from fl_services.shared.wire.protocol import TOKEN_ID
 
 
@@ -22,6 +23,7 @@ class RunInfo(Message):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_round: RoundRecord | None = None
+    reason: str | None = None  # why it stopped, where the cloud stopped it (a selection's devices never came)
 
 
 # ---- security (admin <-> cloud, cloud -> edge) -----------------------------------------------------
@@ -48,6 +50,36 @@ class AuditRecord(Message):
     action: str  # create | start | pause | resume | stop | delete | revoke
     target: str  # the run id, or the token id
     detail: str | None = None
+
+
+# ---- the federation that exists (admin <-> cloud, operator <-> edge) --------------------------------
+class SiteInfo(Message):
+    """A site (an edge) as the cloud's site registry knows it, from its registration and its reports."""
+
+    name: str
+    edge_id: int
+    labels: Labels = Field(default_factory=dict)
+    url: str | None = None
+    registered_at: datetime
+    last_seen: datetime
+    devices: int | None = None  # registered at it, as it last reported
+    serving: str | None = None  # its last round, "run_id:version"
+
+
+DeviceState = Literal["idle", "training", "failed", "offline"]
+
+
+class DeviceInfo(Message):
+    """A device as its edge's device registry knows it."""
+
+    client_id: int
+    state: DeviceState  # training: a task of it is open; failed: it reported it could not train one
+    labels: Labels = Field(default_factory=dict)
+    summary: DataSummary | None = None
+    registered_at: datetime
+    last_seen: datetime
+    runs: list[str] = Field(default_factory=list)  # the runs whose task for it is open
+    failure: str | None = None  # why it could not train its task, while that task is on the board
 
 
 # ---- health (anyone) --------------------------------------------------------------------------

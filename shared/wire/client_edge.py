@@ -6,7 +6,16 @@ from typing import Annotated, ClassVar
 from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import MAX_SAMPLES, ClientParticipation, FailureText, Id, Message, Scalar
+from fl_services.shared.core.data.summary import DataSummary
+from fl_services.shared.core.reports import (
+    MAX_SAMPLES,
+    ClientParticipation,
+    FailureText,
+    Id,
+    Labels,
+    Message,
+    Scalar,
+)
 
 
 # ---- client -> edge ---------------------------------------------------------------------------
@@ -17,6 +26,10 @@ class ClientRegistration(Message):
     capabilities: dict[Annotated[str, Field(max_length=64)],
                        Annotated[str, Field(max_length=200)] | bool | int | Scalar] = Field(default_factory=dict,
                                                                                              max_length=64)
+    # A device describes itself: free-form labels a run's device selection may name, and its data as it
+    # summarised it (no samples leave it). Unset from a simulation worker, whose data is a run's partition.
+    labels: Labels = Field(default_factory=dict)
+    summary: DataSummary | None = None
 
 
 class ClientResultHeader(ClientParticipation):

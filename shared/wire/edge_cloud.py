@@ -6,14 +6,26 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import Id, Message
+from fl_services.shared.core.reports import Id, Labels, Message
 
 
 # ---- edge -> cloud ----------------------------------------------------------------------------
 class EdgeRegistration(Message):
-    max_body_bytes: ClassVar[int] = 4 * 2**10
+    """An edge's registration, repeated as its site report: who it is, where it is, what it serves."""
+
+    max_body_bytes: ClassVar[int] = 8 * 2**10
     edge_id: int = Id
     url: str | None = Field(None, max_length=500)
+    # The site: a stable name (unset: edge-<edge_id>) and labels a run's selection may name.
+    name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    labels: Labels = Field(default_factory=dict)
+    # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
+    devices: int | None = Field(None, ge=0, le=10**7)
+    serving: str | None = Field(None, max_length=200)
+
+    @property
+    def site_name(self) -> str:
+        return self.name or f"edge-{self.edge_id}"
 
 
 # ---- cloud -> edge ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ class Meta(StrEnum):
     created_at = "created_at"  # ISO timestamps
     started_at = "started_at"
     finished_at = "finished_at"
+    reason = "reason"  # why the cloud stopped it, where it did
 
 
 class Entry(StrEnum):
@@ -47,6 +48,10 @@ class Keys:
     @property
     def edges(self) -> str:  # hash edge_id -> registration JSON
         return f"{self.prefix}:edges"
+
+    @property
+    def sites(self) -> str:  # hash site name -> SiteInfo JSON (the site registry)
+        return f"{self.prefix}:sites"
 
     @property
     def audit(self) -> str:  # capped stream of AuditRecord JSON: who did what to which run or token

@@ -1,12 +1,12 @@
-"""What the cloud records beside its runs, in Redis: the edge registry (a hash), the audit log (a capped stream)
-and the revoked device tokens (a hash) (Redis-specific)."""
+"""What the cloud records beside its runs, in Redis: the edge registry and the site registry (hashes), the audit log
+(a capped stream) and the revoked device tokens (a hash) (Redis-specific)."""
 from __future__ import annotations
 
 import json
 
-from fl_services.cloud.storage.ports import now
-from fl_services.cloud.storage.redis.base import RedisBase
-from fl_services.shared.wire.admin import AuditRecord, RevokedToken
+from fl_services.cloud.storage.ports import now, site_record
+from fl_services.cloud.storage.redis.base import RedisBase, text
+from fl_services.shared.wire.admin import AuditRecord, RevokedToken, SiteInfo
 from fl_services.shared.wire.edge_cloud import EdgeRegistration
 
 
@@ -20,6 +20,22 @@ class RedisRecords(RedisBase):
 
     async def registered_edges(self) -> set[int]:
         return {int(edge_id) for edge_id in await self.r.hkeys(self.k.edges)}
+
+    async def report_site(self, reg: EdgeRegistration) -> SiteInfo:
+        earlier = await self.r.hget(self.k.sites, reg.site_name)
+        record = site_record(reg, SiteInfo.model_validate_json(earlier) if earlier is not None else None)
+        renamed = [name for name, site in (await self.r.hgetall(self.k.sites)).items()
+                   if SiteInfo.model_validate_json(site).edge_id == reg.edge_id and text(name) != record.name]
+        async with self.r.pipeline(transaction=True) as pipe:
+            if renamed:
+                pipe.hdel(self.k.sites, *renamed)
+            pipe.hset(self.k.sites, record.name, record.model_dump_json())
+            await pipe.execute()
+        return record
+
+    async def sites(self) -> list[SiteInfo]:
+        records = [SiteInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.sites)).values()]
+        return sorted(records, key=lambda site: site.name)
 
     async def audit(self, record: AuditRecord, max_entries: int) -> None:
         # Trimmed as Redis finds cheapest (whole nodes): about max_entries are kept, never fewer.

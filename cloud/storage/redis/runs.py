@@ -73,6 +73,7 @@ class RedisRuns(RedisBase):
             created_at=datetime.fromisoformat(meta[Meta.created_at]),
             started_at=datetime.fromisoformat(meta[Meta.started_at]) if Meta.started_at in meta else None,
             finished_at=datetime.fromisoformat(meta[Meta.finished_at]) if Meta.finished_at in meta else None,
+            reason=meta.get(Meta.reason),
             last_round=RoundRecord.model_validate_json(last) if last else None,
         )
 
@@ -82,16 +83,19 @@ class RedisRuns(RedisBase):
     async def active_runs(self) -> list[str]:
         return sorted(text(x) for x in await self.r.smembers(self.k.active))
 
-    async def transition(self, run_id: str, action: Action) -> RunStatus:
+    async def transition(self, run_id: str, action: Action, reason: str | None = None) -> RunStatus:
         def change(p: Pipeline, current: RunStatus) -> RunStatus:
             target = allowed(action, current)
             meta_key = self.k.meta(run_id)
             p.hset(meta_key, Meta.status, target.value)
-            if action == "start":
+            if action in ("start", "wait"):
                 p.hset(meta_key, Meta.started_at, now().isoformat())
+            if action in ("start", "admit"):
                 p.sadd(self.k.active, run_id)
             if action == "stop":
                 p.hset(meta_key, Meta.finished_at, now().isoformat())
+                if reason is not None:
+                    p.hset(meta_key, Meta.reason, reason)
                 p.srem(self.k.active, run_id)
             return target
 

@@ -534,3 +534,30 @@ async def test_migrating_an_empty_store_keeps_it_empty_and_working(store: Store)
     assert await store.run_ids() == [] and await store.active_runs() == []
     run_id = await new_run(store)
     assert await store.active_runs() == [run_id]
+
+
+# ---- the site registry ---------------------------------------------------------------------------------------
+async def test_a_site_is_kept_by_name_with_its_labels_and_reports(store: Store) -> None:
+    first = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
+                                                     labels={"region": "eu"}, devices=0))
+    later = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
+                                                     labels={"region": "eu"}, devices=5, serving="r1:4"))
+    await store.report_site(EdgeRegistration(edge_id=1))  # no name: edge-1
+    sites = await store.sites()
+    assert [s.name for s in sites] == ["edge-1", "lyon"]
+    assert sites[1] == later and later.registered_at == first.registered_at and later.last_seen >= first.last_seen
+    assert (later.edge_id, later.labels, later.url, later.devices, later.serving) == (3, {"region": "eu"},
+                                                                                        "http://a:1", 5, "r1:4")
+
+
+async def test_a_site_name_belongs_to_one_edge(store: Store) -> None:
+    await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
+    with pytest.raises(Conflict, match="edge 0's, not edge 1's"):
+        await store.report_site(EdgeRegistration(edge_id=1, name="lyon"))
+    assert [(s.name, s.edge_id) for s in await store.sites()] == [("lyon", 0)]
+
+
+async def test_a_renamed_edge_leaves_its_old_name(store: Store) -> None:
+    await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
+    await store.report_site(EdgeRegistration(edge_id=0, name="paris", labels={"tier": "gold"}))
+    assert [(s.name, s.labels) for s in await store.sites()] == [("paris", {"tier": "gold"})]
