@@ -4,8 +4,9 @@ and the in-process reference runner that the services must equal. Imports neithe
 The names below load on first use (torch and the data sets are heavy; a command's --help should not wait)."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fl_services.shared.runtime.lazy import exports
 
 _HOMES = {
     "RunConfig": "config", "DataConfig": "config", "ModelConfig": "config", "LocalTrainingConfig": "config",
@@ -38,7 +39,4 @@ if TYPE_CHECKING:
     from fl_services.shared.core.tensors import Tensors
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+__getattr__ = exports(__name__, _HOMES)

@@ -63,11 +63,6 @@ def hold_out(indices: np.ndarray, share: float, rng: np.random.Generator) -> tup
     return indices[~held_out], indices[held_out]
 
 
-def shape_text(shape: tuple[int, ...]) -> str:
-    """A sample shape as written in a data source's options: 1x28x28."""
-    return "x".join(str(d) for d in shape) or "()"
-
-
 # The largest finite float32: a larger value of a wider type becomes infinite when a sample is made float32.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _INT64_MAX = int(np.iinfo(np.int64).max)

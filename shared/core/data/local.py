@@ -24,7 +24,6 @@ from fl_services.shared.core.data.arrays import (
     as_pair,
     check_samples,
     hold_out,
-    shape_text,
     to_dataset,
 )
 from fl_services.shared.core.data.specs import (
@@ -35,7 +34,7 @@ from fl_services.shared.core.data.specs import (
     ImportSpec,
     NpzSpec,
 )
-from fl_services.shared.core.data.summary import DataSummary, summarize
+from fl_services.shared.core.data.summary import DataSummary, shape_text, summarize
 from fl_services.shared.core.user_code import call
 
 Arrays = tuple[np.ndarray, np.ndarray]

@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError, model_validator
 
 from fl_services.shared.core.config import DataConfig, is_import_path
-from fl_services.shared.core.data.arrays import shape_text
+from fl_services.shared.core.data.summary import shape_text
 
 DEFAULT_HELD_OUT = 0.2
 # The largest height x width an image source resizes to (4096 x 4096): far beyond what a device trains on.

@@ -2,10 +2,12 @@
 run trains."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from fl_services.shared.core.data.arrays import ArrayDataset, shape_text
+if TYPE_CHECKING:
+    from fl_services.shared.core.data.arrays import ArrayDataset
 
 _LABELS_SHOWN = 5
 
@@ -31,7 +33,14 @@ class RunTask(BaseModel):
     num_classes: int = Field(ge=1)
 
 
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A sample shape as written in a data source's options: 1x28x28."""
+    return "x".join(str(d) for d in shape) or "()"
+
+
 def summarize(train: ArrayDataset, held_out: ArrayDataset) -> DataSummary:
+    import torch  # here: a message carrying a summary is read where torch is not loaded
+
     labels, counts = torch.unique(train.y, return_counts=True)
     return DataSummary(
         samples=len(train),
