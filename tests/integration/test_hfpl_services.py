@@ -137,3 +137,43 @@ def test_a_killed_edge_restarts_with_its_client_memory(three_edges):
     model = api.model(run_id)
     for name, value in reference.global_state.items():
         assert torch.allclose(model[name].to(value.dtype), value, atol=1e-4), name
+
+
+LEVERS = {"momentum": 0.5, "proto_distance": "mean", "proto_weight": 1.0, "inference": "nearest_prototype",
+          "own_classes": True, "staleness": "fedbuff"}
+
+
+# Either G other than the default: the cosine one, or the mlp one, whose hidden layer travels in the task.
+@pytest.mark.parametrize("classifier", [{"classifier": "cosine", "classifier_scale": 8.0},
+                                        {"classifier": "mlp", "classifier_width": 16}], ids=["cosine", "mlp"])
+def test_the_levers_travel_through_the_services_and_equal_the_reference(three_edges, classifier):
+    """Every lever of docs/benchmarks/fedproto-protocol.md set at once, asynchronously: the services' model and
+    every client's reported figures equal the in-process reference replaying the same buffers, and differ from
+    the run without the levers. Over processes: in the federation tier's one process this run once differed
+    from the reference under load, a cause not yet found (docs/how-to-run-the-tests.md)."""
+    topology, api = three_edges
+    # 14 updates, as in the crash test above: enough for the slow edge's triples to be consumed stale.
+    config = RunConfig(name="hfpl-levers", rounds=14, topology={"num_edges": 3, "buffer_size": 2},
+                       **{**CONFIG, "params": {**CONFIG["params"], **LEVERS, **classifier}})
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    final = api.wait(run_id, timeout_s=300)
+    assert final.status == RunStatus.finished
+    history = api.history(run_id)
+    # The slow edge's triples usually arrive stale (the crash test above asserts it); on a loaded machine the
+    # arrival order can differ, so the staleness rule is checked by hand in test_hfpl.py, and here only
+    # through the equality whatever the schedule.
+    schedule = schedule_of(history)
+    reference = run_reference(config, schedule=schedule)
+    model = api.model(run_id)
+    assert model.keys() == reference.global_state.keys()  # the mlp G's hidden layer too
+    for name, value in reference.global_state.items():
+        assert torch.allclose(model[name].to(value.dtype), value, atol=1e-4), name
+    for got, want in zip(history, reference.history, strict=True):
+        assert [c.client_id for c in got.clients] == [c.client_id for c in want.clients]
+        for mine, theirs in zip(got.clients, want.clients, strict=True):
+            assert mine.metrics == pytest.approx(theirs.metrics, abs=1e-6)
+            # Nearest-prototype inference: once C̄ exists, the reported accuracy is that rule's.
+            assert "proto_accuracy" not in mine.metrics or mine.metrics["accuracy"] == mine.metrics["proto_accuracy"]
+    plain = run_reference(config.model_copy(update={"params": CONFIG["params"]}), schedule=schedule)
+    assert not torch.allclose(plain.global_state["prototypes"], reference.global_state["prototypes"])
