@@ -100,7 +100,11 @@ def start_joiner(topo, data) -> Service:
 
 def test_sites_and_devices_are_registered_with_what_they_declare(sites):
     topo, api, _ = sites
-    found = wait_for(lambda: [s for s in api.sites() if s.devices == 2] if len(api.sites()) == 2 else None)
+    def both_report_their_devices():  # each site's count arrives with its own next report
+        listed = api.sites()
+        return listed if len(listed) == 2 and all(s.devices == 2 for s in listed) else None
+
+    found = wait_for(both_report_their_devices)
     assert [(s.name, s.edge_id, s.labels) for s in found] == [("boston", 1, {"region": "us"}),
                                                               ("lyon", 0, {"region": "eu", "tier": "gold"})]
     assert all(s.url == topo.edges[s.edge_id].address() or s.url is None for s in found)
