@@ -39,8 +39,12 @@ class Cloud:
             raise SystemExit(f"deploy-run: {method} {path}: {error.code} {error.read()[:500]!r}") from None
 
     def json(self, method: str, path: str, body: Any = None, timeout: float = 120) -> Any:
-        # json.loads reads the literal NaN the API may send for a figure not yet evaluated.
-        return json.loads(self.call(method, path, body, timeout)[1])
+        # Strict JSON, as the API promises: a figure not yet evaluated is null, never NaN.
+        return json.loads(self.call(method, path, body, timeout)[1], parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"the API sent {name}, which is not JSON")
 
 
 def main() -> int:
@@ -73,8 +77,8 @@ def main() -> int:
         last = info.get("last_round")
         if info["version"] > seen and last:
             seen = info["version"]
-            # NaN where the model was not evaluated after this round (the config's eval_every)
-            evaluated = last["test_accuracy"] == last["test_accuracy"]
+            # null until the cloud has evaluated the round's model (evaluation runs off the critical path)
+            evaluated = last["test_accuracy"] is not None
             figures = f"accuracy {last['test_accuracy']:.4f}" if evaluated else "not evaluated"
             print(f"deploy-run: version {seen}/{rounds}: {figures}, {time.monotonic() - started:.1f} s", flush=True)
         if info["status"] in ("finished", "stopped"):
@@ -88,7 +92,7 @@ def main() -> int:
 
     history = cloud.json("GET", f"/api/v1/runs/{run_id}/history")
     _, model, headers = cloud.call("GET", f"/api/v1/runs/{run_id}/model")
-    accuracy = history[-1]["test_accuracy"] if history else float("nan")
+    accuracy = history[-1]["test_accuracy"] if history and history[-1]["test_accuracy"] is not None else float("nan")
     failures = []
     if info["status"] != "finished":
         failures.append(f"status {info['status']}, not finished")
