@@ -35,6 +35,9 @@ class EdgeMetrics(ServiceMetrics):
                                        registry=r)
         self.samples = Counter("fl_client_samples", "Training samples clients report with their accepted results",
                                registry=r)
+        self.device_tokens_refused = self.refusals(
+            "fl_edge_device_tokens_refused", "Requests refused for their device token, by reason: invalid, revoked, "
+            "other_site (a token bound to another site)", ("invalid", "revoked", "other_site"))
         self.clients = Gauge("fl_edge_clients_connected", "Logical clients registered with this edge", registry=r)
         self.outstanding = Gauge("fl_edge_tasks_outstanding", "Tasks of the current round not answered yet",
                                  registry=r)
