@@ -21,6 +21,7 @@ class EdgeRegistration(Message):
     labels: Labels = Field(default_factory=dict)
     # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
     devices: int | None = Field(None, ge=0, le=10**7)
+    connected: int | None = Field(None, ge=0, le=10**7)  # of those, the devices heard from lately (not offline)
     serving: str | None = Field(None, max_length=200)
 
     @property
