@@ -31,6 +31,10 @@ class CloudMetrics(ServiceMetrics):
         self.version = Gauge("fl_cloud_global_version", "Version of the run's global state", ["run_id"], registry=r)
         self.buffered = Gauge("fl_cloud_buffer_depth", "Contributions waiting in the run's buffer", ["run_id"],
                               registry=r)
+        self.site_devices = Gauge("fl_cloud_site_devices_registered", "Devices registered at each site, as its last "
+                                  "site report said", ["site"], registry=r)
+        self.site_connected = Gauge("fl_cloud_site_devices_connected", "Devices connected (not offline) at each "
+                                    "site, as its last site report said", ["site"], registry=r)
         self.observe_route("POST", CONTRIBUTIONS_ROUTE, self._contribution)
 
     def _contribution(self, status: int, outcome: str | None, path_params: dict) -> None:
@@ -45,10 +49,18 @@ class CloudMetrics(ServiceMetrics):
             runs = (await store.run_ids())[-RUNS_SHOWN:]
             runs += [run_id for run_id in await store.active_runs() if run_id not in runs]
             infos = await store.infos(runs)  # all read before any gauge changes
+            sites = await store.sites()
             self.version.clear()
             self.buffered.clear()
             for info in infos:
                 self.version.labels(info.run_id).set(info.version)
                 self.buffered.labels(info.run_id).set(info.buffered)
+            self.site_devices.clear()
+            self.site_connected.clear()
+            for site in sites:  # an edge that reports no count has no series
+                if site.devices is not None:
+                    self.site_devices.labels(site.name).set(site.devices)
+                if site.connected is not None:
+                    self.site_connected.labels(site.name).set(site.connected)
 
         self.before_scrape(refresh)

@@ -19,6 +19,7 @@ from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
+from fl_services.edge.services.devices import connected_devices, offline_after_s
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
@@ -225,6 +226,8 @@ class EdgeRoundLoop:
         serving = self.serving
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
+                                connected=connected_devices(board=self.board,
+                                                            offline_after_s=offline_after_s(self.settings)),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None)
 
     async def register(self) -> None:

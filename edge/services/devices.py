@@ -4,8 +4,21 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
+from fl_services.edge.config import EdgeSettings
 from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.wire.admin import DeviceInfo, DeviceState
+
+
+def offline_after_s(settings: EdgeSettings) -> float:
+    """How long a device goes unheard before it is offline: two long-polls without a word (a polling device asks
+    again at the latest when one ends)."""
+    return 2 * settings.long_poll_max_s + 5
+
+
+def connected_devices(*, board: TaskBoard, offline_after_s: float) -> int:
+    """The registered devices heard from (registration, task poll, result) within `offline_after_s`."""
+    now = time.time()
+    return sum(1 for k in board.clients if now - board.last_seen.get(k, now) <= offline_after_s)
 
 
 def list_devices(*, board: TaskBoard, offline_after_s: float) -> list[DeviceInfo]:

@@ -25,7 +25,13 @@ from fl_services.shared.core.cloud_round import round_record, run_cloud_round
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
-from fl_services.shared.core.federation import initial_model, local_job, participation
+from fl_services.shared.core.federation import (
+    evaluate_held_out,
+    initial_model,
+    local_job,
+    participation,
+    site_evaluation,
+)
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import RoundRecord
 from fl_services.shared.core.tensors import Tensors
@@ -56,9 +62,11 @@ class InProcessClients:
         results = []
         for t in tasks:
             job = local_job(self.algorithm.config, t.client_id, t.round, self.data.clients[t.client_id])
+            evaluation = evaluate_held_out(self.algorithm, job, t.tensors)
             update = self.algorithm.local_update(job, t.tensors, self.states.get(t.client_id, {}))
             self.states[t.client_id] = update.state
-            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics))
+            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics,
+                                        evaluation=evaluation))
         return results
 
 
@@ -116,9 +124,10 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
         consumed = [pending.pop(e) for e in arrived]
         now = max([now, *(p.done_at for p in consumed)])
         contributions = [
-            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight,
-                         tuple(participation(p.outcome.results)))
+            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight, clients,
+                         evaluation=site_evaluation(clients))
             for e, p in zip(arrived, consumed, strict=True)
+            for clients in [tuple(participation(p.outcome.results))]
         ]
         outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)

@@ -63,6 +63,7 @@ class SiteInfo(Message):
     registered_at: datetime
     last_seen: datetime
     devices: int | None = None  # registered at it, as it last reported
+    connected: int | None = None  # of those, heard from lately (not offline), as it last reported
     serving: str | None = None  # its last round, "run_id:version"
 
 

@@ -21,11 +21,17 @@ class EdgeRegistration(Message):
     labels: Labels = Field(default_factory=dict)
     # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
     devices: int | None = Field(None, ge=0, le=10**7)
+    connected: int | None = Field(None, ge=0, le=10**7)  # of those, the devices heard from lately (not offline)
     serving: str | None = Field(None, max_length=200)
 
     @property
     def site_name(self) -> str:
-        return self.name or f"edge-{self.edge_id}"
+        return site_name(self.name, self.edge_id)
+
+
+def site_name(name: str | None, edge_id: int) -> str:
+    """An edge's site name: its own, or edge-<edge_id> where it sets none."""
+    return name or f"edge-{edge_id}"
 
 
 # ---- cloud -> edge ----------------------------------------------------------------------------
