@@ -1,13 +1,15 @@
 """A federation of devices on hosts of their own: two sites (edges with names and labels, each in its network
-namespace) and five devices (fl-client processes, each in its network namespace with a token of its own and data
-files of its own written here: an image folder, a CSV, the rest npz; none a partition of a shared data set), all
-on one LAN with the operator's machine, where Redis and the cloud run. A run over both sites refuses the device
-whose samples have the wrong shape (its reason read back over REST) and takes a device that joins mid-run from
-its next round; a second run selects one site by label.
+namespace) and five devices (fl-client processes, each in its network namespace with a token of its own, bound to
+its site, and data files of its own written here: an image folder, a CSV, the rest npz; none a partition of a
+shared data set), all on one LAN with the operator's machine, where Redis and the cloud run. A run over both sites
+refuses the device whose samples have the wrong shape (its reason read back over REST) and takes a device that
+joins mid-run from its next round; a second run selects one site by label; a third is evaluated by the devices on
+their own held-out splits.
 
 Needs root and iproute2 (CI has both); skipped where a network namespace cannot be made. Every wait is bounded."""
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from collections.abc import Iterator
@@ -20,7 +22,10 @@ import pytest
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology, Service
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import RunStatus
+from fl_services.shared.core.data.sources import open_source
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.reports import HeldOut, RunStatus
+from fl_services.shared.core.training import evaluate
 from fl_services.shared.wire.protocol import issue_device_tokens
 from tests.integration.lan import Lan, lan
 from tests.integration.test_federation_services import (
@@ -57,6 +62,7 @@ class Federation:
     workdir: Path
     edges: list[Service] = field(default_factory=list)
     devices: dict[int, Service] = field(default_factory=dict)
+    sources: dict[int, str] = field(default_factory=dict)  # each device's data spec
 
     def start_edge(self, edge_id: int) -> None:
         site = SITE_OF[edge_id]
@@ -75,7 +81,7 @@ class Federation:
 
     def start_device(self, device_id: int, source: str) -> None:
         host, edge_id, labels = DEVICES[device_id]
-        [token] = issue_device_tokens(self.client_token, [device_id]).values()
+        [token] = issue_device_tokens(self.client_token, [device_id], site=SITE_OF[edge_id]).values()
         device = Service(f"device-{device_id}", ["-m", "fl_services.client.main"], {
             "FL_CLIENT_EDGE_URL": self.edges[edge_id].address(), "FL_CLIENT_CLIENTS": str(device_id),
             "FL_CLIENT_CLIENT_TOKEN": token, "FL_CLIENT_DATA": source, "FL_CLIENT_LABELS": labels,
@@ -83,6 +89,7 @@ class Federation:
             "FL_CLIENT_LOG_LEVEL": "warning",
         }, self.workdir / f"device-{device_id}.log", prefix=self.net.prefix(host))
         self.devices[device_id] = device
+        self.sources[device_id] = source
         device.start()
 
     def registered(self, edge_id: int) -> set[int]:
@@ -141,11 +148,14 @@ def test_sites_and_devices_register_across_the_lan(federation):
     assert boston[202].summary.input_shape == (64,)
     lyon = {d.client_id: d for d in devices(fed, 0)}
     assert lyon[101].summary.samples == 32 and lyon[102].summary.samples == 24  # less the fifth each holds out
-    # A device's own token acts for that device only: it cannot list the site's devices.
-    [token] = issue_device_tokens(fed.client_token, [101]).values()
-    response = httpx.get(f"{fed.edges[0].address()}/api/v1/devices", headers={"Authorization": f"Bearer {token}"},
-                         timeout=10)
-    assert response.status_code in (401, 403)
+    # A device's own token acts for that device only, at its site only: it cannot list the site's devices, and
+    # taken to the other site it is refused, saying why.
+    [token] = issue_device_tokens(fed.client_token, [101], site="lyon").values()
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(f"{fed.edges[0].address()}/api/v1/devices", headers=bearer, timeout=10).status_code in (401, 403)
+    elsewhere = httpx.post(f"{fed.edges[1].address()}/api/v1/clients", json={"client_id": 101}, headers=bearer,
+                           timeout=10)
+    assert elsewhere.status_code == 403 and "may join site 'lyon' only" in elsewhere.text
 
 
 def test_a_run_over_both_sites_refuses_the_misfit_and_takes_the_joiner_from_its_next_round(federation):
@@ -190,3 +200,42 @@ def test_a_run_selects_one_site_by_label(federation):
     assert final.status == RunStatus.finished and final.version == config.rounds
     for h in api.history(info.run_id):
         assert h.edges == [0] and sorted(c.client_id for c in h.clients) == [101, 102] and not h.failed_clients
+
+
+def weighted(figures: list[HeldOut], field: str) -> float:
+    return sum(getattr(f, field) * f.num_samples for f in figures) / sum(f.num_samples for f in figures)
+
+
+def test_a_run_evaluated_by_the_devices_on_their_own_held_out_splits(federation):
+    fed, api = federation, federation.api
+    config = RunConfig(name="federated-eval", rounds=3, evaluation="federated",
+                       selection={"sites": "all", "min_devices": 4}, **TASK)
+    info = api.create_run(config)
+    api.action(info.run_id, "start")
+    final = api.wait(info.run_id, timeout_s=300)
+    assert final.status == RunStatus.finished and final.version == config.rounds
+    history = api.history(info.run_id)
+    # What each device registered: how many samples its own data holds out.
+    held_out = {d.client_id: d.summary.held_out_samples for edge_id in SITE_OF for d in devices(fed, edge_id)
+                if d.summary is not None}
+    for h in history:
+        assert math.isnan(h.test_accuracy)  # no test set at the cloud: the figures are the devices'
+        [evaluation] = h.federated
+        assert evaluation.version == h.round and [s.edge_id for s in evaluation.sites] == [0, 1]
+        own = {c.client_id: c.evaluation for c in h.clients}
+        assert set(own) == {101, 102, 201, JOINER} and MISFIT not in own  # the misfit trains and evaluates nothing
+        assert all(e is not None and e.num_samples == held_out[k] for k, e in own.items())
+        for site in evaluation.sites:
+            mine = [c.evaluation for c in h.clients if c.edge_id == site.edge_id and c.evaluation is not None]
+            assert site.num_samples == sum(e.num_samples for e in mine)
+            assert site.accuracy == pytest.approx(weighted(mine, "accuracy"), rel=1e-9)
+        assert evaluation.num_samples == sum(held_out[k] for k in own)
+        assert evaluation.accuracy == pytest.approx(weighted(list(evaluation.sites), "accuracy"), rel=1e-9)
+    # Version 0 is the run's initial model: each device's figures are that model on its held-out split, as
+    # computed here from the device's own files.
+    first = initial_model(config)
+    for c in history[0].clients:
+        assert c.evaluation is not None
+        _, its_held_out = open_source(fed.sources[c.client_id]).load()
+        expected = evaluate(first, its_held_out)
+        assert (c.evaluation.loss, c.evaluation.accuracy) == pytest.approx((expected.loss, expected.accuracy), abs=1e-6)
