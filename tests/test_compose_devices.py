@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -95,9 +96,15 @@ def test_each_device_is_its_own():
     assert sites == set(services_running("edge"))  # devices at every site
 
 
-def test_the_deploy_run_selects_every_device_of_the_file():
+def test_the_deploy_tier_gives_each_device_a_token_for_its_id_and_site_and_selects_them_all():
     assert RUN.selection is not None and RUN.selection.sites == "all"
     assert RUN.selection.min_devices == len(DEVICES)
-    deploy = (ROOT / ".ci" / "deploy").read_text()
-    ids = sorted(parse_ids(environment(MERGED["services"][name])["FL_CLIENT_CLIENTS"])[0] for name in DEVICES)
-    assert f'DEVICES="{" ".join(map(str, ids))}"' in deploy
+    [listed] = re.findall(r'^DEVICES="([^"]*)"$', (ROOT / ".ci" / "deploy").read_text(), re.MULTILINE)
+    expected = []
+    for name in DEVICES:
+        env = environment(MERGED["services"][name])
+        site = environment(MERGED["services"][urlsplit(env["FL_CLIENT_EDGE_URL"]).hostname])["FL_EDGE_NAME"]
+        letter = env["FL_CLIENT_CLIENT_TOKEN_FILE"].removeprefix(f"{RUN_SECRETS}device_").removesuffix("_token")
+        assert name == f"device-{letter}"
+        expected.append(f"{letter}:{env['FL_CLIENT_CLIENTS']}:{site}")
+    assert listed.split() == expected
