@@ -12,7 +12,7 @@ from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader, HeldOut
 from fl_services.shared.core.tensors import InvalidContent
 from fl_services.shared.core.training import evaluate
-from tests.federation.checks import assert_same_model, reference, run
+from tests.federation.checks import assert_same_federated, assert_same_model, reference, run
 from tests.federation.harness import federation
 
 pytestmark = pytest.mark.anyio
@@ -36,8 +36,7 @@ async def test_federated_evaluation_over_two_sites_equals_the_reference(cloud_st
         assert [f.version for f in got.federated] == [got.round]
         [fed_eval] = got.federated
         assert [s.edge_id for s in fed_eval.sites] == [0, 1]
-        assert got.federated == ref.federated
-        assert [(c.client_id, c.evaluation) for c in got.clients] == [(c.client_id, c.evaluation) for c in ref.clients]
+        assert_same_federated(got, ref)
         devices = [c.evaluation for c in got.clients]
         assert all(d is not None for d in devices)
         assert [d.num_samples for d in devices] == [len(data.clients[c.client_id].test) for c in got.clients]
@@ -64,7 +63,8 @@ async def test_federated_only_leaves_the_cloud_figures_null(cloud_storage, tmp_p
         response = await fed.cloud_request("GET", f"/api/v1/runs/{run_id}")
     expected = await reference(config)
     assert all(math.isnan(h.test_accuracy) and math.isnan(h.test_loss) for h in history)
-    assert [h.federated for h in history] == [h.federated for h in expected.history]
+    for got, ref in zip(history, expected.history, strict=True):
+        assert_same_federated(got, ref)
     assert [f.version for h in history for f in h.federated] == [0, 1]
     body = response.json()
     assert body["config"]["evaluation"] == "federated"

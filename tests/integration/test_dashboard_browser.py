@@ -269,6 +269,31 @@ def test_the_run_page_shows_each_rounds_energy_the_running_total_and_each_client
     watched.assert_clean()
 
 
+def test_the_run_page_shows_the_evaluation_mode_and_each_rounds_federated_accuracy(running, watched):
+    """A run evaluated on the cloud's test set and on the devices' held-out splits: the page names both, and its
+    history table has each round's federated accuracy (the devices', weighted by samples) as the API reports it."""
+    topology, api = running
+    config = RunConfig(name="browser-fedeval", rounds=3, model={"name": "mlp"},
+                       data={"dataset": "digits", "num_clients": 4}, local={"batch_size": 16, "lr": 0.1},
+                       evaluation="both")
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    page = watched.page
+    page.goto(f"{topology.cloud_url}/ui/run.html?id={run_id}")
+    sign_in(page, topology.admin_token)
+    expect(page.locator("#live")).to_have_text("ended", timeout=120_000)
+    expect(page.locator("#evaluation")).to_have_text("cloud test set and devices' held-out splits")
+    history = api.history(run_id)
+    assert [[f.version for f in h.federated] for h in history] == [[0], [1], [2]]
+    rows = page.locator("#history tbody tr")
+    expect(rows).to_have_count(3)
+    for h in history:  # the newest round first; the federated accuracy is the last column
+        cells = rows.nth(len(history) - h.version).locator("td")
+        expect(cells.last).to_have_text(f"{100 * h.federated[0].accuracy:.2f}%")
+    expect(page.locator("#federated-accuracy")).to_have_text(f"{100 * history[-1].federated[0].accuracy:.2f}%")
+    watched.assert_clean()
+
+
 @pytest.mark.parametrize("service", ["cloud", "edge"])
 @pytest.mark.parametrize("path, rendered", [("/docs", ".swagger-ui .info .title"), ("/redoc", "h1")])
 def test_the_api_docs_render_offline(running, browser, service, path, rendered):
