@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -96,6 +97,7 @@ class TaskBoard:
         self.clients: dict[int, ClientRegistration] = {}
         self.registered_at: dict[int, float] = {}
         self.last_seen: dict[int, float] = {}
+        self._receiving: dict[int, int] = {}  # client_id -> its result uploads arriving now
         self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
         self._posted: dict[tuple[str, int], int] = {}  # (run_id, client_id) -> when its task was posted
         self._posts = 0
@@ -128,10 +130,30 @@ class TaskBoard:
         return [run_id for run_id, tasks in self._tasks.items()
                 if (t := tasks.get(client_id)) is not None and t.result is None and t.failure is None]
 
-    def last_failure(self, client_id: int) -> str | None:
-        """What the client last reported it could not train, among the tasks still on the board."""
-        return next((t.failure for tasks in self._tasks.values()
+    def last_failure(self, client_id: int) -> tuple[str, str] | None:
+        """The run and what the client reported it could not train, among the tasks still on the board."""
+        return next(((run_id, t.failure) for run_id, tasks in self._tasks.items()
                      if (t := tasks.get(client_id)) is not None and t.failure is not None), None)
+
+    @contextmanager
+    def receiving(self, client_id: int) -> Iterator[None]:
+        """Marks the client as uploading while its result's body arrives (a large model takes a while)."""
+        self._receiving[client_id] = self._receiving.get(client_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._receiving.pop(client_id) - 1
+            if left:
+                self._receiving[client_id] = left
+
+    def uploading(self, client_id: int) -> bool:
+        return client_id in self._receiving
+
+    def tallies(self) -> list[tuple[str, int, int, int]]:
+        """Per run on the board: (run_id, its tasks, answered, reported failed and not answered)."""
+        return [(run_id, len(tasks), sum(t.result is not None for t in tasks.values()),
+                 sum(t.result is None and t.failure is not None for t in tasks.values()))
+                for run_id, tasks in sorted(self._tasks.items())]
 
     def _known(self, client_id: int) -> None:
         if client_id not in self.clients:
