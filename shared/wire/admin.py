@@ -78,7 +78,7 @@ class DeviceInfo(Message):
     """A device as its edge's device registry knows it."""
 
     client_id: int
-    state: DeviceState  # training: a task of it is open; failed: it reported it could not train one
+    state: DeviceState  # as edge_cloud.DeviceState says
     labels: Labels = Field(default_factory=dict)
     summary: DataSummary | None = None
     registered_at: datetime

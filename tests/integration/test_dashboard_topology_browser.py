@@ -14,7 +14,7 @@ from playwright.sync_api import Browser, expect
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
-from tests.integration.test_dashboard_browser import Watched, sign_in
+from tests.integration.test_dashboard_browser import Watched, screenshot, sign_in
 from tests.integration.test_dashboard_browser import browser as browser  # noqa: PLC0414 (the fixture, shared)
 from tests.integration.topology import federation, run
 
@@ -66,6 +66,7 @@ def test_the_topology_shows_the_cloud_both_sites_and_their_devices(sites, watche
             clients
         expect(site.locator(".states")).to_have_text("idle 2")
     assert [(s.name, s.status, s.devices) for s in api.sites()] == [("site-a", "online", 2), ("site-b", "online", 2)]
+    screenshot(page, "dashboard-topology.png")
     # A narrow window: the devices table scrolls in its box instead of being cut off.
     page.set_viewport_size({"width": 480, "height": 900})
     box = page.locator(".site[data-site='site-a'] .scroll")
@@ -94,6 +95,7 @@ def test_the_run_page_shows_its_sites_and_the_device_that_failed_with_its_reason
     expect(page.locator("#run-sites tbody tr[data-site='site-b']")).to_be_visible()
     expect(page.locator("#devices-verdict")).to_be_hidden()  # two of the devices trained
     expect(page.locator("#energy-chart")).to_be_hidden()  # not a DVFS run
+    screenshot(page, "dashboard-run-sites.png")
     watched.assert_clean()
 
 
@@ -116,6 +118,14 @@ def test_a_run_is_deleted_from_its_page_once_confirmed(sites, watched):
     expect(page.locator("#runs")).to_be_visible()
     expect(page.locator(f"#runs tr[data-run='{run_id}']")).to_have_count(0)
     assert run_id not in [r.run_id for r in api.runs()]
+    # From the list too: the row goes, and the run with it.
+    listed = api.create_run(CONFIG.model_copy(update={"name": "to-delete-from-the-list"})).run_id
+    row = page.locator(f"#runs tr[data-run='{listed}']")
+    expect(row).to_have_attribute("data-status", "created")
+    page.once("dialog", lambda d: d.accept())
+    row.locator("[data-action=delete]").click()
+    expect(row).to_have_count(0)
+    assert listed not in [r.run_id for r in api.runs()]
     watched.assert_clean()
 
 
