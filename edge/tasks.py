@@ -125,15 +125,19 @@ class TaskBoard:
         self.registered_at = {k: t for k, t in self.registered_at.items() if k in client_ids}
         self.last_seen = {k: t for k, t in self.last_seen.items() if k in client_ids}
 
-    def open_runs(self, client_id: int) -> list[str]:
-        """The runs whose task for the client is open (posted, neither answered nor reported failed)."""
-        return [run_id for run_id, tasks in self._tasks.items()
-                if (t := tasks.get(client_id)) is not None and t.result is None and t.failure is None]
-
-    def last_failure(self, client_id: int) -> tuple[str, str] | None:
-        """The run and what the client reported it could not train, among the tasks still on the board."""
-        return next(((run_id, t.failure) for run_id, tasks in self._tasks.items()
-                     if (t := tasks.get(client_id)) is not None and t.failure is not None), None)
+    def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str]]]:
+        """Per client: the runs whose task for it is open (posted, neither answered nor reported failed), and the
+        run and reason of a failure it reported among the tasks still on the board. One pass over the board, so
+        that a registry of 10,000 devices is read without a look per device."""
+        open_runs: dict[int, list[str]] = {}
+        failures: dict[int, tuple[str, str]] = {}
+        for run_id, tasks in self._tasks.items():
+            for client_id, t in tasks.items():
+                if t.failure is not None:
+                    failures.setdefault(client_id, (run_id, t.failure))
+                elif t.result is None:
+                    open_runs.setdefault(client_id, []).append(run_id)
+        return open_runs, failures
 
     @contextmanager
     def receiving(self, client_id: int) -> Iterator[None]:

@@ -2,6 +2,7 @@
 bounded view of it the site report carries to the cloud."""
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -27,24 +28,32 @@ def offline_after_s(settings: EdgeSettings) -> float:
     return 2 * settings.long_poll_max_s + 5
 
 
-def _state(board: TaskBoard, client_id: int, now: float, offline_s: float
-           ) -> tuple[DeviceState, list[str], tuple[str, str] | None]:
-    """The device's state, the runs whose task for it is open, and its last failure (run, reason)."""
-    runs, failure = board.open_runs(client_id), board.last_failure(client_id)
-    state: DeviceState = ("offline" if now - board.last_seen.get(client_id, now) > offline_s
-                          else "uploading" if board.uploading(client_id) else "training" if runs
-                          else "failed" if failure is not None else "idle")
-    return state, runs, failure
+class _States:
+    """Each device's state, from one read of the board."""
+
+    def __init__(self, board: TaskBoard, offline_after_s: float):
+        self.board, self.offline_after_s, self.now = board, offline_after_s, time.time()
+        self.open_runs, self.failures = board.activity()
+
+    def of(self, client_id: int) -> tuple[DeviceState, list[str], tuple[str, str] | None]:
+        """The device's state, the runs whose task for it is open, and its last failure (run, reason)."""
+        runs, failure = self.open_runs.get(client_id, []), self.failures.get(client_id)
+        silent_s = self.now - self.board.last_seen.get(client_id, self.now)
+        state: DeviceState = ("offline" if silent_s > self.offline_after_s
+                              else "uploading" if self.board.uploading(client_id) else "training" if runs
+                              else "failed" if failure is not None else "idle")
+        return state, runs, failure
 
 
 def list_devices(*, board: TaskBoard, offline_after_s: float) -> list[DeviceInfo]:
     """Every registered device, by id; one not heard from (registration, task poll, result) for `offline_after_s`
     is offline."""
-    now = time.time()
+    states = _States(board, offline_after_s)
+    now = states.now
     devices = []
     for client_id in sorted(board.clients):
         reg = board.clients[client_id]
-        state, runs, failure = _state(board, client_id, now, offline_after_s)
+        state, runs, failure = states.of(client_id)
         devices.append(DeviceInfo(client_id=client_id, state=state, labels=reg.labels, summary=reg.summary,
                                   registered_at=_utc(board.registered_at.get(client_id, now)),
                                   last_seen=_utc(board.last_seen.get(client_id, now)), runs=runs,
@@ -63,11 +72,11 @@ def site_devices(*, board: TaskBoard, offline_after_s: float
     """What a site report says of the devices: every one counted per state, the first MAX_REPORTED_DEVICES of them
     by state (failed, uploading, training, idle, offline) then id, and each run's current round here. The
     report stays the same size whatever the number of devices."""
-    now = time.time()
-    states: dict[int, tuple[DeviceState, list[str], tuple[str, str] | None]] = {
-        k: _state(board, k, now, offline_after_s) for k in board.clients}
+    read = _States(board, offline_after_s)
+    now = read.now
+    states = {k: read.of(k) for k in board.clients}
     order = {state: i for i, state in enumerate(DEVICE_STATES)}
-    listed = sorted(states, key=lambda k: (order[states[k][0]], k))[:MAX_REPORTED_DEVICES]
+    listed = heapq.nsmallest(MAX_REPORTED_DEVICES, states, key=lambda k: (order[states[k][0]], k))
     page = []
     for client_id in listed:
         state, runs, failure = states[client_id]

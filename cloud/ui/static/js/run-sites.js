@@ -8,6 +8,7 @@ const runId = new URLSearchParams(location.search).get("id");
 const failedRounds = new Map();  // version -> {round, failed_clients}: a round sent again replaces itself
 let siteNames = new Map();  // edge id -> site name
 let timer = null;
+let ended = false;  // a finished or stopped run's sites no longer change: read once more, then stop
 
 function verdictBadge() {
   let badge = document.getElementById("devices-verdict");
@@ -68,14 +69,15 @@ async function refresh() {
   } catch (error) {
     if (error instanceof ApiError && [401, 404].includes(error.status)) return;  // run.js says why
   }
-  timer = setTimeout(refresh, REFRESH_MS);
+  if (!ended) timer = setTimeout(refresh, REFRESH_MS);
 }
 
 document.addEventListener("run-update", ({ detail: update }) => {
   for (const h of update.rounds) failedRounds.set(h.version, { round: h.round, failed: h.failed_clients });
+  ended = ["finished", "stopped"].includes(update.info.status);
   // Energy is modelled for every run; the chart is about DVFS, so it shows where a DVFS policy picks frequencies.
   const dvfs = update.info.config.dvfs.policy !== "max";
   document.getElementById("energy-chart").closest("figure").hidden = !dvfs;
   drawFailures();
-  if (timer === null) refresh();
+  if (timer === null || ended) refresh();
 });
