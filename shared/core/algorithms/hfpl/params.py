@@ -49,8 +49,8 @@ class HFPLParams(BaseModel):
     @model_validator(mode="after")
     def _known(self) -> "HFPLParams":
         named = self.client_families
-        unknown = sorted(set(self.families) | set((named.values() if isinstance(named, dict) else named) or [])
-                         - FEATURE_FAMILIES.keys())
+        used = set(self.families) | set((named.values() if isinstance(named, dict) else named) or [])
+        unknown = sorted(used - FEATURE_FAMILIES.keys())
         if unknown:
             raise ValueError(f"unknown feature families {unknown}; known: {sorted(FEATURE_FAMILIES)}")
         return self
