@@ -58,8 +58,9 @@ async def assert_equals_replay(admin: Admin, run_id: str, config: RunConfig, his
     want = await reference(config, devices=devices)
     assert [[(c.client_id, c.edge_id) for c in h.clients] for h in history] == \
         [[(c.client_id, c.edge_id) for c in h.clients] for h in want.history]
-    assert [[c.members for c in h.contributions] for h in history] == \
-        [[c.members for c in h.contributions] for h in want.history]
+    # A record lists its contributions in the order they arrived: by edge, the members each edge declared.
+    assert [{c.edge_id: c.members for c in h.contributions} for h in history] == \
+        [{c.edge_id: c.members for c in h.contributions} for h in want.history]
     assert_same_model(await admin.model(run_id), want.global_state)
     for got, ref in zip(history, want.history, strict=True):
         assert got.test_accuracy == pytest.approx(ref.test_accuracy, abs=3e-3)
@@ -96,3 +97,49 @@ async def test_a_device_joining_mid_run_grows_the_memories_as_the_reference_repl
         assert all(1 <= joins[d.client_id] < config.rounds for d in late), joins
         devices = first + [Device(d.client_id, d.edge_id, d.data, d.labels, joins[d.client_id]) for d in late]
         await assert_equals_replay(fed.admin, info.run_id, info.config, history, devices)
+
+
+# Two sites: 101, 333, 517 register at edge 0, 205, 412, 640 at edge 1.
+TWO_SITES = [Device(k, i % 2, DATA.format(i), {"group": "ab"[i % 2]}) for i, k in enumerate(IDS)]
+OVER_TWO_SITES = {
+    "scaffold": {},
+    # DP-FedAvg with noise at each edge: seeded by the edge (not by k mod L), ε accounted at q = 1.
+    "fedavg-edge-noise": {"algorithm": "fedavg", "weighting": "uniform",
+                          "privacy": {"noise": "edge", "clip_norm": 1.0, "noise_multiplier": 0.05}},
+    # An edge-level robust aggregator, and one device's own DVFS model named by its id.
+    "fedprox-edge-median": {"algorithm": "fedprox", "fraction": 1.0, "aggregation": {"edge": "median"},
+                            "dvfs": {"clients": {640: {"profile": "jetson-nano"}}}},
+}
+
+
+@pytest.mark.parametrize("name", list(OVER_TWO_SITES))
+async def test_two_sites_with_privacy_robust_aggregation_and_dvfs_by_device_equal_the_reference(
+        cloud_storage, tmp_path, name):
+    config = selected(name, OVER_TWO_SITES[name])
+    async with federation(cloud_storage, tmp_path, num_clients=0, num_edges=2, devices=TWO_SITES, **FAST) as fed:
+        info = await fed.admin.create_run(config)
+        assert info.config.selection is not None and info.config.selection.edge_ids == [0, 1]
+        await fed.admin.action(info.run_id, "start")
+        history = await finished(fed.admin, info.run_id, config.rounds)
+        await assert_equals_replay(fed.admin, info.run_id, info.config, history, TWO_SITES)
+    want = await reference(info.config, devices=TWO_SITES)
+    assert [h.epsilon for h in history] == [h.epsilon for h in want.history]
+    # Each device is recorded at the site it registered at.
+    site = {d.client_id: d.edge_id for d in TWO_SITES}
+    assert all(c.edge_id == site[c.client_id] for h in history for c in h.clients)
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    ({"algorithm": "fedavg", "privacy": {"dp_sgd_noise_multiplier": 1.0}}, "takes no DP-SGD"),
+    ({"algorithm": "clusterfedvarp", "params": {"clusters": [0, 0, 1, 1, 0, 1]}}, "by device id or label"),
+    ({"algorithm": "clusterfedvarp"}, "by device id or label"),
+    ({"algorithm": "fedrolex", "params": {"capacities": [1, 1, 1, 1, 1, 1]}}, "capacities by device id"),
+    ({"algorithm": "clusterfedvarp", "params": {"clusters": {"paris": 0}}}, "neither a device id nor a label"),
+])
+async def test_what_a_run_over_registered_devices_cannot_take_is_refused_saying_why(cloud_storage, tmp_path,
+                                                                                    overrides, says):
+    async with federation(cloud_storage, tmp_path, num_clients=0, devices=DEVICES[:1], **FAST) as fed:
+        body = {**BASE, **overrides, "selection": {"sites": "all"}}
+        response = await fed.admin.http.post("/api/v1/runs", json=body)
+    assert response.status_code == 422, response.text
+    assert says in response.text
