@@ -312,7 +312,8 @@ class EdgeRoundLoop:
         before = lane.edge_state  # algorithms return new dicts: this one stays as it is
         try:
             outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
-                                           offload=asyncio.to_thread, members=membership.ids)
+                                           offload=asyncio.to_thread,
+                                           members=None if header.config.selection is None else membership.declared())
             lane.edge_state = outcome.edge_state
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:

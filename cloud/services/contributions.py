@@ -62,7 +62,8 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
         raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
                              f"more often: {repeated}")
     _check_weight(algorithm, header)
-    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
+    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id,
+                                 None if config.selection is None else len(members))
 
 
 def _members(config: RunConfig, header: EdgeContributionHeader) -> dict[int, int | None]:
