@@ -130,9 +130,18 @@ def points(page: Page) -> int:
     return int(page.locator("#accuracy-chart").get_attribute("data-points") or 0)
 
 
+def wait_until(page: Page, expression: str, timeout_s: float = 30) -> None:
+    """Until `expression` is true in the page. Not page.wait_for_function: it compiles its predicate with eval,
+    which the dashboard's Content-Security-Policy refuses (page.evaluate goes through the debugging protocol)."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true after {timeout_s} s: {expression}"
+        page.wait_for_timeout(100)
+
+
 def wait_points(page: Page, at_least: int, timeout_s: float = 120) -> int:
-    page.wait_for_function(f"Number(document.querySelector('#accuracy-chart').dataset.points || 0) >= {at_least}",
-                           timeout=timeout_s * 1000)
+    wait_until(page, f"Number(document.querySelector('#accuracy-chart').dataset.points || 0) >= {at_least}",
+               timeout_s)
     return points(page)
 
 
@@ -170,7 +179,7 @@ def test_a_run_is_created_started_watched_paused_resumed_and_stopped_from_the_pa
     held = api.run(run_id).version
     time.sleep(1.5)
     assert api.run(run_id).version == held < 100000
-    page.wait_for_function(f"Number(document.querySelector('#accuracy-chart').dataset.points) === {held}")
+    wait_until(page, f"Number(document.querySelector('#accuracy-chart').dataset.points) === {held}")
 
     page.locator("[data-action=resume]").click()
     expect(page.locator("#status")).to_have_text("running")
@@ -178,8 +187,8 @@ def test_a_run_is_created_started_watched_paused_resumed_and_stopped_from_the_pa
     assert after > before
     # The page shows what the API says: the history, the edge and the buffer against B.
     # Rounds keep arriving: the table and the chart are compared in one look, not a count read before.
-    page.wait_for_function("document.querySelectorAll('#history tbody tr').length === "
-                           "Number(document.querySelector('#accuracy-chart').dataset.points)")
+    wait_until(page, "document.querySelectorAll('#history tbody tr').length === "
+               "Number(document.querySelector('#accuracy-chart').dataset.points)")
     expect(page.locator("#edges tbody tr")).to_have_count(1)
     expect(page.locator("#edges tbody tr").first.locator("td").nth(1)).to_have_text("yes")
     expect(page.locator("#buffer")).to_contain_text("/ B = 1")
