@@ -8,6 +8,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
+from fl_services.shared.wire.admin import SiteInfo
 
 CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
 # Refusals of a contribution: the buffer's own (the storage's Conflict reasons) and those of the request.
@@ -15,6 +16,11 @@ REFUSALS = ("not_running", "future", "stale", "conflict", "key_reused", "pending
             "unreadable", "unauthorized", "not_found", "too_large", "invalid")
 # Gauges per run: the active runs and the newest runs (a finished run's last values stay visible).
 RUNS_SHOWN = 10
+
+
+def connected(site: SiteInfo) -> int:
+    """The site's devices not offline, from its report's count per state."""
+    return sum(n for state, n in site.states.items() if state != "offline")
 
 
 class CloudMetrics(ServiceMetrics):
@@ -60,7 +66,6 @@ class CloudMetrics(ServiceMetrics):
             for site in sites:  # an edge that reports no count has no series
                 if site.devices is not None:
                     self.site_devices.labels(site.name).set(site.devices)
-                if site.connected is not None:
-                    self.site_connected.labels(site.name).set(site.connected)
+                    self.site_connected.labels(site.name).set(connected(site))
 
         self.before_scrape(refresh)

@@ -340,7 +340,7 @@ class Orchestrator:
                 evaluate: bool) -> tuple[list[Contribution], CloudRoundOutcome]:
         global_, _ = decode(global_blob, GlobalStateHeader)
         cloud_state = decode_state(state_blob) if state_blob else {}
-        contributions = [contribution(e.header, decode_state(e.blob)) for e in entries]
+        contributions = [contribution(algorithm.config, e.header, decode_state(e.blob)) for e in entries]
         return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version, evaluate)
 
 

@@ -28,7 +28,9 @@ class EdgeSettings(ServerSettings):
         'The site\'s labels, e.g. "region=eu,tier=gold", registered with the cloud: a run\'s selection may name '
         "them."))
     site_report_s: float = Field(10.0, gt=0, description=(
-        "How often the edge reports to the cloud's site registry (its devices, its last round): its last seen."))
+        "How often the edge reports to the cloud's site registry (its devices per state and the first 50 of them, "
+        "each run's current round, its last round): its last seen; the cloud calls it offline after three "
+        "intervals without a report."))
     host: str = Field("127.0.0.1", description=(
         "The address to listen on. Beyond loopback (0.0.0.0, a LAN address) the development client token is "
         "refused."))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -104,6 +105,7 @@ class TaskBoard:
         self.clients: dict[int, ClientRegistration] = {}
         self.registered_at: dict[int, float] = {}
         self.last_seen: dict[int, float] = {}
+        self._receiving: dict[int, int] = {}  # client_id -> its result uploads arriving now
         self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
         self._posted: dict[tuple[str, int], int] = {}  # (run_id, client_id) -> when its task was posted
         self._posts = 0
@@ -131,15 +133,39 @@ class TaskBoard:
         self.registered_at = {k: t for k, t in self.registered_at.items() if k in client_ids}
         self.last_seen = {k: t for k, t in self.last_seen.items() if k in client_ids}
 
-    def open_runs(self, client_id: int) -> list[str]:
-        """The runs whose task for the client is open (posted, neither answered nor reported failed)."""
-        return [run_id for run_id, tasks in self._tasks.items()
-                if (t := tasks.get(client_id)) is not None and t.result is None and t.failure is None]
+    def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str]]]:
+        """Per client: the runs whose task for it is open (posted, neither answered nor reported failed), and the
+        run and reason of a failure it reported among the tasks still on the board. One pass over the board, so
+        that a registry of 10,000 devices is read without a look per device."""
+        open_runs: dict[int, list[str]] = {}
+        failures: dict[int, tuple[str, str]] = {}
+        for run_id, tasks in self._tasks.items():
+            for client_id, t in tasks.items():
+                if t.failure is not None:
+                    failures.setdefault(client_id, (run_id, t.failure))
+                elif t.result is None:
+                    open_runs.setdefault(client_id, []).append(run_id)
+        return open_runs, failures
 
-    def last_failure(self, client_id: int) -> str | None:
-        """What the client last reported it could not train, among the tasks still on the board."""
-        return next((t.failure for tasks in self._tasks.values()
-                     if (t := tasks.get(client_id)) is not None and t.failure is not None), None)
+    @contextmanager
+    def receiving(self, client_id: int) -> Iterator[None]:
+        """Marks the client as uploading while its result's body arrives (a large model takes a while)."""
+        self._receiving[client_id] = self._receiving.get(client_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._receiving.pop(client_id) - 1
+            if left:
+                self._receiving[client_id] = left
+
+    def uploading(self, client_id: int) -> bool:
+        return client_id in self._receiving
+
+    def tallies(self) -> list[tuple[str, int, int, int]]:
+        """Per run on the board: (run_id, its tasks, answered, reported failed and not answered)."""
+        return [(run_id, len(tasks), sum(t.result is not None for t in tasks.values()),
+                 sum(t.result is None and t.failure is not None for t in tasks.values()))
+                for run_id, tasks in sorted(self._tasks.items())]
 
     def _known(self, client_id: int) -> None:
         if client_id not in self.clients:

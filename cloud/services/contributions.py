@@ -64,7 +64,8 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
                              f"more often: {repeated}")
     _check_weight(algorithm, header)
     _check_evaluation(config, header)
-    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
+    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id,
+                                 None if config.selection is None else len(members))
 
 
 def _check_evaluation(config: RunConfig, header: EdgeContributionHeader) -> None:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from fl_services.shared.core import roster
 from fl_services.shared.core.algorithms import privacy
 from fl_services.shared.core.algorithms.base import Algorithm, Contribution
 from fl_services.shared.core.federation import cloud_evaluates, evaluate_global, federated_evaluations
@@ -54,7 +55,10 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
     path, once the new version is published; what it then records is the same. A run evaluated only on its
     devices (RunConfig.evaluation "federated") is never evaluated here: its figures stay NOT_EVALUATED."""
     contributions = [algorithm.from_wire(global_, c) for c in contributions]
+    # The devices its contributions declare are registered for the run from this update on (N grows).
+    cloud_state = roster.joined(algorithm.config, cloud_state, contributions)
     new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
+    new_state = roster.kept(algorithm.config, cloud_state, new_state)
     broken = non_finite(new_global)
     if broken:
         raise Diverged(version + 1, broken)
@@ -99,7 +103,8 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         ),
         contributions=[
             ContributionRecord(edge_id=c.edge_id, base_version=c.base_version, staleness=version - c.base_version,
-                               weight=c.weight)
+                               weight=c.weight,
+                               members=None if c.members is None else sorted(m.client_id for m in c.members))
             for c in contributions
         ],
         train_loss=sum(c.loss * c.num_samples for c in clients) / samples,

@@ -299,11 +299,6 @@ class PrivacyConfig(Strict):
 LabelSelector = Annotated[dict[Annotated[str, Field(min_length=1, max_length=63)],
                                 Annotated[str, Field(max_length=63)]], Field(min_length=1, max_length=32)]
 SiteName = Annotated[str, Field(min_length=1, max_length=63)]
-# Algorithms whose rounds need no roster of the run's clients (per-client server memory, per-edge client
-# counts, client indices into a partition): the ones a run over registered devices may use.
-SELECTABLE_ALGORITHMS = frozenset({"fedavg", "fedprox", "fedsgd"})
-
-
 def matches(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
     """Whether `labels` carry every key=value of `selector` (None: everything matches)."""
     return selector is None or all(labels.get(key) == value for key, value in selector.items())
@@ -413,19 +408,17 @@ class RunConfig(Strict):
                              "(use logreg or mlp)")
         if self.selection is None and self.data.num_clients < self.topology.num_edges:
             raise ValueError("every edge needs at least one client")
+        # A run over registered devices names its devices' dvfs by device id, whatever the ids.
         strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)
-        if strangers:
+        if strangers and self.selection is None:
             raise ValueError(f"dvfs.clients names clients {strangers} outside 0..{self.data.num_clients - 1}")
         return self
 
     def _check_selection(self) -> None:
-        if self.algorithm not in SELECTABLE_ALGORITHMS:
-            takes = ", ".join(sorted(SELECTABLE_ALGORITHMS))
-            raise ValueError(f"a run over registered devices (selection) takes {takes}; {self.algorithm} keeps a "
-                             "memory per client of a simulated roster")
-        if self.privacy.noise != "off" or self.aggregation.edge != "mean" or self.dvfs.clients:
-            raise ValueError("a run over registered devices (selection) takes no privacy accounting, no edge-level "
-                             "robust aggregation and no per-client dvfs: each counts a simulated roster")
+        if self.privacy.dp_sgd_noise_multiplier is not None:
+            raise ValueError("a run over registered devices (selection) takes no DP-SGD: its ε per example is "
+                             "accounted from every client's sample count before the run, which devices holding "
+                             "their own data do not give until they register")
 
     def edge_ids(self) -> list[int]:
         """The run's edges: the sites its selection resolved to, or the simulated federation's 0 … L−1."""

@@ -74,10 +74,12 @@ def local_job(config: RunConfig, client_id: int, round: int, data: ClientData) -
     )
 
 
-def contribution(header: EdgeContributionHeader, tensors: Record) -> Contribution:
-    """An accepted edge message as the cloud's update sees it."""
+def contribution(config: RunConfig, header: EdgeContributionHeader, tensors: Record) -> Contribution:
+    """An accepted edge message as the cloud's update sees it: with its declared members in a run over registered
+    devices (a simulated run's are its roster, as in the reference runner)."""
+    members = tuple(header.members) if config.selection is not None and header.members is not None else None
     return Contribution(header.edge_id, header.base_version, tensors, header.weight, tuple(header.clients),
-                        tuple(header.failures), header.evaluation)
+                        tuple(header.failures), members, header.evaluation)
 
 
 def participation(results: list[ClientResult]) -> list[ClientParticipation]:

@@ -147,6 +147,8 @@ class Member(Message):
 
     client_id: int = Id
     num_samples: int | None = Field(None, ge=0, le=MAX_SAMPLES)
+    # The labels it registered with: a cluster map may place devices by label (ClusterFedVARP's `clusters`).
+    labels: Labels = Field(default_factory=dict)
 
 
 class EdgeContributionHeader(Message):
@@ -187,6 +189,9 @@ class ContributionRecord(Message):
     base_version: int
     staleness: int
     weight: float
+    # The devices the edge selected from (a run over registered devices; None: the simulated roster): who was
+    # registered for the run at that edge in that round, from which the reference runner replays the joins.
+    members: list[int] | None = None
 
 
 class RoundRecord(Message):

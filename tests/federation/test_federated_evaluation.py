@@ -9,11 +9,12 @@ from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_federated
 from fl_services.shared.core.federation import initial_model
-from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader, HeldOut
+from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader, HeldOut, RunStatus
 from fl_services.shared.core.tensors import InvalidContent
 from fl_services.shared.core.training import evaluate
-from tests.federation.checks import assert_same_model, reference, run
+from tests.federation.checks import assert_same_federated, assert_same_model, reference, run
 from tests.federation.harness import federation
+from tests.federation.test_selected import FAST, IDS, TWO_SITES, selected
 
 pytestmark = pytest.mark.anyio
 
@@ -36,8 +37,7 @@ async def test_federated_evaluation_over_two_sites_equals_the_reference(cloud_st
         assert [f.version for f in got.federated] == [got.round]
         [fed_eval] = got.federated
         assert [s.edge_id for s in fed_eval.sites] == [0, 1]
-        assert got.federated == ref.federated
-        assert [(c.client_id, c.evaluation) for c in got.clients] == [(c.client_id, c.evaluation) for c in ref.clients]
+        assert_same_federated(got, ref)
         devices = [c.evaluation for c in got.clients]
         assert all(d is not None for d in devices)
         assert [d.num_samples for d in devices] == [len(data.clients[c.client_id].test) for c in got.clients]
@@ -64,7 +64,8 @@ async def test_federated_only_leaves_the_cloud_figures_null(cloud_storage, tmp_p
         response = await fed.cloud_request("GET", f"/api/v1/runs/{run_id}")
     expected = await reference(config)
     assert all(math.isnan(h.test_accuracy) and math.isnan(h.test_loss) for h in history)
-    assert [h.federated for h in history] == [h.federated for h in expected.history]
+    for got, ref in zip(history, expected.history, strict=True):
+        assert_same_federated(got, ref)
     assert [f.version for h in history for f in h.federated] == [0, 1]
     body = response.json()
     assert body["config"]["evaluation"] == "federated"
@@ -114,3 +115,21 @@ def test_the_cloud_refuses_a_site_evaluation_its_clients_do_not_give():
     cloud_only = registry.create(config.model_copy(update={"evaluation": "cloud"}))
     with pytest.raises(InvalidContent, match="carries no evaluation"):
         check_contribution(cloud_only, global_, header(device), tensors)
+
+
+async def test_federated_evaluation_over_registered_devices_at_two_sites_equals_the_replay(cloud_storage, tmp_path):
+    """Devices with their own ids and data sources, registered at two sites and selected by the run: each site's and
+    the run's figures are the reference's replaying those devices, and the cloud evaluates nothing."""
+    config = selected("fedeval-devices", {"algorithm": "fedavg", "evaluation": "federated"})
+    async with federation(cloud_storage, tmp_path, num_clients=0, num_edges=2, devices=TWO_SITES, **FAST) as fed:
+        info = await fed.admin.create_run(config)
+        await fed.admin.action(info.run_id, "start")
+        assert (await fed.admin.wait(info.run_id)).status == RunStatus.finished
+        history = await fed.admin.history(info.run_id)
+    want = await reference(info.config, devices=TWO_SITES)
+    assert len(history) == len(want.history) == config.rounds
+    for got, ref in zip(history, want.history, strict=True):
+        assert [[s.edge_id for s in f.sites] for f in got.federated] == [[0, 1]]
+        assert {c.client_id for c in got.clients} <= set(IDS)
+        assert_same_federated(got, ref)
+        assert math.isnan(got.test_accuracy)

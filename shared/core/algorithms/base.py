@@ -9,9 +9,10 @@ services (edge/round_loop.py, cloud/orchestrator.py) and by the in-process refer
     edge:   select(client_ids, round, edge) -> the clients that train this round
     edge:   client_task(global, k, round) -> the task record, per selected client   (sub-models go here)
     client: local_update(job, task, client_state) -> ClientUpdate   (result record + state kept per client)
-    edge:   edge_aggregate(results, edge_state, round) -> (EdgeAggregate, edge_state)   (an associative partial)
+    edge:   edge_aggregate(results, edge_state, round, edge_id) -> (EdgeAggregate, edge_state)   (a partial sum)
     edge:   [κ > 1 edge rounds: edge_round_update, then edge_contribution]
-    cloud:  cloud_update(global, contributions, cloud_state, round) -> (new global, cloud_state)   (server memory)
+    cloud:  cloud_update(global, contributions, cloud_state, round) -> (new global, cloud_state)   (server memory,
+            keyed by device: shared/core/roster.py)
     cloud:  evaluate, server_metrics(global, cloud_state) -> the round's figures for the history
 
 Everything that crosses a process boundary is a `Record`: named groups of tensors such as
@@ -37,7 +38,7 @@ from fl_services.shared.core.algorithms import aggregate
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ClientData
 from fl_services.shared.core.records import Record, RecordSpec
-from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport, HeldOut
+from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport, HeldOut, Member
 from fl_services.shared.core.selection import select_clients
 from fl_services.shared.core.tensors import MAX_ABS, Tensors
 from fl_services.shared.core.training import Evaluation
@@ -110,6 +111,9 @@ class Contribution:
     participation: tuple[ClientParticipation, ...] = ()
     # Its selected clients that reported they could not train (e.g. cannot import the run's model).
     failures: tuple[ClientFailure, ...] = ()
+    # The devices the edge selected from, with their labels (a run over registered devices: they make its roster,
+    # shared/core/roster.py); None: the simulated federation's roster at that edge.
+    members: tuple[Member, ...] | None = None
     # The site's evaluation of base_version on its clients' held-out splits (federated evaluation), if any.
     evaluation: HeldOut | None = None
 
@@ -225,10 +229,11 @@ class Algorithm(Generic[P]):
         return replace(contribution, tensors=widened)
 
     def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
-                           edge_id: int | None = None) -> None:
+                           edge_id: int | None = None, population: int | None = None) -> None:
         """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution of edge `edge_id`
         with total weight `weight`, as it travels (wire_spec): groups, names, shapes, dtypes and finiteness,
-        and, since a contribution carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS."""
+        and, since a contribution carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS.
+        `population`: the devices the edge declared as its members (None: its simulated roster)."""
         records.check(tensors, self.wire_spec(self.contribution_spec(global_, clients)))
         records.check_magnitude(tensors, MAX_ABS * weight)
 
@@ -274,8 +279,10 @@ class Algorithm(Generic[P]):
         return float(num_samples) if self.config.weighting == "samples" else 1.0
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
+        self, results: list[ClientResult], edge_state: Record, round: int, edge_id: int | None = None
     ) -> tuple[EdgeAggregate, Record]:
+        """`edge_id`: the aggregating edge (what seeds its draws: pFedMe's sample, DP noise); None: the simulated
+        roster's binding, client k at edge k mod L."""
         ordered = sorted(results, key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
         return EdgeAggregate(partial.sums, partial.weight), edge_state

@@ -150,6 +150,7 @@ function onUpdate(update, fresh) {
   drawGroups(update.groups);
   drawCharts();
   drawHistory();
+  document.dispatchEvent(new CustomEvent("run-update", { detail: update }));  // js/run-sites.js follows it too
 }
 
 // Follows the run's stream, reconnecting after a drop, until the run has ended.
