@@ -3,7 +3,8 @@
 Standard library only, so that it runs with any Python 3 (.ci/deploy runs it inside the cloud image, on the
 host network). It creates the run from a RunConfig file, starts it, waits for `finished`, then checks the
 run's history (every round numbered in turn, every edge of the run and every client in each round, no failed
-client; for a run over registered devices, its selected sites and exactly the devices FL_DEVICES names),
+client; for a run over registered devices, its selected sites and exactly the devices FL_DEVICES names; with
+federated evaluation, each round's figures from every device and site),
 the model download's version and the final accuracy against a floor. It prints one line per round and, last,
 one line of JSON with what it measured; its exit status is 0 only if every check held.
 
@@ -125,6 +126,12 @@ def main() -> int:
             failures.append(f"round {r['round']}: devices {sorted(trained)}, not {sorted(expected)}")
         if expected is None and config.get("fraction", 1.0) == 1.0 and len(r["clients"]) != clients:
             failures.append(f"round {r['round']}: {len(r['clients'])} clients, not {clients}")
+        if run["config"].get("evaluation", "cloud") != "cloud":
+            # The devices evaluated the version the round started from on their held-out splits, each site its own.
+            evaluated = [f for f in r.get("federated", []) if f["version"] == r["round"]]
+            if not evaluated or {s["edge_id"] for s in evaluated[0]["sites"]} != edges \
+                    or any(c.get("evaluation") is None for c in r["clients"]):
+                failures.append(f"round {r['round']}: federated evaluation {r.get('federated')}")
         if r.get("failed_clients"):
             failures.append(f"round {r['round']}: failed clients {r['failed_clients']}")
     version = {k.lower(): v for k, v in headers.items()}.get("x-fl-version")
@@ -132,7 +139,9 @@ def main() -> int:
         failures.append(f"model download at version {version}, not {rounds}")
     if not accuracy >= floor:
         failures.append(f"accuracy {accuracy:.4f} below the floor {floor}")
+    federated = history[-1].get("federated") if history else None
     summary = {"run_id": run_id, "status": info["status"], "rounds": len(history), "accuracy": accuracy,
+               **({"federated_accuracy": federated[0]["accuracy"]} if federated else {}),
                "floor": floor, "create_s": round(create_s, 2), "train_s": round(train_s, 1),
                "model_bytes": len(model), "ok": not failures}
     for failure in failures:
