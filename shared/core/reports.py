@@ -158,6 +158,10 @@ class ContributionRecord(Message):
     base_version: int
     staleness: int
     weight: float
+    # s(τ) its step counted with (RunConfig.topology.staleness; 1 in a synchronous run), and whether it was
+    # dropped instead, staler than topology.staleness.max.
+    staleness_weight: float = 1.0
+    dropped: bool = False
 
 
 class RoundRecord(Message):

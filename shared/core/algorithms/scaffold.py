@@ -55,6 +55,9 @@ class Scaffold(Algorithm[NoParams]):
     name = "scaffold"
     multi_edge = True
     edge_rounds = False
+    stale_refusal = ("SCAFFOLD's server control variate c moves by the clients' Δc_k, each computed against the c "
+                     "of the version its client was sent: a stale Δc_k applied to a newer c breaks c = mean c_k, "
+                     "and no staleness weight restores it")
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
