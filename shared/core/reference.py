@@ -7,11 +7,13 @@ and the same history records, except that a record lists its contributions in th
 received them, which in a service run is the order the edges happened to submit.
 
 Which edge triples each cloud update consumes is the one thing timing decides. Synchronous algorithms
-(B = L) consume every edge's triple each time. With B < L the runner either replays a `schedule` (the
-(edge, base_version) pairs of each update, e.g. read from a service run's history) or simulates
-virtual time: an edge round of edge l takes `edge_slowdown[l]` units (1 by default), triples enter the
-buffer in order of completion (ties by edge id), and an edge restarts on the version its triple
-produced, as the services' edges do.
+(B = L) consume every edge's triple each time. With B < L (an asynchronous algorithm, or FedAvg's buffered
+averaging) the runner either replays a `schedule` (the (edge, base_version) pairs of each update, e.g. read
+from a service run's history) or simulates virtual time: an edge round of edge l takes `edge_slowdown[l]`
+units (1 by default), or, with `device_time`, `edge_slowdown[l]` times its slowest client's modelled time at
+full speed (the DVFS device model, shared/core/dvfs.py: the emulated devices' wall time over
+dvfs.time_scale); triples enter the buffer in order of completion (ties by edge id), and an edge restarts
+on the version its triple produced, as the services' edges do.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Con
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_federated
+from fl_services.shared.core.dvfs import epoch_seconds
 from fl_services.shared.core.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
 from fl_services.shared.core.federation import initial_model, local_job, participation
 from fl_services.shared.core.records import Record
@@ -70,12 +73,19 @@ class _Pending:
 
 
 def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Schedule | None = None,
-                  edge_slowdown: dict[int, float] | None = None,
+                  edge_slowdown: dict[int, float] | None = None, device_time: bool = False,
                   clients: type[InProcessClients] = InProcessClients) -> ReferenceResult:
     rounds = privacy.rounds_to_run(config) if rounds is None else rounds
     if schedule is not None and len(schedule) < rounds:
         raise ValueError(f"the schedule covers {len(schedule)} updates, not {rounds}")
-    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, clients))
+    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, device_time, clients))
+
+
+def device_seconds(config: RunConfig, client_id: int, num_samples: int) -> float:
+    """Client `client_id`'s modelled time for its local training at full speed: E epochs of its samples on its
+    device (RunConfig.dvfs), in device seconds."""
+    _, profile, _ = config.dvfs.device(client_id)
+    return config.local.epochs * epoch_seconds(profile, num_samples, profile.f_max)
 
 
 def schedule_of(history: list[RoundRecord]) -> Schedule:
@@ -83,8 +93,8 @@ def schedule_of(history: list[RoundRecord]) -> Schedule:
     return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
 
 
-async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
-               slowdown: dict[int, float], clients_type: type[InProcessClients]) -> ReferenceResult:
+async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdown: dict[int, float],
+               device_time: bool, clients_type: type[InProcessClients]) -> ReferenceResult:
     algorithm = registry.create(config)
     clients = clients_type(algorithm)
     globals_ = [algorithm.init_global(initial_model(config))]
@@ -95,7 +105,9 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
         outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
                                        clients.train)
         edge_states[edge_id] = outcome.edge_state
-        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0))
+        took = max((device_seconds(config, r.client_id, r.num_samples) for r in outcome.results), default=0.0) \
+            if device_time else 1.0
+        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0) * took)
 
     result = ReferenceResult(algorithm.model_parameters(globals_[0]), globals_[0], client_states=clients.states)
     run_started = started = datetime.now(timezone.utc)

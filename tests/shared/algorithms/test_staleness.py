@@ -11,7 +11,7 @@ from fl_services.shared.core.algorithms import registry, staleness
 from fl_services.shared.core.algorithms.base import MODEL, Contribution
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
 from fl_services.shared.core.config import RunConfig, StalenessConfig
-from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reference import device_seconds, run_reference
 from fl_services.shared.core.reports import ClientParticipation
 
 SMALL = dict(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 6}, local={"lr": 0.1})
@@ -131,3 +131,18 @@ def test_the_reference_replays_buffered_averaging_in_virtual_time_deterministica
                         [(0, 4, False), (1, 4, False)], [(2, 3, True), (0, 5, False)]]
     for name, t in first.global_state.items():
         assert torch.equal(t, again.global_state[name])
+
+
+def test_the_reference_times_edge_rounds_by_their_slowest_modelled_device():
+    from tests.federation.test_buffered import CONFIG, SLOW_DEVICE, SLOW_SITE
+
+    config = CONFIG.model_copy(update={"rounds": 8})
+    per_edge = {e: max(device_seconds(config, k, 1) for k in config.clients_of_edge(e)) for e in range(3)}
+    assert per_edge[1] < per_edge[SLOW_DEVICE] < per_edge[SLOW_SITE]  # per sample: Pi 4 < XU4 LITTLE < Zero 2 W
+    result = run_reference(config, device_time=True)
+    by_edge = {e: [c.staleness for h in result.history for c in h.contributions if c.edge_id == e] for e in range(3)}
+    # Edge 1, the fast site, is in every update, mostly fresh (never more than one version behind: one update may
+    # come between its arrival and its consumption); the slow site arrives a few versions late each time.
+    assert len(by_edge[1]) == config.rounds and max(by_edge[1]) <= 1
+    assert by_edge[SLOW_SITE] and min(by_edge[SLOW_SITE]) >= 1
+    assert len(by_edge[SLOW_SITE]) <= len(by_edge[SLOW_DEVICE]) < len(by_edge[1])
