@@ -186,6 +186,11 @@ class RoundPolicy(Strict):
         0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
     )
     max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
+    answers: int | None = Field(None, ge=1, le=100_000, description=(
+        "K: an edge round closes as soon as K of its selected devices answered (buffered averaging at the "
+        "edge), the later answers dropped; more than an edge selects means all of them. Unset: it waits for "
+        "every one (or the deadline, with min_fraction). The reference runner takes the K devices of least "
+        "modelled time (dvfs), which the services match where the devices are emulated (dvfs.time_scale)"))
 
 
 # 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry

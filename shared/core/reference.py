@@ -26,8 +26,13 @@ from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Con
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_federated
-from fl_services.shared.core.dvfs import epoch_seconds
-from fl_services.shared.core.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
+from fl_services.shared.core.edge_round import (
+    ClientTask,
+    EdgeRoundOutcome,
+    device_seconds,
+    first_answers,
+    run_edge_round,
+)
 from fl_services.shared.core.federation import initial_model, local_job, participation
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import RoundRecord
@@ -81,13 +86,6 @@ def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Sch
     return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, device_time, clients))
 
 
-def device_seconds(config: RunConfig, client_id: int, num_samples: int) -> float:
-    """Client `client_id`'s modelled time for its local training at full speed: E epochs of its samples on its
-    device (RunConfig.dvfs), in device seconds."""
-    _, profile, _ = config.dvfs.device(client_id)
-    return config.local.epochs * epoch_seconds(profile, num_samples, profile.f_max)
-
-
 def schedule_of(history: list[RoundRecord]) -> Schedule:
     """The buffers a (service) run consumed, in its order, for `run_reference(schedule=...)`."""
     return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
@@ -101,9 +99,11 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
     edge_states: dict[int, Record] = {e: {} for e in range(config.topology.num_edges)}
     pending: dict[int, _Pending] = {}
 
+    async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+        return first_answers(config, await clients.train(tasks))
+
     async def start(edge_id: int, version: int, now: float) -> None:
-        outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
-                                       clients.train)
+        outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id], train)
         edge_states[edge_id] = outcome.edge_state
         took = max((device_seconds(config, r.client_id, r.num_samples) for r in outcome.results), default=0.0) \
             if device_time else 1.0

@@ -8,10 +8,11 @@ import torch
 from pydantic import ValidationError
 
 from fl_services.shared.core.algorithms import registry, staleness
-from fl_services.shared.core.algorithms.base import MODEL, Contribution
+from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
 from fl_services.shared.core.config import RunConfig, StalenessConfig
-from fl_services.shared.core.reference import device_seconds, run_reference
+from fl_services.shared.core.edge_round import device_seconds, first_answers
+from fl_services.shared.core.reference import run_reference
 from fl_services.shared.core.reports import ClientParticipation
 
 SMALL = dict(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 6}, local={"lr": 0.1})
@@ -146,3 +147,20 @@ def test_the_reference_times_edge_rounds_by_their_slowest_modelled_device():
     assert len(by_edge[1]) == config.rounds and max(by_edge[1]) <= 1
     assert by_edge[SLOW_SITE] and min(by_edge[SLOW_SITE]) >= 1
     assert len(by_edge[SLOW_SITE]) <= len(by_edge[SLOW_DEVICE]) < len(by_edge[1])
+
+
+def test_an_edge_round_closing_at_k_answers_takes_the_k_of_least_modelled_time():
+    config = RunConfig(**SMALL, policy={"answers": 2},
+                       dvfs={"clients": {0: {"profile": "rpi-zero-2w"}, 3: {"profile": "odroid-xu4-a7"}}})
+    results = [ClientResult(k, n, 0.0, {}) for k, n in ((0, 10), (1, 10), (2, 30), (3, 5), (4, 10))]
+    # Per sample: Pi 4 3.7 ms, XU4 LITTLE 9.9 ms, Zero 2 W 11.5 ms: clients 1 and 4 (37 ms, ties by id) lead 3
+    # (50 ms), 2 (112 ms) and 0 (115 ms).
+    assert [r.client_id for r in first_answers(config, results)] == [1, 4]
+    everyone = [0, 1, 2, 3, 4]
+    assert [r.client_id for r in first_answers(RunConfig(**SMALL, policy={"answers": 9}), results)] == everyone
+    assert [r.client_id for r in first_answers(RunConfig(**SMALL), results)] == everyone
+
+
+def test_an_edge_round_needs_at_least_one_answer():
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        RunConfig(**SMALL, policy={"answers": 0})
