@@ -49,6 +49,10 @@ class ReferenceResult:
     history: list[RoundRecord] = field(default_factory=list)
     client_states: dict[int, Record] = field(default_factory=dict)
     cloud_state: Record = field(default_factory=dict)
+    # Per update, in virtual time: when it happened (the last of its contributions in), and how many client tasks
+    # the edges had set by then, answered or not (what a benchmark counts as client work).
+    virtual_times: list[float] = field(default_factory=list)
+    client_tasks: list[int] = field(default_factory=list)
 
 
 class InProcessClients:
@@ -98,8 +102,10 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
     globals_ = [algorithm.init_global(initial_model(config))]
     edge_states: dict[int, Record] = {e: {} for e in range(config.topology.num_edges)}
     pending: dict[int, _Pending] = {}
+    tasks_set = [0]  # client tasks the edges have set so far
 
     async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+        tasks_set[0] += len(tasks)
         return first_answers(config, await clients.train(tasks))
 
     async def start(edge_id: int, version: int, now: float) -> None:
@@ -135,6 +141,8 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
         outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)
         result.history.append(round_record(version, contributions, outcome, started, run_started, finished))
+        result.virtual_times.append(now)
+        result.client_tasks.append(tasks_set[0])
         globals_.append(outcome.global_)
         result.global_state, result.global_record = algorithm.model_parameters(outcome.global_), outcome.global_
         result.cloud_state, started = outcome.cloud_state, finished

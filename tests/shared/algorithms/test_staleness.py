@@ -130,6 +130,10 @@ def test_the_reference_replays_buffered_averaging_in_virtual_time_deterministica
     assert schedule == [[(0, 0, False), (1, 0, False)], [(0, 1, False), (1, 1, False)],
                         [(2, 0, True), (0, 2, False)], [(1, 2, False), (0, 3, False)],
                         [(0, 4, False), (1, 4, False)], [(2, 3, True), (0, 5, False)]]
+    # Each update when its last contribution came in; 2 tasks per edge round, 3 edge rounds set at the start and
+    # 2 more after each update.
+    assert first.virtual_times == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert first.client_tasks == [6, 10, 14, 18, 22, 26]
     for name, t in first.global_state.items():
         assert torch.equal(t, again.global_state[name])
 
