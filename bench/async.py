@@ -112,13 +112,22 @@ def render(data: dict, line: str) -> None:
                      f"{shown(r['tasks'], '.0f')} | {shown(100 * r['accuracy'], '.2f')}% |")
     text = "\n".join(lines)
     print(text)
+    sync, best = rows[0], max(rows[1:], key=lambda r: r["speedup"] if math.isfinite(r["speedup"]) else 0)
+    gap = 100 * (sync["accuracy"] - best["accuracy"])
+    verdict = (f"Against the targets (≥ 2× faster to the same accuracy, within 0.5 points at equal client work): the "
+               f"fastest variant, {best['variant']}, is {shown(best['speedup'], '.2f')}× faster than sync to "
+               f"{target:.0%} and {gap:.2f} points {'below' if gap > 0 else 'above'} its accuracy at equal work, so "
+               f"the speed target is {'met' if best['speedup'] >= 2 else 'not met'} and the accuracy target "
+               f"{'met' if gap <= 0.5 else 'not met'}. async-edge alone cannot beat sync on time: with B = L the "
+               "cloud still waits for the straggler site, whose every device is slow, and each edge round drops "
+               "a third of the work it set.")
     page = (f"# Buffered asynchronous averaging (FedBuff) at the cloud and the edge\n\n"
             f"FedAvg, CNN, MNIST 5k (IID), 3 sites × {args['devices']} emulated devices (bench/async.py's docstring "
             f"has the profiles: a straggler site and one slow device, ≥ 3× speed spread), E = 1, B = 32, lr 0.1, "
             f"in the reference runner's virtual time (modelled device seconds at full speed). Medians over seeds "
             f"{args['seeds']}; every variant set the same {runs[0]['work']} client tasks "
             f"({args['rounds']} synchronous rounds). Speed-up: sync's modelled time to {target:.0%} over the "
-            f"variant's.\n\n{text}\n\n![accuracy over modelled time](async.png)\n\n"
+            f"variant's.\n\n{text}\n\n{verdict}\n\n![accuracy over modelled time](async.png)\n\n"
             "Not measured here: DVFS's `deadline` and `slack` policies (the reference's virtual time runs every "
             "device at full speed), and overheads of the services (the cloud update, transfers), which virtual "
             "time leaves out.\n")
