@@ -15,7 +15,7 @@ from fl_services.edge.tasks import Task, TaskBoard
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult
 from fl_services.shared.core.config import RoundPolicy
 from fl_services.shared.core.edge_round import ClientTask
-from fl_services.shared.core.federation import participation
+from fl_services.shared.core.federation import participation, site_evaluation
 from fl_services.shared.core.records import Record, encode
 from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader, Member
 from fl_services.shared.wire.client_edge import ClientTaskHeader
@@ -89,6 +89,7 @@ class Dispatch:
 
     async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
                      results: list[ClientResult], failures: list[ClientFailure], members: list[Member]) -> None:
+        clients = participation(results)
         message = EdgeContributionHeader(
             run_id=header.run_id,
             edge_id=self.edge_id,
@@ -96,9 +97,10 @@ class Dispatch:
             # Deterministic, so a retry after a lost answer (or an edge restart) is counted once.
             idempotency_key=f"{header.run_id}:{self.edge_id}:{header.version}",
             weight=weight,
-            clients=participation(results),
+            clients=clients,
             failures=failures,
             members=members,
+            evaluation=site_evaluation(clients),
         )
         blob = await asyncio.to_thread(encode, tensors, message)
         # Re-sent through a passing fault: the cloud counts an idempotency key once.

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from fl_services.shared.core.algorithms.base import ClientResult
+from fl_services.shared.core.federation import device_evaluates
 from fl_services.shared.core.records import Record, flatten
-from fl_services.shared.core.reports import ClientFailure
+from fl_services.shared.core.reports import ClientFailure, HeldOut
 from fl_services.shared.core.tensors import InvalidContent, SharedEncoding
 from fl_services.shared.server.longpoll import wait_until
 from fl_services.shared.wire.client_edge import (
@@ -65,6 +66,13 @@ class Task:
             raise InvalidContent(f"num_samples {claimed} is not client {self.header.client_id}'s: this run gives it "
                                  f"{self.num_samples} training samples")
         return claimed if self.max_samples is None else min(claimed, self.max_samples)
+
+    def check_evaluation(self, evaluation: HeldOut | None) -> None:
+        """Raises InvalidContent (422) for an evaluation the task did not ask for: the run evaluates on the cloud
+        only, or the task is of a later edge round, whose model is the edge's, not the global one."""
+        if evaluation is not None and not device_evaluates(self.header.config, self.header.round):
+            raise InvalidContent(f"task {self.header.task_id!r} asks for no evaluation: run evaluation is "
+                                 f"{self.header.config.evaluation!r}, client round {self.header.round}")
 
     def blob(self) -> bytes:
         """The task message."""
@@ -302,6 +310,7 @@ class TaskBoard:
         which alone touches the board, if its task is still the open one."""
         task = self.task_for(client_id, header.task_id)
         task.counted_samples(header.num_samples)  # a wrong claim is refused before the tensors are read
+        task.check_evaluation(header.evaluation)
         while True:
             await asyncio.to_thread(task.check, tensors)
             async with self._answered:
@@ -310,7 +319,7 @@ class TaskBoard:
                 current = self.task_for(client_id, header.task_id)
                 if current is task:
                     task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss,
-                                               tensors, header.metrics, header.device)
+                                               tensors, header.metrics, header.device, header.evaluation)
                     self._answered.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open

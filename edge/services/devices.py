@@ -45,6 +45,12 @@ class _States:
         return state, runs, failure
 
 
+def connected_devices(*, board: TaskBoard, offline_after_s: float) -> int:
+    """The registered devices not offline: heard from (registration, task poll, result) within `offline_after_s`."""
+    read = _States(board, offline_after_s)
+    return sum(1 for k in board.clients if read.of(k)[0] != "offline")
+
+
 def list_devices(*, board: TaskBoard, offline_after_s: float) -> list[DeviceInfo]:
     """Every registered device, by id; one not heard from (registration, task poll, result) for `offline_after_s`
     is offline."""

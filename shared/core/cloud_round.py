@@ -16,7 +16,7 @@ from datetime import datetime
 from fl_services.shared.core import roster
 from fl_services.shared.core.algorithms import privacy, staleness
 from fl_services.shared.core.algorithms.base import Algorithm, Contribution
-from fl_services.shared.core.federation import evaluate_global
+from fl_services.shared.core.federation import cloud_evaluates, evaluate_global, federated_evaluations
 from fl_services.shared.core.records import Record, non_finite
 from fl_services.shared.core.reports import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
 from fl_services.shared.core.training import Evaluation
@@ -55,7 +55,8 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
     """The update of global state `version` with `contributions` as they arrived (Algorithm.to_wire's
     dtypes); raises Diverged rather than return a non-finite global state. With `evaluate` false its
     evaluation is NOT_EVALUATED: the cloud evaluates the new state (`evaluate_outcome`) off its critical
-    path, once the new version is published; what it then records is the same."""
+    path, once the new version is published; what it then records is the same. A run evaluated only on its
+    devices (RunConfig.evaluation "federated") is never evaluated here: its figures stay NOT_EVALUATED."""
     contributions = [algorithm.from_wire(global_, c) for c in contributions]
     # The devices its contributions declare are registered for the run from this update on (N grows).
     cloud_state = roster.joined(algorithm.config, cloud_state, contributions)
@@ -75,7 +76,7 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
     outcome = CloudRoundOutcome(new_global, new_state, NOT_EVALUATED, metrics,
                                 privacy.epsilon(algorithm.config, version + 1),
                                 privacy.dp_sgd_epsilon(algorithm.config, version + 1), scales)
-    return evaluate_outcome(algorithm, outcome) if evaluate else outcome
+    return evaluate_outcome(algorithm, outcome) if evaluate and cloud_evaluates(algorithm.config) else outcome
 
 
 def evaluate_outcome(algorithm: Algorithm, outcome: CloudRoundOutcome) -> CloudRoundOutcome:
@@ -97,7 +98,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
     counted = [c for c, s in zip(contributions, scales, strict=True) if s is not None]
     clients = sorted(
         (ClientRecord(client_id=c.client_id, edge_id=contribution.edge_id, num_samples=c.num_samples, loss=c.loss,
-                      metrics=c.metrics, device=c.device)
+                      metrics=c.metrics, device=c.device, evaluation=c.evaluation)
          for contribution in counted for c in contribution.participation),
         key=lambda c: (c.client_id, c.edge_id),
     )
@@ -122,6 +123,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         train_loss=sum(c.loss * c.num_samples for c in clients) / samples,
         test_loss=outcome.evaluation.loss,
         test_accuracy=outcome.evaluation.accuracy,
+        federated=federated_evaluations(contributions),
         client_metrics={
             name: sum(c.metrics[name] * c.num_samples for c in clients if name in c.metrics)
             / max(sum(c.num_samples for c in clients if name in c.metrics), 1)

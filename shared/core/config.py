@@ -385,6 +385,11 @@ class RunConfig(Strict):
     aggregation: AggregationConfig = Field(AggregationConfig(), description="robust aggregation at the edge and "
                                            "the cloud")
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy: DP-FedAvg and DP-SGD")
+    evaluation: Literal["cloud", "federated", "both"] = Field("cloud", description=(
+        "where the global model is evaluated: 'cloud', on the test set of data.dataset the cloud loads (the "
+        "history's test_loss, test_accuracy); 'federated', by the devices that receive a version, on their own "
+        "held-out splits before they train on it, weighted by samples at their edge and over the edges at the "
+        "cloud (the history's `federated`); 'both'"))
 
     selection: Selection | None = Field(None, description=(
         "which registered sites and devices train (unset: the simulated federation of data.num_clients clients "

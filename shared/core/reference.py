@@ -39,7 +39,13 @@ from fl_services.shared.core.edge_round import (
     first_answers,
     run_edge_round,
 )
-from fl_services.shared.core.federation import initial_model, local_job, participation
+from fl_services.shared.core.federation import (
+    evaluate_held_out,
+    initial_model,
+    local_job,
+    participation,
+    site_evaluation,
+)
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import Member, RoundRecord
 from fl_services.shared.core.tensors import Tensors
@@ -95,9 +101,11 @@ class InProcessClients:
         results = []
         for t in tasks:
             job = local_job(self.algorithm.config, t.client_id, t.round, self.client_data(t.client_id))
+            evaluation = evaluate_held_out(self.algorithm, job, t.tensors)
             update = self.algorithm.local_update(job, t.tensors, self.states.get(t.client_id, {}))
             self.states[t.client_id] = update.state
-            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics))
+            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics,
+                                        evaluation=evaluation))
         return results
 
 
@@ -191,9 +199,10 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
         consumed = [pending.pop(e) for e in arrived]
         now = max([now, *(p.done_at for p in consumed)])
         contributions = [
-            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight,
-                         tuple(participation(p.outcome.results)), members=p.outcome.members)
+            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight, clients,
+                         members=p.outcome.members, evaluation=site_evaluation(clients))
             for e, p in zip(arrived, consumed, strict=True)
+            for clients in [tuple(participation(p.outcome.results))]
         ]
         outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)

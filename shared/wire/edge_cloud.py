@@ -66,7 +66,12 @@ class EdgeRegistration(Message):
 
     @property
     def site_name(self) -> str:
-        return self.name or f"edge-{self.edge_id}"
+        return site_name(self.name, self.edge_id)
+
+
+def site_name(name: str | None, edge_id: int) -> str:
+    """An edge's site name: its own, or edge-<edge_id> where it sets none."""
+    return name or f"edge-{edge_id}"
 
 
 # ---- cloud -> edge ----------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from fl_services.shared.core.algorithms import aggregate
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ClientData
 from fl_services.shared.core.records import Record, RecordSpec
-from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport, Member
+from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport, HeldOut, Member
 from fl_services.shared.core.selection import select_clients
 from fl_services.shared.core.tensors import MAX_ABS, Tensors
 from fl_services.shared.core.training import Evaluation
@@ -86,6 +86,7 @@ class ClientResult:
     tensors: Record
     metrics: dict[str, float] = field(default_factory=dict)
     device: DeviceReport | None = None  # the DVFS model's account of the task (shared/core/dvfs.py)
+    evaluation: HeldOut | None = None  # of the task's global model on the device's held-out split
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class Contribution:
     # The devices the edge selected from, with their labels (a run over registered devices: they make its roster,
     # shared/core/roster.py); None: the simulated federation's roster at that edge.
     members: tuple[Member, ...] | None = None
+    # The site's evaluation of base_version on its clients' held-out splits (federated evaluation), if any.
+    evaluation: HeldOut | None = None
 
     @property
     def clients(self) -> tuple[int, ...]:
@@ -145,6 +148,9 @@ class Algorithm(Generic[P]):
     # Contribution groups that travel in the dtypes contribution_spec gives them. Every other float64 tensor of a
     # contribution travels as float32 (to_wire): see `wire_spec`.
     exact_wire_groups: ClassVar[frozenset[str]] = frozenset()
+    # Whether a device can evaluate the global model its task carries (RunConfig.evaluation "federated", "both"):
+    # not where the task is a sub-model, or where the global state is not one model to test (own `evaluate`).
+    federated_evaluation: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -175,6 +181,9 @@ class Algorithm(Generic[P]):
             raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
         if not cls.edge_rounds and config.topology.edge_rounds > 1:
             raise ValueError(f"{cls.name} does not support topology.edge_rounds > 1")
+        if config.evaluation != "cloud" and not cls.federated_evaluation:
+            raise ValueError(f"{cls.name} does not support federated evaluation (evaluation must be 'cloud'): its "
+                             "devices do not receive the global model as one model to test")
         if not cls.robust_aggregation:
             agg = config.aggregation
             if agg.edge != "mean" or agg.cloud != "mean":

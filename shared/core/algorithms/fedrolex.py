@@ -105,6 +105,7 @@ class FedRolex(Algorithm[RP]):
     edge_rounds = False
     # The specification's FedRolex step has no η_s; FedSCAVAR's has one.
     has_server_lr: ClassVar[bool] = False
+    federated_evaluation: ClassVar[bool] = False  # a device receives a sub-model, not the global one
 
     def __init__(self, config: RunConfig):
         super().__init__(config)

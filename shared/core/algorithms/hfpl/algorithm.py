@@ -65,6 +65,7 @@ class HFPL(base.Algorithm[HFPLParams]):
     # The cloud adds and subtracts each edge's prototypes over hundreds of rounds (prototypes.py): they travel
     # in float64, as they are kept (a few classes × d values; the features already travel as float32).
     exact_wire_groups: ClassVar[frozenset[str]] = frozenset({PROTOTYPES})
+    federated_evaluation: ClassVar[bool] = False  # its figures are the prototypes' (`evaluate`), the cloud's to compute
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
