@@ -34,6 +34,9 @@ class CloudMetrics(ServiceMetrics):
         self.update_seconds = Histogram("fl_cloud_update_duration_seconds",
                                         "cloud_update with its evaluation, per computed update",
                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
+        self.stale_dropped = Counter("fl_cloud_stale_dropped", "Contributions consumed but dropped as staler than "
+                                     "their run's topology.staleness.max (every run's; each update's record lists "
+                                     "its own)", registry=r)
         self.version = Gauge("fl_cloud_global_version", "Version of the run's global state", ["run_id"], registry=r)
         self.buffered = Gauge("fl_cloud_buffer_depth", "Contributions waiting in the run's buffer", ["run_id"],
                               registry=r)

@@ -281,6 +281,9 @@ class Orchestrator:
             return await self._stop(run_id)
         if committed:
             self.globals.keep(run_id, info.version + 1, new_global)
+            dropped = sum(c.dropped for c in record.contributions)
+            if dropped:
+                self.metrics.stale_dropped.inc(dropped)
             if finished:
                 log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
             elif cloud_evaluates(config):

@@ -61,12 +61,15 @@ class Dispatch:
         A client's reported failure ends the wait for it; the failures left unanswered join `failures`.
         (A run that ends meanwhile cancels the whole round: see EdgeRoundLoop._forget_ended.)"""
         run_id = header.run_id
-        quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
+        # With policy.answers = K, the round closes at the K-th answer; the tasks still open are withdrawn
+        # below, so a later answer is refused (409) and dropped.
+        enough = None if policy.answers is None else min(policy.answers, len(tasks))
+        quorum = enough or max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
         log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)
         try:
             for attempt in range(policy.max_retries + 1):
-                results = await self.board.wait_results(run_id, policy.deadline_s)
+                results = await self.board.wait_results(run_id, policy.deadline_s, enough=enough)
                 if len(results) >= quorum:
                     return results
                 log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",

@@ -224,11 +224,16 @@ class TaskBoard:
         return [ClientFailure(client_id=k, error=t.failure) for k, t in sorted(self._of(run_id), key=lambda x: x[0])
                 if t.result is None and t.failure is not None]
 
-    async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True) -> list[ClientResult]:
+    async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True,
+                           enough: int | None = None) -> list[ClientResult]:
         """Returns when every task of the run is answered (or, if `failures_settle`, reported failed: no point
-        waiting for those) or at the deadline, with what has arrived."""
-        await wait_until(self._answered, lambda: all(
-            t.result is not None or (failures_settle and t.failure is not None) for _, t in self._of(run_id)), timeout)
+        waiting for those), or `enough` of them are, or at the deadline, with what has arrived."""
+        def done() -> bool:
+            tasks = self._of(run_id)
+            return (enough is not None and sum(t.result is not None for _, t in tasks) >= enough) or all(
+                t.result is not None or (failures_settle and t.failure is not None) for _, t in tasks)
+
+        await wait_until(self._answered, done, timeout)
         return self.results(run_id)
 
     # ---- client side ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ async def submit(*, store: Store, orchestrator: Orchestrator, contribution: Edge
     # worker thread, so long-polls are answered meanwhile.
     global_ = await orchestrator.globals.layout(header.run_id)
     await asyncio.to_thread(check_contribution, algorithm, global_, header, contribution.tensors)
-    outcome = await store.submit(header, contribution.blob, algorithm.synchronous)
+    outcome = await store.submit(header, contribution.blob, not algorithm.asynchronous(algorithm.config))
     orchestrator.notify()
     return outcome
 

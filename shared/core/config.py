@@ -149,12 +149,36 @@ class LocalTrainingConfig(Strict):
     momentum: float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
 
 
+class StalenessConfig(Strict):
+    """How much a contribution computed on global version v counts in the update of version t (τ = t − v ≥ 0)
+    when the cloud's buffer is smaller than the edges (topology.buffer_size < num_edges): its step is scaled
+    by s(τ), and one staler than `max` is dropped. Every contribution of a synchronous run has τ = 0, s = 1."""
+
+    function: Literal["fedbuff", "constant", "polynomial"] = Field(
+        "fedbuff", description="s(τ): fedbuff 1/√(1 + τ) (FedBuff, Nguyen et al. 2022), constant 1, or polynomial "
+        "(1 + τ)^−exponent")
+    exponent: float | None = Field(None, gt=0, le=10, description="a in polynomial's (1 + τ)^−a (left out: 0.5); "
+                                   "only with function 'polynomial'")
+    max: int | None = Field(None, ge=0, le=100_000, description="a contribution more than this many versions "
+                            "stale is dropped and counted in its update's record (left out: none is dropped)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "StalenessConfig":
+        if self.exponent is not None and self.function != "polynomial":
+            raise ValueError(f"staleness.exponent is the polynomial's; function {self.function!r} takes none")
+        return self
+
+
 class TopologyConfig(Strict):
     num_edges: int = Field(1, ge=1, le=1000, description="L: edges 0 … L − 1 take part; 1 with buffer_size 1 is "
                            "a flat topology")
     buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update (left out: num_edges for "
-                             "a synchronous algorithm, 1 for an asynchronous one)")
+                             "a synchronous algorithm, 1 for an asynchronous one); B < num_edges with a model-"
+                             "averaging algorithm (fedavg, fedprox, fedsgd) is buffered asynchronous averaging, "
+                             "each contribution weighted by its staleness")
     edge_rounds: int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
+    staleness: StalenessConfig = Field(StalenessConfig(), description="how the cloud weighs a contribution "
+                                       "computed on an older global version (buffer_size < num_edges)")
 
 
 class RoundPolicy(Strict):
@@ -163,6 +187,11 @@ class RoundPolicy(Strict):
         0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
     )
     max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
+    answers: int | None = Field(None, ge=1, le=100_000, description=(
+        "K: an edge round closes as soon as K of its selected devices answered (buffered averaging at the "
+        "edge), the later answers dropped; more than an edge selects means all of them. Unset: it waits for "
+        "every one (or the deadline, with min_fraction). The reference runner takes the K devices of least "
+        "modelled time (dvfs), which the services match where the devices are emulated (dvfs.time_scale)"))
 
 
 # 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry

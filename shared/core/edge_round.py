@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, EdgeAggregate
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.dvfs import epoch_seconds
 from fl_services.shared.core.federation import client_round
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import Member
@@ -64,6 +66,25 @@ async def run_edge_round(
     # As it travels to the cloud (float32 sums, Algorithm.wire_spec): in the reference runner too.
     aggregate = replace(aggregate, tensors=algorithm.to_wire(aggregate.tensors))
     return EdgeRoundOutcome(aggregate, edge_state, all_results, None if members is None else tuple(members))
+
+
+def device_seconds(config: RunConfig, client_id: int, num_samples: int) -> float:
+    """Client `client_id`'s modelled time for its local training at full speed: E epochs of its samples on its
+    device (RunConfig.dvfs), in device seconds (an emulated device's wall time over dvfs.time_scale)."""
+    _, profile, _ = config.dvfs.device(client_id)
+    return config.local.epochs * epoch_seconds(profile, num_samples, profile.f_max)
+
+
+def first_answers(config: RunConfig, results: list[ClientResult]) -> list[ClientResult]:
+    """The answers an edge round closes with when every selected device answers in its modelled time: all of
+    them, or with policy.answers = K the K of least modelled time (ties: the lower client id), the others
+    late and dropped."""
+    k = config.policy.answers
+    if k is None or k >= len(results):
+        return results
+    fastest = sorted(results, key=lambda r: (device_seconds(config, r.client_id, r.num_samples), r.client_id))[:k]
+    kept = {r.client_id for r in fastest}
+    return [r for r in results if r.client_id in kept]
 
 
 def _tasks(algorithm: Algorithm, global_: Record, chosen: list[int], round: int) -> list[ClientTask]:

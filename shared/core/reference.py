@@ -7,11 +7,13 @@ and the same history records, except that a record lists its contributions in th
 received them, which in a service run is the order the edges happened to submit.
 
 Which edge triples each cloud update consumes is the one thing timing decides. Synchronous algorithms
-(B = L) consume every edge's triple each time. With B < L the runner either replays a `schedule` (the
-(edge, base_version) pairs of each update, e.g. read from a service run's history) or simulates
-virtual time: an edge round of edge l takes `edge_slowdown[l]` units (1 by default), triples enter the
-buffer in order of completion (ties by edge id), and an edge restarts on the version its triple
-produced, as the services' edges do.
+(B = L) consume every edge's triple each time. With B < L (an asynchronous algorithm, or FedAvg's buffered
+averaging) the runner either replays a `schedule` (the (edge, base_version) pairs of each update, e.g. read
+from a service run's history) or simulates virtual time: an edge round of edge l takes `edge_slowdown[l]`
+units (1 by default), or, with `device_time`, `edge_slowdown[l]` times its slowest client's modelled time at
+full speed (the DVFS device model, shared/core/dvfs.py: the emulated devices' wall time over
+dvfs.time_scale); triples enter the buffer in order of completion (ties by edge id), and an edge restarts
+on the version its triple produced, as the services' edges do.
 
 A run over registered devices (RunConfig.selection) is replayed given its `devices`: each with its id, the edge
 (site) it registered at, its data source, its labels and the version from which it is registered (its join, in
@@ -30,7 +32,13 @@ from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Con
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
 from fl_services.shared.core.config import RunConfig, matches
 from fl_services.shared.core.data import ClientData, load_federated, open_source
-from fl_services.shared.core.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
+from fl_services.shared.core.edge_round import (
+    ClientTask,
+    EdgeRoundOutcome,
+    device_seconds,
+    first_answers,
+    run_edge_round,
+)
 from fl_services.shared.core.federation import (
     evaluate_held_out,
     initial_model,
@@ -64,6 +72,10 @@ class ReferenceResult:
     history: list[RoundRecord] = field(default_factory=list)
     client_states: dict[int, Record] = field(default_factory=dict)
     cloud_state: Record = field(default_factory=dict)
+    # Per update, in virtual time: when it happened (the last of its contributions in), and how many client tasks
+    # the edges had set by then, answered or not (what a benchmark counts as client work).
+    virtual_times: list[float] = field(default_factory=list)
+    client_tasks: list[int] = field(default_factory=list)
 
 
 class InProcessClients:
@@ -105,7 +117,7 @@ class _Pending:
 
 
 def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Schedule | None = None,
-                  edge_slowdown: dict[int, float] | None = None,
+                  edge_slowdown: dict[int, float] | None = None, device_time: bool = False,
                   clients: type[InProcessClients] = InProcessClients,
                   devices: list[Device] | None = None) -> ReferenceResult:
     """`devices`: a run over registered devices' devices (config.selection), which it needs and only it takes."""
@@ -117,7 +129,7 @@ def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Sch
     strangers = sorted({d.edge_id for d in devices or []} - set(config.edge_ids()))
     if strangers:
         raise ValueError(f"devices registered at edges {strangers}, which are not the run's {config.edge_ids()}")
-    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, clients, devices))
+    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, device_time, clients, devices))
 
 
 def members_at(config: RunConfig, devices: list[Device], edge_id: int, version: int) -> list[Member]:
@@ -145,21 +157,28 @@ def schedule_of(history: list[RoundRecord]) -> Schedule:
     return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
 
 
-async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
-               slowdown: dict[int, float], clients_type: type[InProcessClients],
+async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdown: dict[int, float],
+               device_time: bool, clients_type: type[InProcessClients],
                devices: list[Device] | None) -> ReferenceResult:
     algorithm = registry.create(config)
     clients = clients_type(algorithm) if devices is None else clients_type(algorithm, devices)
     globals_ = [algorithm.init_global(initial_model(config))]
     edge_states: dict[int, Record] = {e: {} for e in config.edge_ids()}
     pending: dict[int, _Pending] = {}
+    tasks_set = [0]  # client tasks the edges have set so far
+
+    async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+        tasks_set[0] += len(tasks)
+        return first_answers(config, await clients.train(tasks))
 
     async def start(edge_id: int, version: int, now: float) -> None:
         members = None if devices is None else members_at(config, devices, edge_id, version)
         outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
-                                       clients.train, members=members)
+                                       train, members=members)
         edge_states[edge_id] = outcome.edge_state
-        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0))
+        took = max((device_seconds(config, r.client_id, r.num_samples) for r in outcome.results), default=0.0) \
+            if device_time else 1.0
+        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0) * took)
 
     result = ReferenceResult(algorithm.model_parameters(globals_[0]), globals_[0], client_states=clients.states)
     run_started = started = datetime.now(timezone.utc)
@@ -188,6 +207,8 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
         outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)
         result.history.append(round_record(version, contributions, outcome, started, run_started, finished))
+        result.virtual_times.append(now)
+        result.client_tasks.append(tasks_set[0])
         globals_.append(outcome.global_)
         result.global_state, result.global_record = algorithm.model_parameters(outcome.global_), outcome.global_
         result.cloud_state, started = outcome.cloud_state, finished

@@ -192,6 +192,10 @@ class ContributionRecord(Message):
     # The devices the edge selected from (a run over registered devices; None: the simulated roster): who was
     # registered for the run at that edge in that round, from which the reference runner replays the joins.
     members: list[int] | None = None
+    # s(τ) its step counted with (RunConfig.topology.staleness; 1 in a synchronous run), and whether it was
+    # dropped instead, staler than topology.staleness.max.
+    staleness_weight: float = 1.0
+    dropped: bool = False
 
 
 class RoundRecord(Message):

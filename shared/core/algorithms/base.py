@@ -133,6 +133,11 @@ class Algorithm(Generic[P]):
     # Synchronous algorithms aggregate exactly one contribution per edge per version (B = L) and
     # refuse stale submissions; the asynchronous prototype algorithm overrides this.
     synchronous: ClassVar[bool] = True
+    # Why a synchronous algorithm cannot also run with a buffer B < L, weighing a contribution computed on an older
+    # global version by its staleness (shared/core/algorithms/staleness.py); None: it can. The default holds
+    # for any rule not shown to take a stale step; FedAvg and its variants whose update is that step say None.
+    stale_refusal: ClassVar[str | None] = ("its cloud update is defined only for contributions computed on the "
+                                           "current global state")
     # Algorithms whose server memory spans all clients cannot be split over several edges.
     multi_edge: ClassVar[bool] = True
     # Whether an edge may run κ > 1 rounds with its own clients before it reports to the cloud.
@@ -162,10 +167,12 @@ class Algorithm(Generic[P]):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         """Raises ValueError for configs this algorithm cannot run."""
-        if cls.synchronous and config.topology.buffer_size != config.topology.num_edges:
+        if (cls.synchronous and cls.stale_refusal is not None
+                and config.topology.buffer_size != config.topology.num_edges):
             raise ValueError(
                 f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
-                f"({config.topology.num_edges}), got {config.topology.buffer_size}"
+                f"({config.topology.num_edges}), got {config.topology.buffer_size}; a smaller buffer would "
+                f"consume stale contributions, and {cls.stale_refusal}"
             )
         if config.topology.buffer_size > config.topology.num_edges:
             raise ValueError(f"topology.buffer_size ({config.topology.buffer_size}) cannot exceed num_edges "
@@ -188,6 +195,12 @@ class Algorithm(Generic[P]):
             if config.privacy.dp_sgd_noise_multiplier is not None:
                 raise ValueError(f"{cls.name} does not support DP-SGD (privacy.dp_sgd_noise_multiplier must be "
                                  "unset); fedavg does")
+
+    @classmethod
+    def asynchronous(cls, config: RunConfig) -> bool:
+        """Whether the run's cloud takes contributions computed on an older global version: always for an
+        asynchronous algorithm, and for a synchronous one with a buffer B < L (buffered averaging)."""
+        return not cls.synchronous or config.topology.buffer_size < config.topology.num_edges
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Record:

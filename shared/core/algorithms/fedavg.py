@@ -18,6 +18,8 @@ cloud's step is the data-weighted average of the edge models.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from fl_services.shared.core.algorithms import aggregate, base, privacy, robust
@@ -32,6 +34,8 @@ class FedAvg(Algorithm[P]):
     name = "fedavg"
     edge_rounds = True
     robust_aggregation = True
+    # Its update is a step, the mean of the clients' steps: a stale one can be weighed (algorithms/staleness.py).
+    stale_refusal: ClassVar[str | None] = None
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:

@@ -182,6 +182,9 @@ class FedVARP(FedAvg[P]):
     multi_edge = False  # y spans all N clients
     edge_rounds = False  # the cloud must see every Δw_k of the round it applies
     robust_aggregation = False  # its step is the variance-reduced direction over its memory, not a mean
+    stale_refusal = ("FedVARP's server memory keeps each client's last update y_k and corrects each new one by it: "
+                     "a stale update corrects against a y_k of another global version, so the memory's "
+                     "variance reduction no longer holds, whatever weight the update gets")
 
     # ---- the memory layout; ClusterFedVARP overrides these -------------------------------------
     def memory_groups(self, cloud_state: Record | None = None,

@@ -79,6 +79,9 @@ def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterato
 
 class PFedMe(Algorithm[PFedMeParams]):
     name = "pfedme"
+    stale_refusal = ("pFedMe's server moves θ by β towards the mean of the clients' ω_k, points computed from the "
+                     "θ each was sent, not steps: a stale ω_k pulls θ back towards an older model, and a weight "
+                     "cannot tell how far")
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:

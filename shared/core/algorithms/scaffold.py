@@ -58,6 +58,9 @@ class Scaffold(Algorithm[NoParams]):
     name = "scaffold"
     multi_edge = True
     edge_rounds = False
+    stale_refusal = ("SCAFFOLD's server control variate c moves by the clients' Δc_k, each computed against the c "
+                     "of the version its client was sent: a stale Δc_k applied to a newer c breaks c = mean c_k, "
+                     "and no staleness weight restores it")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: torch.nn.Module) -> Record:

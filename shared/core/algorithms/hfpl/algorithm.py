@@ -12,6 +12,7 @@ from torch import nn
 
 from fl_services.shared.core import records, roster
 from fl_services.shared.core.algorithms import base
+from fl_services.shared.core.algorithms import staleness as staleness_
 from fl_services.shared.core.algorithms.hfpl.classifier import (
     load_classifier,
     new_classifier,
@@ -48,7 +49,7 @@ from fl_services.shared.core.algorithms.prototypes import (
     edge_aggregate_prototypes,
     empty,
 )
-from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.config import RunConfig, StalenessConfig
 from fl_services.shared.core.data import load_client
 from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.models import IMAGE_FAMILIES, build_feature_extractor
@@ -82,6 +83,9 @@ class HFPL(base.Algorithm[HFPLParams]):
         if params.momentum > 0 and config.local.optimizer != "sgd":
             raise ValueError(f"params.momentum is heavy-ball SGD's; local.optimizer {config.local.optimizer!r} "
                              "has its own momentum")
+        if config.topology.staleness != StalenessConfig():
+            raise ValueError("hfpl weighs its stale triples by params.staleness (in C̄, not a model step): "
+                             "topology.staleness is for the model-averaging algorithms")
         named = params.client_families
         used = set((named.values() if isinstance(named, dict) else named) or params.families)
         if used & IMAGE_FAMILIES and config.data.dataset in ("synthetic", "mnist1d"):
@@ -201,7 +205,7 @@ class HFPL(base.Algorithm[HFPLParams]):
 
     def staleness_weight(self, staleness: int) -> float:
         """How much a triple τ versions stale counts in C̄ (its N^l scaled; kept until the edge's next triple)."""
-        return 1.0 if self.params.staleness == "none" else 1.0 / math.sqrt(1.0 + staleness)
+        return 1.0 if self.params.staleness == "none" else staleness_.fedbuff(staleness)
 
     def server_memory_bytes(self, global_: Record) -> int:
         """Per edge C^{l,prev} and N^{l,prev} (f64), X^{l,cloud} (at most feature_cap rows of d f32
