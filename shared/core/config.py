@@ -69,7 +69,8 @@ class DataConfig(_HashableOptions):
         "an imported loader's client_train) | natural: the synthetic generator's own devices")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
     shards_per_client: int = Field(2, ge=1, description="McMahan's shards each client gets (partition='shards')")
-    num_clients: int = Field(10, ge=1, le=100_000, description="N: clients 0 … N − 1; client k belongs to edge k mod L")
+    num_clients: int = Field(10, ge=1, le=100_000, description=(
+        "N of a simulated federation (a run without a selection): clients 0 … N − 1, client k at edge k mod L"))
     synthetic_alpha: float = Field(1.0, ge=0, le=100, description="α of FedProx's Synthetic(α, β): how much local "
                                    "models differ")
     synthetic_beta: float = Field(1.0, ge=0, le=100, description="β of FedProx's Synthetic(α, β): how much local "
