@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import statistics
@@ -201,7 +202,7 @@ def reference(config: RunConfig) -> dict:
 def flower_python(venv: Path) -> Path:
     """The Flower venv's python, the venv built from bench/flower-requirements.txt first where missing."""
     python = venv / "bin" / "python"
-    stamp_file = venv / f".installed-{hash(REQUIREMENTS.read_text()) & 0xFFFFFFFF:x}"
+    stamp_file = venv / f".installed-{hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]}"
     if not stamp_file.exists():
         print(f"building Flower's venv in {venv} from {REQUIREMENTS.name} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
