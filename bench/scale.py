@@ -43,7 +43,7 @@ import httpx
 import numpy as np
 import psutil
 import torch
-from provenance import stamp, stamped
+from provenance import earlier_stamp, stamp, stamped
 
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
@@ -323,9 +323,9 @@ def pair_ratios(pair: dict) -> dict[str, float]:
 
 
 def table(figures: dict) -> str:
-    lines = ["| clients | pair (order) | load | ours s/round | Flower s/round | reference s/round (1 thread) | "
-             "ours / Flower | ours / reference | ours peak RSS (MiB) | Flower peak RSS (MiB) | "
-             "accuracy after each round: ours / Flower / reference |",
+    lines = ["| clients | pair (order) | load (ours / Flower) | ours s/round | Flower s/round | "
+             "reference s/round (1 thread) | ours / Flower | ours / reference | ours peak RSS (MiB) | "
+             "Flower peak RSS (MiB) | accuracy after each round: ours / Flower / reference |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in figures["sizes"]:
         for i, pair in enumerate(size["pairs"]):
@@ -361,12 +361,52 @@ def table(figures: dict) -> str:
     return "\n".join(lines)
 
 
+READING = """\
+How to read it:
+- One run of this script on a shared host: the load column gives the load average when each system started
+  (other work ran meanwhile and moves a system's figures by up to 2× between pairs): compare the systems within
+  a pair, not across pairs.
+- {equality}
+- {learning}
+- s/round leaves out round 1: for Flower it includes starting Ray (about {ray_start:.0f} s here), for ours starting
+  the processes and reading the data.
+- Memory is the peak of the summed RSS of every process of each system while it ran, sampled the same way on
+  both sides: ours counts the cloud, the edge, two client processes and Redis (each a Python process with torch
+  loaded); Flower its driver (the ServerApp) and Ray's processes (GCS, raylet, the two workers and Ray's own
+  helpers).
+"""
+
+
+def reading(figures: dict) -> str:
+    pairs = [p for s in figures["sizes"] for p in s["pairs"]]
+    same = all(p["ours"]["accuracy"] == p["reference"]["accuracy"] for p in pairs)
+    equality = ("Ours and the in-process reference computed the same models: their accuracies are equal round by "
+                "round in every pair, as the services equal the reference runner. " if same else
+                "Ours and the in-process reference did NOT compute the same models in every pair (see the "
+                "accuracies). ")
+    equality += ("Flower starts from the same initial weights and trains the same rows with the same optimiser, "
+                 "but its DataLoader draws each client's batch order from its own generator: its accuracy differs "
+                 "from ours by that batch-order difference.")
+    starts = [p["flower"]["rounds_s"][0] for p in pairs if "flower" in p]
+    learned = [s["clients"] for s in figures["sizes"]
+               if s["pairs"][0]["ours"]["accuracy"][-1] > s["pairs"][0]["ours"]["accuracy"][0]]
+    stalled = [s["clients"] for s in figures["sizes"] if s["clients"] not in learned]
+    learning = (f"The model learned over the {figures['rounds']} rounds (accuracy after the last round above "
+                f"the first) at {', '.join(f'{n:,}' for n in learned) or 'no size'} clients"
+                + (f"; not at {', '.join(f'{n:,}' for n in stalled)}, where each round is {figures['epochs']} "
+                   f"epoch(s) of {figures['samples']} samples per client: too few steps to learn in "
+                   f"{figures['rounds']} rounds (more rounds or samples per client would, at a cost this shared "
+                   "host could not afford at 1,000 clients)." if stalled else "."))
+    ray_start = statistics.median(starts) if starts else float("nan")
+    return READING.format(equality=equality, learning=learning, ray_start=ray_start)
+
+
 def document(figures: dict) -> str:
     return (f"# Many logical clients on one host: ours, Flower's simulation, the training alone\n\n"
             f"Made by `bench/scale.py` ({figures['rounds']} rounds per run, {figures['samples']} samples per client, "
             f"E = {figures['epochs']}, B = {figures['batch_size']}; every figure in `scale.json`; Flower "
             f"{figures.get('flower_version', '–')}).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n"
-            f"{table(figures)}\n\n![seconds per round](scale.png)\n")
+            f"{table(figures)}\n\n![seconds per round](scale.png)\n\n{reading(figures)}")
 
 
 def plot(figures: dict, path: Path) -> None:
@@ -402,7 +442,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.2)
-    parser.add_argument("--flower-venv", type=Path, default=BENCH / ".venv-flower",
+    parser.add_argument("--flower-venv", type=Path, default=BENCH.parent / ".venv-flower",
                         help="Flower's venv (built from bench/flower-requirements.txt where missing)")
     parser.add_argument("--no-flower", action="store_true", help="ours and the reference only")
     parser.add_argument("--workers", type=int, default=2, help="Flower's Ray workers (ours: two client processes)")
@@ -410,6 +450,8 @@ def main() -> None:
     parser.add_argument("--health-s", type=float, default=10.0)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fl-bench-scale"))
     parser.add_argument("--out", type=Path, default=None, help="write scale.md, scale.json and scale.png here")
+    parser.add_argument("--render", action="store_true",
+                        help="rewrite scale.md and scale.png in --out from its scale.json, measuring nothing")
     parser.add_argument("--hold-polls", nargs=4, metavar=("URL", "TOKEN", "POLLS", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hold_polls:
@@ -417,6 +459,14 @@ def main() -> None:
         asyncio.run(hold_polls(url, token, int(polls), float(seconds)))
         return
 
+    if args.render:
+        if args.out is None:
+            parser.error("--render needs --out")
+        figures = json.loads((args.out / "scale.json").read_text())
+        plot(figures, args.out / "scale.png")
+        page = args.out / "scale.md"
+        page.write_text(stamped(document(figures), earlier_stamp(page)))
+        return
     torch.set_num_threads(1)
     line = stamp()
     python = None if args.no_flower else flower_python(args.flower_venv)

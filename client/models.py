@@ -1,8 +1,8 @@
 """The models a client process trains, built once and handed out again to each task, reset to their initial state.
 
 A task's local update starts from a model that the task overwrites (the global weights loaded into it); building
-it again for every task (a deep copy of the built-in model: every module and parameter allocated anew) cost a
-third of a small task's time, and at a thousand clients a task trains a handful of samples. The pool keeps one
+it again for every task (a deep copy of the built-in model: every module and parameter allocated anew) cost about a
+quarter of a small task's time, and at a thousand clients a task trains a handful of samples. The pool keeps one
 model object per set of build arguments and restores its initial state with `load_state_dict` (parameters and
 buffers copied in place), its gradients cleared and every parameter trainable again, so a task sees what a fresh
 build gives it: the same values, the same mode.

@@ -70,7 +70,7 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record,
     # Saved where there is state to keep (or an older state to supersede): a crash must then not train
     # again on state already advanced by this task. Without client state (FedAvg, FedProx, FedSGD) a task
     # trained again after a crash gives the same tensors, and the edge counts one result per task id; the
-    # fsync this skips was 11 of the 25 ms a CNN task of 5 samples cost (docs/benchmarks/scale.md).
+    # fsync this skips was 11 of the 25 ms a CNN task of 5 samples cost on a 2-core development host.
     if update.state or store.exists():
         store.save(header.task_id, update.state, blob)
     return blob
