@@ -1,132 +1,214 @@
-"""A thousand logical clients on one small host: seconds per round, memory per logical client, wake-up latency.
+"""Many logical clients on one small host, side by side with Flower's simulation engine and the training alone.
 
-The task of issue 13's comparison with Flower's simulation engine: Flower's quickstart CNN (`flower_cnn`) on
-mnist5k split IID over N clients (no client rows held out), E = 1, B = 32, lr 0.05, synchronous FedAvg; one
-edge and two client processes (N/2 logical clients each) on this host, with a private redis-server. For each N
-and fraction (clients per round), one run of `--rounds` rounds; s/round is the median of the rounds after the first
-(the first loads data and builds models, as Flower's rounds 2+ exclude its start-up).
-- MiB per logical client: the client processes' and the edge's peak RSS (VmHWM) at N against the same at
-  the smallest N, divided by the difference in N: what a logical client adds, data included (mnist5k is
-  ~4 MB in all: the data per client is tiny).
-- wake-up p99: from the edge posting a round's tasks to each task being held by its client process
-  (the edge's and the clients' log times, ms resolution), over every task of the run's rounds.
-- health p99: /health of an edge holding `--polls` concurrent per-client long-polls (devices that host one
-  client each), asked every 20 ms for `--health-s` seconds.
+The task: Flower's quickstart CNN (`flower_cnn`), `--samples` MNIST rows per client (drawn from mnist5k's
+training rows, distinct within a client, independently across clients: the same amount of local work per
+client at every size, so the model learns at every size), E = `--epochs`, B = `--batch-size`, Nesterov SGD
+(lr `--lr`, momentum 0.9), synchronous FedAvg over every client for `--rounds` rounds, evaluated on mnist5k's
+test rows after each round. Three systems run it, the same rows per client and the same initial weights:
+- ours: one edge and two client processes (N/2 logical clients each), with the cloud and a private
+  redis-server, on this host;
+- Flower: bench/flower_sim.py in Flower's simulation engine (its ServerApp starts from our initial weights,
+  its ClientApp loads each partition from a cache on disk by partition id), two one-CPU Ray workers at nice 0,
+  run from its own venv (`--flower-venv`, built from bench/flower-requirements.txt when missing);
+- reference: the in-process reference runner (shared/core/reference.py) in this process, one torch thread,
+  no HTTP, no Redis: the training and evaluation alone, sequentially.
+For each size, `--pairs` interleaved pairs (ours then Flower, then Flower then ours, ...), each followed by
+the reference; the load average is printed before each run. s/round is the median of rounds 2+ (round 1
+includes loading the data and starting the processes, Ray's included); the ratios are taken within a pair.
+Memory: the peak of the summed RSS of every process of the system while it runs (sampled every 0.2 s with
+psutil over all descendants of this process: for ours the cloud, the edge, the client processes and Redis; for
+Flower its driver and all of Ray's processes), measured the same way on both sides.
 
-With `--flower PYTHON` (a venv with flwr[simulation] and torch==2.13.0), the same task also runs in Flower's
-simulation engine (bench/flower_sim.py) on the very rows each of our clients trains, for each size.
+Also, for ours: wake-up p99 (from the edge posting a round's tasks to each task being held by its client
+process, from the services' log times) and /health of an edge holding `--polls` per-client long-polls.
 
-    ./fl bench/scale.py [--sizes 10 100 500 1000] [--fractions 1 0.1] [--rounds 3] [--flower PYTHON]
-        [--out docs/benchmarks]
+    ./fl bench/scale.py [--sizes 10 100 1000] [--rounds 3] [--pairs 2] [--polls 1000] [--out docs/benchmarks]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import torch
-from provenance import stamp, stamped
+from provenance import earlier_stamp, stamp, stamped
 
 from fl_services.fedctl.api import CloudAPI
-from fl_services.fedctl.launch import LocalTopology, Service
+from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data import load_federated
-from fl_services.shared.core.reports import RunStatus
+from fl_services.shared.core.data.builtin import bundled_pool
+from fl_services.shared.core.federation import initial_model
+from fl_services.shared.core.reference import run_reference
 
-# Issue 13's Flower 1.41 simulation figures on this machine (s/round, rounds 2+; RSS sum), fraction 1.
-FLOWER = {10: (0.76, 2.0), 50: (1.84, 2.0), 100: (2.31, 2.0), 200: (3.51, 2.0), 500: (8.21, 2.0), 1000: (16.01, 2.1)}
-# Ours before this change (the same issue's table), for the plot.
-BEFORE = {10: 0.74, 50: 1.91, 100: 2.85, 200: 8.05, 500: 15.69, 1000: 23.84}
-
-
-SIDE_BY_SIDE = """\
-Flower ran in the same invocation (`--flower`), after ours, on the very rows each of our clients trains and
-our test set (bench/flower_sim.py: Flower's simulation engine, its quickstart CNN, plain SGD, two one-CPU Ray
-workers, as our two client processes). Its s/round is the median of rounds 2+ (its first includes Ray's
-start); its RSS is the peak over its process and Ray's. "Flower (issue 13)" and "ours before" are the issue's
-figures (Flower 1.41, medians of 3, fraction 1). {load}
-"""
-ISSUE_ONLY = """\
-Flower was not run side by side here (pass `--flower` with a Flower venv's python): its figures are issue 13's
-(Flower 1.41's simulation engine on this machine, medians of 3, fraction 1), as are "ours before". {load}
-"""
-READING = """\
-
-What a logical client costs, and what changed for it:
-- one long-poll per client process (`POST /api/v1/clients/tasks`, client/feed.py) instead of one per logical
-  client: httpx no longer scans a pool of 1,000 busy connections on every request, and the edge holds two
-  waiters instead of 1,000;
-- the edge's task board wakes only the waiters of the clients a post concerns (rounds wait for answers on
-  their own condition), and encodes a round's shared tensors once; a bundle carries them once, each task as
-  its header and a reference (500 tasks of the CNN: 1.2 MB instead of 88 MB);
-- registrations go 8 at a time per process: 1,000 at once held the edge's loop for seconds;
-- no state file for algorithms without client state, one file (state and result, one fsync) for the others:
-  the fsync was 11 of the 25 ms a task of 5 samples cost on this disk.
-
-Time per round still grows with the number of clients at a fixed number of samples (mnist5k is 5,000 rows
-whatever N): at 1,000 clients a task trains 4-5 samples, and its fixed costs (model copy, optimizer, encoding,
-the upload and the edge's check) dominate, as they do in Flower's simulation{flower_growth}. The target
-"at most linear in the samples trained" is met by neither.
-
-Accuracy after {rounds} rounds is not equal between the two{accuracies}: the task, model shape, data rows and
-optimiser are the same, but the initial weights and each client's batch order come from different generators;
-equal accuracy round by round would need Flower's run to take our initial model and our batch order.
-"""
+BENCH = Path(__file__).resolve().parent
+REQUIREMENTS = BENCH / "flower-requirements.txt"
 
 
-def config(num_clients: int, fraction: float, rounds: int) -> RunConfig:
-    return RunConfig(name=f"scale-{num_clients}-{fraction}", rounds=rounds, model={"name": "flower_cnn"},
-                     data={"dataset": "mnist5k", "num_clients": num_clients, "client_holdout": 0},
-                     local={"epochs": 1, "batch_size": 32, "lr": 0.05}, fraction=fraction,
-                     policy={"deadline_s": 600, "min_fraction": 1.0})
+class Task:
+    """The run's settings, shared by the three systems."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.rounds, self.samples, self.epochs = args.rounds, args.samples, args.epochs
+        self.batch_size, self.lr = args.batch_size, args.lr
+
+    def config(self, num_clients: int, path: Path) -> RunConfig:
+        return RunConfig(name=f"scale-{num_clients}", rounds=self.rounds, model={"name": "flower_cnn"},
+                         data={"dataset": "npz", "path": str(path), "partition": "file",
+                               "num_clients": num_clients, "client_holdout": 0},
+                         local={"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
+                                "optimizer": "nesterov", "momentum": 0.9},
+                         policy={"deadline_s": 1800, "min_fraction": 1.0})
+
+    def write(self, num_clients: int, workdir: Path) -> tuple[RunConfig, Path]:
+        """The data set as an npz file (ours and the reference read it) and Flower's cache (one file per
+        partition, the test set, our initial weights)."""
+        pool = bundled_pool("mnist5k", 0.2, 0)
+        x, y = np.asarray(pool.x_train), np.asarray(pool.y_train)
+        rng = np.random.default_rng(num_clients)
+        rows = [rng.choice(len(y), self.samples, replace=False) for _ in range(num_clients)]
+        path = workdir / f"task-{num_clients}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, x_train=x[np.concatenate(rows)], y_train=y[np.concatenate(rows)],
+                 x_test=np.asarray(pool.x_test), y_test=np.asarray(pool.y_test),
+                 client_train=np.repeat(np.arange(num_clients), self.samples))
+        cache = workdir / f"flower-cache-{num_clients}"
+        cache.mkdir(exist_ok=True)
+        for k, chosen in enumerate(rows):
+            np.savez(cache / f"part-{k}.npz", x=x[chosen], y=y[chosen])
+        np.savez(cache / "test.npz", x=np.asarray(pool.x_test), y=np.asarray(pool.y_test))
+        config = self.config(num_clients, path)
+        np.savez(cache / "initial.npz", **{k: v.numpy() for k, v in initial_model(config).state_dict().items()})
+        return config, cache
 
 
-def flower(python: str, num_clients: int, fractions: list[float], rounds: int, workdir: Path) -> list[dict]:
-    """The same task in Flower's simulation engine (bench/flower_sim.py, run by `python` of a Flower venv):
-    the very rows each of our clients trains, and our test set, written to an .npz first."""
-    cfg = config(num_clients, 1.0, rounds)
-    data = load_federated(cfg.data, cfg.seed)
-    shards = workdir / f"shards-{num_clients}.npz"
-    shards.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(shards, x=torch.cat([c.train.x for c in data.clients]).numpy(),
-             y=torch.cat([c.train.y for c in data.clients]).numpy(),
-             client=np.concatenate([np.full(len(c.train.y), k) for k, c in enumerate(data.clients)]),
-             x_test=data.test.x.numpy(), y_test=data.test.y.numpy())
-    rows = []
-    for fraction in fractions:
-        done = subprocess.run([python, str(Path(__file__).with_name("flower_sim.py")), str(shards), "--rounds",
-                               str(rounds), "--fraction", str(fraction), "--lr", str(cfg.local.lr)],
-                              capture_output=True, text=True, timeout=1800, check=True)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        ends = [result["started"], *result["ended"]]
-        per_round = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-        rows.append({"clients": num_clients, "fraction": fraction, "s_per_round": statistics.median(per_round[1:]),
-                     "rounds_s": per_round, "accuracy": result["accuracy"][-1],
-                     "peak_rss_mib": result["peak_rss_mib"]})
-        print(f"Flower N={num_clients} fraction={fraction}: {rows[-1]['s_per_round']:.2f} s/round (rounds "
-              f"{', '.join(f'{x:.2f}' for x in per_round)}), accuracy {rows[-1]['accuracy']:.3f}, peak RSS "
-              f"{result['peak_rss_mib']:.0f} MiB", flush=True)
-    return rows
+class PeakRss:
+    """The peak of the summed RSS of every descendant of this process, sampled every 0.2 s while running;
+    also the highest nice value seen among them (Flower's Ray workers must run at ours: 0)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.nice = 0
+        self.processes = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._done.wait(0.2):
+            total, count = 0, 0
+            for p in me.children(recursive=True):
+                try:
+                    total += p.memory_info().rss
+                    self.nice = max(self.nice, p.nice())
+                    count += 1
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self.processes = max(self.processes, count)
+
+    @property
+    def mib(self) -> float:
+        return self.peak / 2**20
 
 
-def peak_rss_mib(services: list[Service]) -> float:
-    total = 0
-    for service in services:
-        assert service.proc is not None
-        for line in Path(f"/proc/{service.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                total += int(line.split()[1])
-    return total / 1024
+def per_round(ends: list[float], start: float) -> list[float]:
+    marks = [start, *ends]
+    return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+
+
+def summary(system: str, rounds_s: list[float], accuracy: list[float], **extra: float) -> dict:
+    row = {"system": system, "s_per_round": statistics.median(rounds_s[1:] or rounds_s), "rounds_s": rounds_s,
+           "accuracy": accuracy, **extra}
+    rss = f", peak RSS {extra['rss_mib']:.0f} MiB (max nice {extra['nice']:.0f})" if "rss_mib" in extra else ""
+    print(f"  {system}: {row['s_per_round']:.2f} s/round (rounds {', '.join(f'{s:.2f}' for s in rounds_s)}), "
+          f"accuracy {', '.join(f'{a:.3f}' for a in accuracy)}{rss}", flush=True)
+    return row
+
+
+def load() -> float:
+    figure = os.getloadavg()[0]
+    print(f"  load average {figure:.1f} on {os.cpu_count()} cores", flush=True)
+    return figure
+
+
+def ours(config: RunConfig, workdir: Path, extra: dict) -> dict:
+    env = {"FL_EDGE_LOG_FORMAT": "json", "FL_CLIENT_LOG_FORMAT": "json", "FL_EDGE_LOG_LEVEL": "info",
+           "FL_CLIENT_LOG_LEVEL": "info"}
+    n = config.data.num_clients
+    started_load = load()
+    with PeakRss() as rss, LocalTopology(num_clients=n, num_edges=1, procs_per_edge=2, workdir=workdir,
+                                         extra_env=env) as topo, CloudAPI(topo.cloud_url, topo.admin_token) as api:
+        run_id = api.create_run(config).run_id
+        api.action(run_id, "start")
+        info = api.wait(run_id, timeout_s=3600, poll_s=0.2)
+        if info.status.value != "finished":
+            raise RuntimeError(f"run {run_id} ended {info.status.value}")
+        history = api.history(run_id)
+        latencies = wake_ups(topo)
+    # elapsed_s counts from the run's start: a round is the time between two rounds' ends.
+    row = summary("ours", per_round([r.elapsed_s for r in history], 0.0), [r.test_accuracy for r in history],
+                  rss_mib=rss.mib, nice=rss.nice, processes=rss.processes, load=started_load)
+    extra.setdefault("wake_p99_s", p99(latencies))
+    return row
+
+
+def flower(python: Path, config: RunConfig, cache: Path, workers: int) -> dict:
+    started_load = load()
+    command = [str(python), str(BENCH / "flower_sim.py"), str(cache), "--clients", str(config.data.num_clients),
+               "--rounds", str(config.rounds), "--lr", str(config.local.lr), "--batch-size",
+               str(config.local.batch_size), "--epochs", str(config.local.epochs), "--optimizer",
+               config.local.optimizer, "--momentum", str(config.local.momentum), "--workers", str(workers)]
+    with PeakRss() as rss:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"Flower's run failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return summary("Flower", per_round(result["ended"], result["started"]), result["accuracy"], rss_mib=rss.mib,
+                   nice=rss.nice, processes=rss.processes, load=started_load)
+
+
+def reference(config: RunConfig) -> dict:
+    started_load = load()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        history = run_reference(config).history
+    finally:
+        torch.set_num_threads(previous)
+    return summary("reference", per_round([r.elapsed_s for r in history], 0.0), [r.test_accuracy for r in history],
+                   load=started_load)
+
+
+def flower_python(venv: Path) -> Path:
+    """The Flower venv's python, the venv built from bench/flower-requirements.txt first where missing."""
+    python = venv / "bin" / "python"
+    stamp_file = venv / f".installed-{hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]}"
+    if not stamp_file.exists():
+        print(f"building Flower's venv in {venv} from {REQUIREMENTS.name} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True)
+        stamp_file.touch()
+    return python
 
 
 def log_times(path: Path, needle: str) -> list[tuple[float, str]]:
@@ -157,43 +239,6 @@ def wake_ups(topo: LocalTopology) -> list[float]:
 
 def p99(values: list[float]) -> float:
     return sorted(values)[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
-
-
-def measure(num_clients: int, fractions: list[float], rounds: int, workdir: Path) -> list[dict]:
-    env = {"FL_EDGE_LOG_FORMAT": "json", "FL_CLIENT_LOG_FORMAT": "json", "FL_EDGE_LOG_LEVEL": "info",
-           "FL_CLIENT_LOG_LEVEL": "info"}
-    rows = []
-    with LocalTopology(num_clients=num_clients, num_edges=1, procs_per_edge=2, workdir=workdir / f"n{num_clients}",
-                       extra_env=env) as topo, CloudAPI(topo.cloud_url, topo.admin_token) as api:
-        for fraction in fractions:
-            run_id = api.create_run(config(num_clients, fraction, rounds)).run_id
-            started = time.perf_counter()
-            api.action(run_id, "start")
-            info = api.wait(run_id, timeout_s=3600, poll_s=0.2)
-            wall = time.perf_counter() - started
-            if info.status != RunStatus.finished:
-                raise RuntimeError(f"run {run_id} ended {info.status.value}")
-            history = api.history(run_id)
-            # elapsed_s counts from the run's start: a round is the time between two rounds' ends.
-            ends = [r.elapsed_s for r in history]
-            per_round = [ends[0]] + [b - a for a, b in zip(ends, ends[1:], strict=False)]
-            rows.append({"clients": num_clients, "fraction": fraction, "rounds": rounds,
-                         "s_per_round": statistics.median(per_round[1:] or per_round), "rounds_s": per_round,
-                         "wall_s": wall, "accuracy": history[-1].test_accuracy,
-                         "trained": sum(len(r.clients) for r in history) / len(history)})
-            print(f"N={num_clients} fraction={fraction}: {rows[-1]['s_per_round']:.2f} s/round "
-                  f"(rounds {', '.join(f'{s:.2f}' for s in per_round)}), accuracy {rows[-1]['accuracy']:.3f}",
-                  flush=True)
-        latencies = wake_ups(topo)
-        clients_mib, edge_mib = peak_rss_mib(topo.clients), peak_rss_mib(topo.edges)
-        for row in rows:
-            row.update(clients_rss_mib=clients_mib, edge_rss_mib=edge_mib,
-                       rss_sum_mib=clients_mib + edge_mib + peak_rss_mib(topo.clouds))
-        rows[0]["wake_p99_s"] = p99(latencies)
-        rows[0]["wake_max_s"] = max(latencies, default=float("nan"))
-        print(f"N={num_clients}: wake-up p99 {rows[0]['wake_p99_s'] * 1000:.0f} ms over {len(latencies)} tasks; "
-              f"peak RSS clients {clients_mib:.0f} MiB, edge {edge_mib:.0f} MiB", flush=True)
-    return rows
 
 
 async def hold_polls(url: str, token: str, polls: int, seconds: float) -> None:
@@ -249,87 +294,140 @@ def health(polls: int, seconds: float, workdir: Path) -> dict:
     return figures
 
 
-def table(rows: list[dict], figures: dict) -> str:
-    measured = {(r["clients"], r["fraction"]): r for r in figures.get("flower", [])}
-    lines = ["| clients | fraction | ours s/round | Flower s/round (this run) | ours / Flower | ours accuracy | "
-             "Flower accuracy | Flower s/round (issue 13) | ours before (issue 13) | our RSS sum (MiB) | "
-             "Flower RSS (MiB) | wake-up p99 (ms) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        full = r["fraction"] == 1
-        theirs = measured.get((r["clients"], r["fraction"]))
-        issue = FLOWER[r["clients"]][0] if full and r["clients"] in FLOWER else None
-        before = BEFORE.get(r["clients"]) if full else None
-        cells = [str(r["clients"]), f"{r['fraction']:g}", f"{r['s_per_round']:.2f}",
-                 f"{theirs['s_per_round']:.2f}" if theirs else "–",
-                 f"{r['s_per_round'] / theirs['s_per_round']:.2f}" if theirs else "–",
-                 f"{r['accuracy']:.3f}", f"{theirs['accuracy']:.3f}" if theirs else "–",
-                 f"{issue:.2f}" if issue else "–", f"{before:.2f}" if before else "–", f"{r['rss_sum_mib']:.0f}",
-                 f"{theirs['peak_rss_mib']:.0f}" if theirs else "–",
-                 f"{r['wake_p99_s'] * 1000:.0f}" if "wake_p99_s" in r else ""]
-        lines.append(f"| {' | '.join(cells)} |")
-    lines += ["", f"MiB per logical client beyond the smallest size (client processes + edge, peak RSS): "
-                  f"{figures['mib_per_client']:.2f}"]
+def measure(task: Task, num_clients: int, pairs: int, python: Path | None, workers: int, workdir: Path) -> dict:
+    config, cache = task.write(num_clients, workdir)
+    size: dict = {"clients": num_clients, "pairs": []}
+    for i in range(pairs):
+        print(f"N={num_clients}, pair {i + 1} of {pairs}", flush=True)
+        pair: dict = {}
+        order = ["ours", "Flower"] if i % 2 == 0 or python is None else ["Flower", "ours"]
+        for system in order:
+            if system == "ours":
+                pair["ours"] = ours(config, workdir / f"n{num_clients}-p{i}", size)
+            elif python is not None:
+                pair["flower"] = flower(python, config, cache, workers)
+        pair["reference"] = reference(config)
+        pair["order"] = order
+        size["pairs"].append(pair)
+        ratios = [f"{key} {value:.2f}" for key, value in pair_ratios(pair).items()]
+        print(f"  ratios: {', '.join(ratios)}", flush=True)
+    return size
+
+
+def pair_ratios(pair: dict) -> dict[str, float]:
+    ratios = {"ours / reference": pair["ours"]["s_per_round"] / pair["reference"]["s_per_round"]}
+    if "flower" in pair:
+        ratios["ours / Flower"] = pair["ours"]["s_per_round"] / pair["flower"]["s_per_round"]
+        ratios["RSS ours / Flower"] = pair["ours"]["rss_mib"] / pair["flower"]["rss_mib"]
+    return ratios
+
+
+def table(figures: dict) -> str:
+    lines = ["| clients | pair (order) | load (ours / Flower) | ours s/round | Flower s/round | "
+             "reference s/round (1 thread) | ours / Flower | ours / reference | ours peak RSS (MiB) | "
+             "Flower peak RSS (MiB) | accuracy after each round: ours / Flower / reference |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size in figures["sizes"]:
+        for i, pair in enumerate(size["pairs"]):
+            o, f, r = pair["ours"], pair.get("flower"), pair["reference"]
+            ratios = pair_ratios(pair)
+
+            def accuracies(row: dict | None) -> str:
+                return "–" if row is None else " ".join(f"{a:.3f}" for a in row["accuracy"])
+
+            cells = [f"{size['clients']:,}", f"{i + 1} ({' → '.join(pair['order'])})",
+                     f"{o['load']:.1f}" + (f" / {f['load']:.1f}" if f else ""), f"{o['s_per_round']:.2f}",
+                     f"{f['s_per_round']:.2f}" if f else "–", f"{r['s_per_round']:.2f}",
+                     f"{ratios['ours / Flower']:.2f}" if f else "–", f"{ratios['ours / reference']:.2f}",
+                     f"{o['rss_mib']:.0f}", f"{f['rss_mib']:.0f}" if f else "–",
+                     f"{accuracies(o)} / {accuracies(f)} / {accuracies(r)}"]
+            lines.append(f"| {' | '.join(cells)} |")
+    lines.append("")
+    for size in figures["sizes"]:
+        line = f"- {size['clients']:,} clients: "
+        ours_flower = [pair_ratios(p).get("ours / Flower") for p in size["pairs"]]
+        ours_ref = [pair_ratios(p)["ours / reference"] for p in size["pairs"]]
+        if all(x is not None for x in ours_flower):
+            line += f"ours / Flower per pair {', '.join(f'{x:.2f}' for x in ours_flower)}; "
+        line += f"ours / reference per pair {', '.join(f'{x:.2f}' for x in ours_ref)}"
+        if "wake_p99_s" in size:
+            line += f"; wake-up p99 {size['wake_p99_s'] * 1000:.0f} ms"
+        lines.append(line)
     if "health" in figures:
         h = figures["health"]
-        lines.append(f"/health under {h['polls']} per-client long-polls (held by another process): p50 "
+        lines.append(f"- /health under {h['polls']} per-client long-polls (held by another process): p50 "
                      f"{h['health_p50_s'] * 1000:.1f} ms, p99 {h['health_p99_s'] * 1000:.1f} ms (max "
                      f"{h['health_max_s'] * 1000:.1f} ms, {h['health_n']} probes)")
     return "\n".join(lines)
 
 
+READING = """\
+How to read it:
+- One run of this script on a shared host: the load column gives the load average when each system started
+  (other work ran meanwhile and moves a system's figures by up to 2× between pairs): compare the systems within
+  a pair, not across pairs.
+- {equality}
+- {learning}
+- s/round leaves out round 1: for Flower it includes starting Ray (about {ray_start:.0f} s here), for ours starting
+  the processes and reading the data.
+- Memory is the peak of the summed RSS of every process of each system while it ran, sampled the same way on
+  both sides: ours counts the cloud, the edge, two client processes and Redis (each a Python process with torch
+  loaded); Flower its driver (the ServerApp) and Ray's processes (GCS, raylet, the two workers and Ray's own
+  helpers).
+"""
+
+
+def reading(figures: dict) -> str:
+    pairs = [p for s in figures["sizes"] for p in s["pairs"]]
+    same = all(p["ours"]["accuracy"] == p["reference"]["accuracy"] for p in pairs)
+    equality = ("Ours and the in-process reference computed the same models: their accuracies are equal round by "
+                "round in every pair, as the services equal the reference runner. " if same else
+                "Ours and the in-process reference did NOT compute the same models in every pair (see the "
+                "accuracies). ")
+    equality += ("Flower starts from the same initial weights and trains the same rows with the same optimiser, "
+                 "but its DataLoader draws each client's batch order from its own generator: its accuracy differs "
+                 "from ours by that batch-order difference.")
+    starts = [p["flower"]["rounds_s"][0] for p in pairs if "flower" in p]
+    learned = [s["clients"] for s in figures["sizes"]
+               if s["pairs"][0]["ours"]["accuracy"][-1] > s["pairs"][0]["ours"]["accuracy"][0]]
+    stalled = [s["clients"] for s in figures["sizes"] if s["clients"] not in learned]
+    learning = (f"The model learned over the {figures['rounds']} rounds (accuracy after the last round above "
+                f"the first) at {', '.join(f'{n:,}' for n in learned) or 'no size'} clients"
+                + (f"; not at {', '.join(f'{n:,}' for n in stalled)}, where each round is {figures['epochs']} "
+                   f"epoch(s) of {figures['samples']} samples per client: too few steps to learn in "
+                   f"{figures['rounds']} rounds (more rounds or samples per client would, at a cost this shared "
+                   "host could not afford at 1,000 clients)." if stalled else "."))
+    ray_start = statistics.median(starts) if starts else float("nan")
+    return READING.format(equality=equality, learning=learning, ray_start=ray_start)
+
+
 def document(figures: dict) -> str:
-    return (f"# A thousand logical clients on one host\n\nMade by `bench/scale.py` ({figures['rounds']} rounds per "
-            f"run; every figure in `scale.json`).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n"
-            f"{table(figures['rows'], figures)}\n\n![seconds per round](scale.png)\n\n"
-            f"{(SIDE_BY_SIDE if figures.get('flower') else ISSUE_ONLY).format(load=load_sentence(figures))}\n"
-            f"{READING.format(**flower_comparison(figures), rounds=figures['rounds'])}")
+    return (f"# Many logical clients on one host: ours, Flower's simulation, the training alone\n\n"
+            f"Made by `bench/scale.py` ({figures['rounds']} rounds per run, {figures['samples']} samples per client, "
+            f"E = {figures['epochs']}, B = {figures['batch_size']}; every figure in `scale.json`; Flower "
+            f"{figures.get('flower_version', '–')}).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n"
+            f"{table(figures)}\n\n![seconds per round](scale.png)\n\n{reading(figures)}")
 
 
-def load_sentence(figures: dict) -> str:
-    """What else the machine ran: figures move by up to 40% between runs of the same code on a shared host."""
-    load, cores = figures.get("load_average"), figures.get("cores")
-    if load is None:
-        return ""
-    return (f"Load average when the run started: {load:.1f} on {cores} cores (other work on the host moves these "
-            f"figures by up to 40% between runs of the same code).")
-
-
-def flower_comparison(figures: dict) -> dict[str, str]:
-    """The side-by-side run's own figures for the reading below the table (empty without Flower)."""
-    full = sorted((r for r in figures.get("flower", []) if r["fraction"] == 1), key=lambda r: r["clients"])
-    if len(full) < 2:
-        return {"flower_growth": "", "accuracies": ""}
-    small, large = full[0], full[-1]
-    ours = next((r for r in figures["rows"] if (r["clients"], r["fraction"]) == (small["clients"], 1)), None)
-    accuracies = (f" ({ours['accuracy']:.3f} against {small['accuracy']:.3f} at {small['clients']} clients)"
-                  if ours else "")
-    return {"flower_growth": f" ({large['s_per_round']:.2f} s at {large['clients']:,} clients against "
-                             f"{small['s_per_round']:.2f} s at {small['clients']} in the side-by-side run)",
-            "accuracies": accuracies}
-
-
-def plot(rows: list[dict], flower_rows: list[dict], path: Path) -> None:
+def plot(figures: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for fraction in sorted({r["fraction"] for r in rows}, reverse=True):
-        chosen = [r for r in rows if r["fraction"] == fraction]
-        ax.plot([r["clients"] for r in chosen], [r["s_per_round"] for r in chosen], "o-",
-                label=f"ours, fraction {fraction:g}")
-    for fraction in sorted({r["fraction"] for r in flower_rows}, reverse=True):
-        chosen = [r for r in flower_rows if r["fraction"] == fraction]
-        ax.plot([r["clients"] for r in chosen], [r["s_per_round"] for r in chosen], "s-.",
-                label=f"Flower simulation, fraction {fraction:g} (this run)")
-    ax.plot(list(FLOWER), [v[0] for v in FLOWER.values()], "s--", label="Flower 1.41 simulation (issue 13)")
-    ax.plot(list(BEFORE), list(BEFORE.values()), "x:", label="ours before (issue 13)")
+    sizes = figures["sizes"]
+    for key, label, style in (("ours", "ours (services)", "o-"), ("flower", "Flower simulation", "s--"),
+                              ("reference", "in-process reference, 1 thread", "x:")):
+        points = [(s["clients"], statistics.median(p[key]["s_per_round"] for p in s["pairs"]))
+                  for s in sizes if all(key in p for p in s["pairs"])]
+        if points:
+            ax.plot(*zip(*points, strict=True), style, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("logical clients (one host, 2 cores)")
-    ax.set_ylabel("seconds per round")
-    ax.set_title("flower_cnn on mnist5k, E=1, B=32: wall time per round", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("seconds per round (median over pairs)")
+    ax.set_title(f"flower_cnn, {figures['samples']} samples per client: wall time per round", fontsize=10)
+    ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -337,15 +435,23 @@ def plot(rows: list[dict], flower_rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500, 1000])
-    parser.add_argument("--fractions", type=float, nargs="+", default=[1.0, 0.1])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=8, help="training rows per client")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=0.2)
+    parser.add_argument("--flower-venv", type=Path, default=BENCH.parent / ".venv-flower",
+                        help="Flower's venv (built from bench/flower-requirements.txt where missing)")
+    parser.add_argument("--no-flower", action="store_true", help="ours and the reference only")
+    parser.add_argument("--workers", type=int, default=2, help="Flower's Ray workers (ours: two client processes)")
     parser.add_argument("--polls", type=int, default=1000, help="per-client long-polls at /health (0: skip)")
     parser.add_argument("--health-s", type=float, default=10.0)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fl-bench-scale"))
-    parser.add_argument("--flower", default=None, metavar="PYTHON",
-                        help="a Flower venv's python: the same task in Flower's simulation engine, side by side")
     parser.add_argument("--out", type=Path, default=None, help="write scale.md, scale.json and scale.png here")
+    parser.add_argument("--render", action="store_true",
+                        help="rewrite scale.md and scale.png in --out from its scale.json, measuring nothing")
     parser.add_argument("--hold-polls", nargs=4, metavar=("URL", "TOKEN", "POLLS", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hold_polls:
@@ -353,23 +459,31 @@ def main() -> None:
         asyncio.run(hold_polls(url, token, int(polls), float(seconds)))
         return
 
+    if args.render:
+        if args.out is None:
+            parser.error("--render needs --out")
+        figures = json.loads((args.out / "scale.json").read_text())
+        plot(figures, args.out / "scale.png")
+        page = args.out / "scale.md"
+        page.write_text(stamped(document(figures), earlier_stamp(page)))
+        return
+    torch.set_num_threads(1)
     line = stamp()
-    load_at_start = os.getloadavg()[0]
-    rows = [row for n in sorted(args.sizes) for row in measure(n, args.fractions, args.rounds, args.workdir)]
-    figures: dict = {"rounds": args.rounds, "rows": rows, "load_average": load_at_start, "cores": os.cpu_count()}
-    small, large = rows[0], rows[-1]
-    grown = (large["clients_rss_mib"] + large["edge_rss_mib"]) - (small["clients_rss_mib"] + small["edge_rss_mib"])
-    figures["mib_per_client"] = grown / max(1, large["clients"] - small["clients"])
-    if args.flower:
-        figures["flower"] = [row for n in sorted(args.sizes)
-                             for row in flower(args.flower, n, args.fractions, args.rounds, args.workdir)]
+    python = None if args.no_flower else flower_python(args.flower_venv)
+    figures: dict = {"rounds": args.rounds, "samples": args.samples, "epochs": args.epochs,
+                     "batch_size": args.batch_size, "lr": args.lr, "cores": os.cpu_count(), "sizes": []}
+    if python is not None:
+        figures["flower_version"] = subprocess.run([str(python), "-c", "import flwr; print(flwr.__version__)"],
+                                                   capture_output=True, text=True, check=True).stdout.strip()
+    for n in sorted(args.sizes):
+        figures["sizes"].append(measure(Task(args), n, args.pairs, python, args.workers, args.workdir))
     if args.polls:
         figures["health"] = health(args.polls, args.health_s, args.workdir)
-    print(table(rows, figures))
+    print(table(figures))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "scale.json").write_text(json.dumps(figures, indent=2))
-        plot(rows, figures.get("flower", []), args.out / "scale.png")
+        plot(figures, args.out / "scale.png")
         (args.out / "scale.md").write_text(stamped(document(figures), line))
         print(f"wrote {args.out}/scale.md, scale.json and scale.png")
 

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ import httpx
 from fl_services.client.config import ClientSettings
 from fl_services.client.dvfs import Pacer, backend_for, emulated_hold, record_bytes
 from fl_services.client.feed import ClientStopped, TaskFeed, Unregistered, check
+from fl_services.client.models import ModelPool
 from fl_services.client.state import ClientStateStore
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
@@ -41,8 +43,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) -> bytes:
-    """Runs the algorithm's local update for one task and returns the result message, state saved."""
+def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record,
+            models: ModelPool | None = None) -> bytes:
+    """Runs the algorithm's local update for one task and returns the result message, state saved; its model comes
+    from `models` where given (the calling training thread's pool, client/models.py)."""
     store = ClientStateStore(settings.state_dir, header.run_id, header.client_id)
     saved = store.saved_result(header.task_id)
     if saved is not None:  # we crashed after training but before the upload was acknowledged
@@ -50,6 +54,9 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     config = _local_config(settings, header.config)
     algorithm = registry.create(config)
     data = client_data(settings, config, header.client_id)
+    job = local_job(config, header.client_id, header.round, data)
+    if models is not None:
+        job = replace(job, model_factory=models.for_task(job.model_factory))
     started = time.perf_counter()
     pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
                   backend_for(settings.dvfs_backend, settings.cpufreq_root))
@@ -67,7 +74,7 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     # Saved where there is state to keep (or an older state to supersede): a crash must then not train
     # again on state already advanced by this task. Without client state (FedAvg, FedProx, FedSGD) a task
     # trained again after a crash gives the same tensors, and the edge counts one result per task id; the
-    # fsync this skips was 11 of the 25 ms a CNN task of 5 samples cost (docs/benchmarks/scale.md).
+    # fsync this skips was 11 of the 25 ms a CNN task of 5 samples cost on a 2-core development host.
     if update.state or store.exists():
         store.save(header.task_id, update.state, blob)
     return blob
@@ -172,6 +179,7 @@ class Worker:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         # One training at a time for the whole process, the runs taking turns.
         self.trainer = RoundRobin(self.executor)
+        self.models = ModelPool()  # used by the one training thread only
         # A device on its own data describes it when it registers (a run over registered devices checks it fits).
         summary = own_source(settings.data).summary() if settings.data is not None else None
         self.feed = TaskFeed(settings, edge, client_ids, self._deliver, summary)
@@ -220,7 +228,8 @@ class Worker:
             bind(run_id=header.run_id)
             received = time.monotonic()
             try:
-                result = await self.trainer.run(header.run_id, partial(_train, self.settings, header, item))
+                result = await self.trainer.run(header.run_id,
+                                                partial(_train, self.settings, header, item, self.models))
             except Exception as exc:
                 log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
                 release = False
@@ -292,7 +301,7 @@ class Worker:
         return True
 
 
-def _train(settings: ClientSettings, header: ClientTaskHeader, item: BundleItem) -> bytes:
+def _train(settings: ClientSettings, header: ClientTaskHeader, item: BundleItem, models: ModelPool) -> bytes:
     """The training thread's job: the task's tensors read there, not on the event loop."""
     task, _ = decode(item.message(), ClientTaskHeader)
-    return compute(settings, header, task)
+    return compute(settings, header, task, models)

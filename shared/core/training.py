@@ -1,7 +1,9 @@
 """Local optimisation and evaluation, shared by every algorithm's client side and by the cloud."""
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -67,6 +69,27 @@ def make_optimizer(params, cfg: LocalTrainingConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=cfg.lr)
 
 
+# The optimiser of each model object that trained, for a model handed out again (a client process keeps its
+# models across tasks, client/models.py): its state cleared rather than the optimiser built again.
+_optimizers: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.optim.Optimizer]] = weakref.WeakKeyDictionary()
+_optimizers_lock = threading.Lock()  # the reference runner trains on several threads, each its own models
+
+
+def optimizer_for(model: nn.Module, named: dict[str, nn.Parameter], cfg: LocalTrainingConfig) -> torch.optim.Optimizer:
+    """`make_optimizer` over `named`, with no state: the one this model last trained with, its state cleared,
+    where it was built over the same parameters with the same settings. SGD's only state is the momentum
+    buffer, created at the first step: a cleared optimiser steps exactly as a fresh one."""
+    key = (cfg.optimizer, cfg.lr, cfg.momentum, tuple(map(id, named.values())))
+    with _optimizers_lock:
+        kept = _optimizers.get(model)
+        if kept is not None and kept[0] == key:
+            kept[1].state.clear()
+            return kept[1]
+        opt = make_optimizer(named.values(), cfg)
+        _optimizers[model] = (key, opt)
+        return opt
+
+
 def local_sgd(
     model: nn.Module,
     data: ArrayDataset,
@@ -81,7 +104,8 @@ def local_sgd(
     noise drawn from `generator`, after the batch order: the same seed gives the same model)."""
     model.train()
     named = dict(model.named_parameters())
-    opt = make_optimizer(named.values(), cfg)
+    # DP-SGD wraps the optimiser (opacus's DPOptimizer): built fresh, never kept.
+    opt = make_optimizer(named.values(), cfg) if dp_sgd is not None else optimizer_for(model, named, cfg)
     forward: nn.Module = model
     if dp_sgd is not None:
         if regulariser is not None or correction is not None:

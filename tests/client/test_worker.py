@@ -170,10 +170,10 @@ async def test_a_refused_registration_is_retried_while_the_other_client_works(tm
 async def test_training_that_raises_for_one_client_spares_the_other_and_it_recovers(tmp_path, monkeypatch):
     real = worker_module.compute
 
-    def compute(settings, header, task):
+    def compute(settings, header, task, models=None):
         if header.client_id == 0 and header.round == 0:
             raise RuntimeError("local update diverged")
-        return real(settings, header, task)
+        return real(settings, header, task, models)
 
     monkeypatch.setattr(worker_module, "compute", compute)
     async with running_edge() as edge:

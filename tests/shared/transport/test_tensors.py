@@ -98,3 +98,22 @@ def test_any_malformed_header_is_a_payload_error(blob):
         decode(blob, ClientResultHeader)
     except PayloadError:  # 400 (422 for InvalidContent): what the services answer
         pass
+
+
+@pytest.mark.parametrize("bad", ["a", "b", "c", "d"])
+def test_checks_read_many_tensors_at_once_and_still_name_the_one_at_fault(bad):
+    from fl_services.shared.core.tensors import check_magnitude
+    # Small tensors of several float dtypes (checked as one) and one large one (checked on its own).
+    good = {"a": torch.zeros(3, dtype=torch.float16), "b": torch.ones(4, 5), "c": torch.zeros(2, dtype=torch.float64),
+            "d": torch.zeros(1 << 20), "n": torch.arange(3)}
+    check_tensors(good, spec_of(good))
+    check_magnitude(good)
+    nan, huge = dict(good), dict(good)
+    nan[bad] = good[bad].clone().reshape(-1).index_fill(0, torch.tensor([1]), float("nan")).reshape(good[bad].shape)
+    huge[bad] = good[bad].clone().reshape(-1).index_fill(0, torch.tensor([1]), -6e4).reshape(good[bad].shape)
+    with pytest.raises(InvalidContent, match=f"tensor '{bad}' contains NaN or Inf"):
+        check_tensors(nan, spec_of(good))
+    check_magnitude(huge, bound=1e6)
+    with pytest.raises(InvalidContent, match=f"tensor '{bad}' has values beyond"):
+        check_magnitude(huge, bound=5e4)
+    check_magnitude(huge, bound=5e4, names=[name for name in good if name != bad])
