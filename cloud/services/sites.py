@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 from datetime import datetime, timedelta
 
 from pydantic import ValidationError
@@ -15,8 +16,8 @@ from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import RunStatus
-from fl_services.shared.wire.admin import RunSite, RunSites, SiteInfo
+from fl_services.shared.core.reports import RoundRecord, RunStatus
+from fl_services.shared.wire.admin import RunSite, RunSites, SampleOutlier, SiteInfo
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 # slow one, is not an outage); an edge that does not say its interval is taken to report every 10 s.
 MISSED_REPORTS = 3
 DEFAULT_REPORT_S = 10.0
+# A claimed sample count above this many times the round's median is shown as an outlier; the median needs a few
+# counts to stand for the round (docs/explanation-algorithms-robust.md, "Sample counts").
+OUTLIER_RATIO = 5.0
+OUTLIER_MIN_CLIENTS = 3
 
 
 def with_status(site: SiteInfo, at: datetime) -> SiteInfo:
@@ -54,8 +59,20 @@ async def run_sites(*, store: Store, run_id: str) -> RunSites:
                              **(tally.model_dump(include={"tasks", "answered", "failed"}) if tally else {})))
     tasks = sum(s.tasks for s in sites)
     reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure})
+    last = (await store.info(run_id)).last_round
     return RunSites(run_id=run_id, sites=sites, all_failed=tasks > 0 and sum(s.failed for s in sites) == tasks,
-                    reasons=reasons)
+                    reasons=reasons, sample_outliers=sample_outliers(last) if last else [],
+                    outliers_round=last.round if last else None)
+
+
+def sample_outliers(record: RoundRecord) -> list[SampleOutlier]:
+    """The round's devices whose claimed training sample count exceeds OUTLIER_RATIO × the median of the round's
+    claims (none with fewer than OUTLIER_MIN_CLIENTS claims). Only the high side: a small claim gains no weight."""
+    if len(record.clients) < OUTLIER_MIN_CLIENTS:
+        return []
+    median = statistics.median(c.num_samples for c in record.clients)
+    return [SampleOutlier(client_id=c.client_id, edge_id=c.edge_id, num_samples=c.num_samples, median=median)
+            for c in record.clients if c.num_samples > OUTLIER_RATIO * median]
 
 
 async def resolve(*, store: Store, config: RunConfig) -> RunConfig:

@@ -149,6 +149,16 @@ class RunSite(Message):
     devices: list[DeviceBrief] = Field(default_factory=list)  # listed devices with a task of the run, or failing it
 
 
+class SampleOutlier(Message):
+    """A device of the run's last recorded round whose claimed training sample count is far above the round's
+    median (cloud/services/sites.py, sample_outliers): its weight in a mean rests on a claim no one can check."""
+
+    client_id: int
+    edge_id: int
+    num_samples: int
+    median: float  # of the round's claimed counts
+
+
 class RunSites(Message):
     """The sites and devices a run uses (`GET /api/v1/runs/{id}/sites`); all_failed: every device given a task of
     its current round reported it could not train it (the run cannot progress until one can)."""
@@ -157,3 +167,6 @@ class RunSites(Message):
     sites: list[RunSite]
     all_failed: bool
     reasons: list[str] = Field(default_factory=list)  # the distinct reasons of the listed failed devices
+    # The devices of the last recorded round (the history's) whose sample count is an outlier, and that round.
+    sample_outliers: list[SampleOutlier] = Field(default_factory=list)
+    outliers_round: int | None = None

@@ -59,7 +59,18 @@ function drawSites(run) {
   document.getElementById("sites-verdict").textContent = run.all_failed
     ? `Every device given a task of the current round reported it could not train it: ${run.reasons.join("; ")}`
     : "";
+  drawOutliers(run);
   drawFailures();
+}
+
+// Devices whose claimed sample count stands far above the median of the last recorded round: no one can check
+// a device's own data, so the claim is only bounded (max_samples_per_device) and shown.
+function drawOutliers(run) {
+  const line = document.getElementById("sample-outliers");
+  line.hidden = run.sample_outliers.length === 0;
+  line.textContent = line.hidden ? "" : `Sample-count outliers in round ${run.outliers_round}: ` + run.sample_outliers
+    .map((o) => `device ${o.client_id} at ${siteNames.get(o.edge_id) ?? `edge ${o.edge_id}`} claims ${o.num_samples} `
+      + `samples (the round's median: ${o.median})`).join("; ");
 }
 
 async function refresh() {
