@@ -35,7 +35,10 @@ _DEFAULT_GENERATOR = threading.RLock()
 def seeded_default_generator(seed: int) -> Iterator[None]:
     """torch's layer initialisers draw only from the process-wide default generator: fork it (the
     caller's RNG is untouched) and seed it, under a lock, because the cloud builds models in several
-    worker threads at once (creating a run while another evaluates) and their draws would interleave."""
+    worker threads at once (creating a run while another evaluates) and their draws would interleave. The lock
+    holds only against the threads that take it: any other draw from the default generator, on any thread, moves
+    the weights of a build going on meanwhile, so a module whose weights are loaded anyway is built on the meta
+    device (hfpl's G) rather than initialised."""
     with _DEFAULT_GENERATOR, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield

@@ -393,6 +393,23 @@ def test_reference_is_deterministic_per_seed():
     assert not same(first.global_state, other.global_state)
 
 
+@pytest.mark.parametrize("kind", ["linear", "cosine", "mlp"])
+def test_loading_g_draws_nothing_from_the_default_generator_and_copies_its_state(kind):
+    """Clients load G on their own threads while another client's extractor is built from the seeded default
+    generator (seeding.seeded_default_generator): a draw of G's load would move that extractor's weights off its
+    seed, and the run off the reference's."""
+    a = hfpl(classifier=kind, feature_dim=4)
+    head = a.init_global(nn.Linear(1, 3))[HEAD]
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    g = a.classifier(head, trainable=True)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert same(g.state_dict(), head) and all(p.requires_grad for p in g.parameters())
+    with torch.no_grad():
+        next(g.parameters()).add_(1.0)
+    assert same(a.init_global(nn.Linear(1, 3))[HEAD], head)  # G trained by the cloud leaves the record's G as is
+
+
 def test_a_slow_edge_arrives_stale_and_replaying_the_schedule_reproduces_the_run():
     c = config().model_copy(update={"rounds": 4})
     run = run_reference(c, edge_slowdown={2: 3.0})
