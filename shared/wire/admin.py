@@ -8,6 +8,7 @@ from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataSummary
+from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.reports import Labels, Message, RoundRecord, RunStatus
 from fl_services.shared.wire.protocol import TOKEN_ID
 
@@ -16,9 +17,9 @@ class RunInfo(Message):
     run_id: str
     status: RunStatus
     config: RunConfig
-    version: int
-    rounds: int
-    buffered: int
+    version: Int
+    rounds: Int
+    buffered: Int
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -57,12 +58,12 @@ class SiteInfo(Message):
     """A site (an edge) as the cloud's site registry knows it, from its registration and its reports."""
 
     name: str
-    edge_id: int
+    edge_id: Int
     labels: Labels = Field(default_factory=dict)
     url: str | None = None
     registered_at: datetime
     last_seen: datetime
-    devices: int | None = None  # registered at it, as it last reported
+    devices: Int | None = None  # registered at it, as it last reported
     serving: str | None = None  # its last round, "run_id:version"
 
 
@@ -72,7 +73,7 @@ DeviceState = Literal["idle", "training", "failed", "offline"]
 class DeviceInfo(Message):
     """A device as its edge's device registry knows it."""
 
-    client_id: int
+    client_id: Int
     state: DeviceState  # training: a task of it is open; failed: it reported it could not train one
     labels: Labels = Field(default_factory=dict)
     summary: DataSummary | None = None
@@ -91,34 +92,34 @@ class CloudHealth(Message):
 class EdgeHealth(Message):
     status: Literal["ok"] = "ok"
     service: Literal["edge"] = "edge"
-    edge_id: int
-    clients: int  # registered logical clients
+    edge_id: Int
+    clients: Int  # registered logical clients
     run_id: str | None = None  # the run of the last global state it received
-    version: int | None = None
+    version: Int | None = None
 
 
 # ---- cloud -> dashboard (admin) -----------------------------------------------------------------
 class EdgeStatus(Message):
     """One edge of a run as the cloud sees it: its last contribution and whether one waits in the buffer."""
 
-    edge_id: int
+    edge_id: Int
     registered: bool
     waiting: bool  # a contribution of this edge is in the buffer, not yet consumed by a cloud update
-    base_version: int | None = None  # the version its last contribution was computed on
+    base_version: Int | None = None  # the version its last contribution was computed on
     # Waiting: how stale it would be if consumed now (run version − base_version); else as recorded.
-    staleness: int | None = None
+    staleness: Int | None = None
     received_at: datetime | None = None  # when the waiting contribution was accepted
-    consumed_in: int | None = None  # the version whose cloud update consumed its last contribution
-    consumed: int = 0  # how many of its contributions the run consumed
+    consumed_in: Int | None = None  # the version whose cloud update consumed its last contribution
+    consumed: Int = 0  # how many of its contributions the run consumed
 
 
 class RunEdges(Message):
     """The buffer of a run against B, and each of its edges."""
 
     run_id: str
-    version: int
-    buffer_size: int  # B
-    buffered: int
+    version: Int
+    buffer_size: Int  # B
+    buffered: Int
     edges: list[EdgeStatus]
 
 
@@ -128,5 +129,5 @@ class RunUpdate(Message):
     info: RunInfo
     edges: RunEdges
     # Mean and spread (population std) over clients of their latest reports, per client group.
-    groups: dict[str, dict[str, tuple[float, float]]]
+    groups: dict[str, dict[str, tuple[Float, Float]]]
     rounds: list[RoundRecord]  # history records this stream has not sent before

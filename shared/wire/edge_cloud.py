@@ -6,6 +6,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.reports import Id, Labels, Message
 
 
@@ -14,13 +15,13 @@ class EdgeRegistration(Message):
     """An edge's registration, repeated as its site report: who it is, where it is, what it serves."""
 
     max_body_bytes: ClassVar[int] = 8 * 2**10
-    edge_id: int = Id
+    edge_id: Int = Id
     url: str | None = Field(None, max_length=500)
     # The site: a stable name (unset: edge-<edge_id>) and labels a run's selection may name.
     name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     labels: Labels = Field(default_factory=dict)
     # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
-    devices: int | None = Field(None, ge=0, le=10**7)
+    devices: Int | None = Field(None, ge=0, le=10**7)
     serving: str | None = Field(None, max_length=200)
 
     @property
@@ -31,11 +32,11 @@ class EdgeRegistration(Message):
 # ---- cloud -> edge ----------------------------------------------------------------------------
 class GlobalStateHeader(Message):
     run_id: str
-    version: int
+    version: Int
     config: RunConfig
     # Per edge, seconds its contribution waited for the others of the update that made this version, negative
     # for the last to arrive (the DVFS slack policy: an edge whose contribution waits is off the critical path).
-    buffer_waits: dict[int, Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]] = Field(
+    buffer_waits: dict[int, Annotated[Float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]] = Field(
         default_factory=dict)
 
 
@@ -50,4 +51,4 @@ class RunEnd(Message):
 class SubmitReceipt(Message):
     accepted: bool
     duplicate: bool = False
-    buffered: int
+    buffered: Int

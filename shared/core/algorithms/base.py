@@ -34,7 +34,7 @@ from typing_extensions import TypeVar
 
 from fl_services.shared.core import records
 from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.config import ConfigError, RunConfig
 from fl_services.shared.core.data import ClientData
 from fl_services.shared.core.records import Record, RecordSpec
 from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport
@@ -151,19 +151,21 @@ class Algorithm(Generic[P]):
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        """Raises ValueError for configs this algorithm cannot run."""
+        """Raises ValueError for configs this algorithm cannot run (a ConfigError where one field is the cause)."""
         if cls.synchronous and config.topology.buffer_size != config.topology.num_edges:
-            raise ValueError(
-                f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
+            raise ConfigError(
+                "topology.buffer_size", f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
                 f"({config.topology.num_edges}), got {config.topology.buffer_size}"
             )
         if config.topology.buffer_size > config.topology.num_edges:
-            raise ValueError(f"topology.buffer_size ({config.topology.buffer_size}) cannot exceed num_edges "
-                             f"({config.topology.num_edges}): an edge has one contribution in the buffer at a time")
+            raise ConfigError("topology.buffer_size", f"topology.buffer_size ({config.topology.buffer_size}) cannot "
+                              f"exceed num_edges ({config.topology.num_edges}): an edge has one contribution in the "
+                              "buffer at a time")
         if not cls.multi_edge and config.topology.num_edges > 1:
-            raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
+            raise ConfigError("topology.num_edges", f"{cls.name} keeps global server memory and runs with one edge "
+                              "only")
         if not cls.edge_rounds and config.topology.edge_rounds > 1:
-            raise ValueError(f"{cls.name} does not support topology.edge_rounds > 1")
+            raise ConfigError("topology.edge_rounds", f"{cls.name} does not support topology.edge_rounds > 1")
         if not cls.robust_aggregation:
             agg = config.aggregation
             if agg.edge != "mean" or agg.cloud != "mean":

@@ -32,13 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from fl_services.shared.core.algorithms.clustering import label_histogram_clusters
 from fl_services.shared.core.algorithms.fedvarp import FedVARP
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.numbers import Int
 
 
 class ClusterParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    clusters: list[int] | None = Field(None, description="explicit client→cluster map: length N, ids in [0, N)")
-    num_clusters: int = Field(4, ge=1, le=100_000, description="k of the default label-histogram k-means")
+    clusters: list[Int] | None = Field(None, description="explicit client→cluster map: length N, ids in [0, N)")
+    num_clusters: Int = Field(4, ge=1, le=100_000, description="k of the default label-histogram k-means")
 
 
 def check_cluster_map(clusters: list[int] | None, num_clients: int) -> None:
