@@ -306,11 +306,18 @@ async def test_an_asynchronous_algorithm_takes_a_stale_contribution(store: Store
     assert await submit(store, run_id, edge_id=2, base_version=0, synchronous=False) == SubmitOutcome(True, False, 2)
 
 
-async def test_a_paused_run_still_takes_contributions_and_publishes_its_update(store: Store) -> None:
+async def test_a_paused_run_keeps_its_contributions_and_publishes_no_update_until_it_resumes(store: Store) -> None:
+    """A pause holds the version from its answer on: an update computed before it commits nothing, and the
+    contributions stay buffered (none lost) for the update after the resume."""
     run_id = await new_run(store, "paused")
     assert (await submit(store, run_id)).accepted
+    before = await everything(store, run_id)
+    assert await commit(store, run_id, 0) is False
+    assert await everything(store, run_id) == before
+    assert await store.status(run_id) == (RunStatus.paused, 0)
+    await store.transition(run_id, "resume")
     assert await commit(store, run_id, 0)
-    assert await store.status(run_id) == (RunStatus.paused, 1)
+    assert await store.status(run_id) == (RunStatus.running, 1)
 
 
 async def test_a_commit_publishes_the_version_and_consumes_its_contributions_at_once(store: Store) -> None:
