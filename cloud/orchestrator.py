@@ -283,6 +283,8 @@ class Orchestrator:
             return await self._stop(run_id)
         if committed:
             self.globals.keep(run_id, info.version + 1, new_global)
+            for failed in record.failed_clients:
+                self.metrics.client_failures.labels(failed.kind).inc()
             if finished:
                 log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
             else:

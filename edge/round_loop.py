@@ -29,7 +29,7 @@ from fl_services.shared.core.records import Record, decode
 from fl_services.shared.core.reports import ClientFailure
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.wire.backoff import Backoff
-from fl_services.shared.wire.edge_cloud import EdgeRegistration, GlobalStateHeader, RunEnd
+from fl_services.shared.wire.edge_cloud import EdgeRegistration, FailedRound, GlobalStateHeader, RunEnd
 from fl_services.shared.wire.protocol import live_runs
 from fl_services.shared.wire.retry import DEDUPLICATED
 
@@ -56,6 +56,7 @@ class EdgeRoundLoop:
         self.board = board
         self.edge_id = settings.edge_id
         self.current: GlobalStateHeader | None = None  # the last round started, of any run
+        self.failed_round: FailedRound | None = None  # that round, once every device failed it
         self.lanes: dict[str, Lane] = {}
         self._lanes_changed = asyncio.Event()
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
@@ -221,11 +222,29 @@ class EdgeRoundLoop:
             await asyncio.sleep(backoff.next())
 
     def site_report(self) -> EdgeRegistration:
-        """This edge as a site: its name, labels and URL, and what it serves now."""
+        """This edge as a site: its name, labels and URL, what it serves now, and whether every device failed it."""
         serving = self.serving
+        failed = self.failed_round
+        if serving is None or failed is None or (failed.run_id, failed.version) != (serving.run_id, serving.version):
+            failed = None
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
-                                serving=f"{serving.run_id}:{serving.version}" if serving else None)
+                                serving=f"{serving.run_id}:{serving.version}" if serving else None,
+                                failed_round=failed)
+
+    async def _all_failed(self, header: GlobalStateHeader, failures: list[ClientFailure]) -> None:
+        """Every device of the round failed: the cloud hears it at once (a site report), not at the next one."""
+        failed = FailedRound(run_id=header.run_id, version=header.version, devices=len(failures),
+                             failures=failures[:3])
+        if failed == self.failed_round:
+            return
+        self.failed_round = failed
+        log.error("edge %d: every device failed version %d of run %s: %s", self.edge_id, header.version,
+                  header.run_id, "; ".join(f"client {f.client_id} ({f.kind}): {f.error}" for f in failures[:3]))
+        try:
+            await self.register()
+        except (httpx.HTTPError, OSError) as exc:  # the periodic report says it again
+            log.debug("edge %d: site report failed: %s", self.edge_id, exc)
 
     async def register(self) -> None:
         # Re-sent through a passing fault: a registration repeated replaces itself.
@@ -300,7 +319,7 @@ class EdgeRoundLoop:
             results = await self.dispatch.collect(
                 header, [self.dispatch.task(header, t, algorithm, budget, membership.samples.get(t.client_id))
                          for t in tasks],
-                header.config.policy, failures, partial(self._moved_on, header))
+                header.config.policy, failures, partial(self._moved_on, header), partial(self._all_failed, header))
             pacing.observe(header.config, chosen, results)
             return results
 

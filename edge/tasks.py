@@ -13,7 +13,7 @@ from typing import Callable
 
 from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.records import Record, flatten
-from fl_services.shared.core.reports import ClientFailure
+from fl_services.shared.core.reports import ClientFailure, FailureKind
 from fl_services.shared.core.tensors import InvalidContent, SharedEncoding
 from fl_services.shared.server.longpoll import wait_until
 from fl_services.shared.wire.client_edge import (
@@ -49,6 +49,7 @@ class Task:
     # What the client reported when it could not train the task; a later result still answers it (the
     # client process restarted with what it lacked).
     failure: str | None = None
+    failure_kind: FailureKind = "training"
     # The client's training sample count where the edge knows it (shared.core.federation.known_num_samples): a
     # result must claim exactly this. Where it does not, `max_samples` (the edge's max_client_samples) caps
     # what a claim weighs. Unchecked, one device claiming 10^12 samples would take 0.999999999 of the weight.
@@ -187,7 +188,8 @@ class TaskBoard:
         return [t.result for _, t in self._of(run_id) if t.result is not None]
 
     def failures(self, run_id: str | None = None) -> list[ClientFailure]:
-        return [ClientFailure(client_id=k, error=t.failure) for k, t in sorted(self._of(run_id), key=lambda x: x[0])
+        return [ClientFailure(client_id=k, error=t.failure, kind=t.failure_kind)
+                for k, t in sorted(self._of(run_id), key=lambda x: x[0])
                 if t.result is None and t.failure is not None]
 
     async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True) -> list[ClientResult]:
@@ -287,5 +289,6 @@ class TaskBoard:
     async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:
         """Records that the client could not train its open task (409 if stale or already answered)."""
         async with self._answered:
-            self.task_for(client_id, report.task_id).failure = report.error
+            task = self.task_for(client_id, report.task_id)
+            task.failure, task.failure_kind = report.error, report.kind
             self._answered.notify_all()

@@ -85,10 +85,48 @@ async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Audi
         await orchestrator.announce()
 
 
+# How a run stopped because every device failed says so in RunInfo.reason (the status line of fedctl and the
+# dashboard), followed by what the devices reported.
+EVERY_DEVICE_FAILED = "every device failed"
+
+
+async def stop_failed(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
+    """Stops each running run whose every edge reports that every device failed the run's current round: its
+    failed tasks are not handed out again, so it would otherwise stay `running` for good, training nothing."""
+    sites: list[SiteInfo] | None = None
+    for run_id in await store.active_runs():
+        try:
+            info = await store.info(run_id)
+        except NotFound:
+            continue
+        if info.status != RunStatus.running:
+            continue
+        sites = sites if sites is not None else await store.sites()
+        edges = set(info.config.edge_ids())
+        failed = {s.edge_id: s.failed_round for s in sites if s.edge_id in edges and s.failed_round is not None
+                  and (s.failed_round.run_id, s.failed_round.version) == (run_id, info.version)}
+        if set(failed) != edges:
+            continue
+        devices = sum(f.devices for f in failed.values())
+        said = [f for edge_id in sorted(failed) for f in failed[edge_id].failures][:3]
+        reason = (f"{EVERY_DEVICE_FAILED} in round {info.version} ({devices} device(s)): "
+                  + "; ".join(f"client {f.client_id} ({f.kind}): {' '.join(f.error.split())}" for f in said))
+        try:
+            await store.transition(run_id, "stop", reason)
+        except Conflict:  # another replica (or an operator) moved it meanwhile
+            continue
+        log.error("run %s stopped: %s", run_id, reason)
+        await audit("stop", run_id, reason)
+        orchestrator.notify()
+        await orchestrator.announce()
+
+
 async def admit_forever(*, store: Store, orchestrator: Orchestrator, audit: Auditor, interval_s: float) -> None:
+    """Admits the waiting runs whose devices came, and stops the running ones whose every device failed."""
     while True:
         try:
             await admit_waiting(store=store, orchestrator=orchestrator, audit=audit)
+            await stop_failed(store=store, orchestrator=orchestrator, audit=audit)
         except Exception:  # the storage away for a while: the next pass tries again
-            log.exception("admitting waiting runs failed")
+            log.exception("admitting waiting runs (or stopping failed ones) failed")
         await asyncio.sleep(interval_s)

@@ -266,7 +266,7 @@ def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
     at = now()
     return SiteInfo(name=name, edge_id=reg.edge_id, labels=reg.labels, url=reg.url,
                     registered_at=earlier.registered_at if earlier is not None else at, last_seen=at,
-                    devices=reg.devices, serving=reg.serving)
+                    devices=reg.devices, serving=reg.serving, failed_round=reg.failed_round)
 
 
 class UpdateLeases(Protocol):

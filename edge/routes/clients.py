@@ -83,10 +83,11 @@ async def result(client_id: int, request: Request, board: BoardDep, metrics: Met
 @router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
              responses=error_responses(400, 404, 408, 409, 413, 422, 429),
              openapi_extra=json_body_doc(ClientFailureReport))
-async def failure(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
+async def failure(client_id: int, request: Request, board: BoardDep, metrics: MetricsDep) -> ResultReceipt:
     """A task the client could not train: the round stops waiting for it and its record says why."""
     await rate_limited(request, "result", client_id)  # a failure answers a task as a result does
     report = await read_json(request, ClientFailureReport)  # after the token check
     same_as_url("report client_id", report.client_id, client_id)
     await board.report_failure(client_id, report)
+    metrics.client_failures.labels(report.kind).inc()
     return ResultReceipt(accepted=True)

@@ -3,6 +3,7 @@ the history's round records made of them. The wire carries them; the rounds and 
 from __future__ import annotations
 
 import math
+import typing
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal
@@ -113,9 +114,18 @@ class ClientParticipation(Message):
 FailureText = Field(min_length=1, max_length=1000)
 
 
+# Why a device failed a task, as a small closed set (a metric's label, a column): misfit: its data does not fit the
+# run (refused at the edge); user_code: the run's model or data code cannot be imported or run there; data: its own
+# data cannot be read; malformed_task: the task it got cannot be read; refused_result: the edge refused its result
+# (e.g. beyond the bounds); training: any other error while it trained. The error text says the rest.
+FailureKind = Literal["misfit", "user_code", "data", "malformed_task", "refused_result", "training"]
+FAILURE_KINDS: tuple[FailureKind, ...] = typing.get_args(FailureKind)
+
+
 class ClientFailure(Message):
     client_id: Int = Id
     error: str = FailureText
+    kind: FailureKind = "training"
 
 
 class Member(Message):
@@ -153,6 +163,7 @@ class ClientFailureRecord(Message):
     client_id: Int
     edge_id: Int
     error: str
+    kind: FailureKind = "training"  # records kept before kinds existed read back as training
 
 
 class ContributionRecord(Message):

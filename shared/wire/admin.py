@@ -10,6 +10,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataSummary
 from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.reports import Labels, Message, RoundRecord, RunStatus
+from fl_services.shared.wire.edge_cloud import FailedRound
 from fl_services.shared.wire.protocol import TOKEN_ID
 
 
@@ -24,7 +25,9 @@ class RunInfo(Message):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_round: RoundRecord | None = None
-    reason: str | None = None  # why it stopped, where the cloud stopped it (a selection's devices never came)
+    # Why it stopped, where the cloud stopped it: a selection's devices never came, or every device failed the
+    # round ("every device failed in round N (...): client k (kind): what it reported"; cloud/services/sites.py).
+    reason: str | None = None
 
 
 # ---- security (admin <-> cloud, cloud -> edge) -----------------------------------------------------
@@ -65,6 +68,7 @@ class SiteInfo(Message):
     last_seen: datetime
     devices: Int | None = None  # registered at it, as it last reported
     serving: str | None = None  # its last round, "run_id:version"
+    failed_round: FailedRound | None = None  # that round, where every device failed it
 
 
 DeviceState = Literal["idle", "training", "failed", "offline"]

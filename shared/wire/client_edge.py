@@ -11,6 +11,7 @@ from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.reports import (
     MAX_SAMPLES,
     ClientParticipation,
+    FailureKind,
     FailureText,
     Id,
     Labels,
@@ -48,6 +49,7 @@ class ClientFailureReport(Message):
     task_id: str = Field(min_length=1, max_length=64)
     client_id: Int = Id
     error: str = FailureText
+    kind: FailureKind = "training"
 
 
 class TaskPoll(Message):

@@ -7,14 +7,23 @@ from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.numbers import Float, Int
-from fl_services.shared.core.reports import Id, Labels, Message
+from fl_services.shared.core.reports import ClientFailure, Id, Labels, Message
 
 
 # ---- edge -> cloud ----------------------------------------------------------------------------
+class FailedRound(Message):
+    """An edge round none of whose devices could train: every task failed (after the round's retries)."""
+
+    run_id: str = Field(min_length=1, max_length=64)
+    version: Int = Field(ge=0)
+    devices: Int = Field(ge=1, le=10**7)  # how many failed
+    failures: list[ClientFailure] = Field(max_length=3)  # the first few, with what each reported
+
+
 class EdgeRegistration(Message):
     """An edge's registration, repeated as its site report: who it is, where it is, what it serves."""
 
-    max_body_bytes: ClassVar[int] = 8 * 2**10
+    max_body_bytes: ClassVar[int] = 16 * 2**10
     edge_id: Int = Id
     url: str | None = Field(None, max_length=500)
     # The site: a stable name (unset: edge-<edge_id>) and labels a run's selection may name.
@@ -23,6 +32,8 @@ class EdgeRegistration(Message):
     # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
     devices: Int | None = Field(None, ge=0, le=10**7)
     serving: str | None = Field(None, max_length=200)
+    # Its current round, where every device failed it: the cloud stops a run all of whose edges say so.
+    failed_round: FailedRound | None = None
 
     @property
     def site_name(self) -> str:

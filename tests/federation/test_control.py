@@ -5,9 +5,12 @@ import time
 
 import pytest
 
+from fl_services.client import worker
+from fl_services.fedctl.display import failures
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
 from tests.federation.harness import federation
+from tests.prometheus import samples, value
 
 pytestmark = pytest.mark.anyio
 
@@ -99,3 +102,60 @@ async def until(read, condition, timeout: float, what: str) -> None:
     while not condition(await read()):
         assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
         await asyncio.sleep(0.05)
+
+
+def failing_for(monkeypatch, client_ids: set[int] | None) -> None:
+    """Clients `client_ids` (None: every one) cannot train: their environment lacks the run's model package."""
+    train = worker.compute
+
+    def compute(settings, header, task):
+        if client_ids is None or header.client_id in client_ids:
+            raise ModuleNotFoundError("No module named 'lab_models'")
+        return train(settings, header, task)
+
+    monkeypatch.setattr(worker, "compute", compute)
+
+
+async def scrape(http) -> dict:
+    r = await http.get("/metrics")
+    assert r.status_code == 200, r.text
+    return samples(r.text)
+
+
+async def test_a_failed_device_is_in_the_history_the_metrics_and_fedctl_with_its_kind(cloud_storage, tmp_path,
+                                                                                      monkeypatch):
+    failing_for(monkeypatch, {1})
+    config = RunConfig(name="one-fails", rounds=2, model={"name": "logreg"},
+                       data={"dataset": "digits", "num_clients": 4})
+    async with federation(cloud_storage, tmp_path, num_clients=4, procs_per_edge=1) as fed:
+        run_id = (await fed.admin.create_run(config)).run_id
+        await fed.admin.action(run_id, "start")
+        final = await fed.admin.wait(run_id, timeout_s=120)
+        history = await fed.admin.history(run_id)
+        cloud = await scrape(fed._cloud_http)
+        edge = await scrape(fed.edges[0].http)
+    assert final.status == RunStatus.finished
+    assert [[(f.client_id, f.kind) for f in h.failed_clients] for h in history] == [[(1, "user_code")]] * 2
+    assert value(cloud, "fl_cloud_client_failures_total", reason="user_code") == 2
+    assert value(cloud, "fl_cloud_client_failures_total", reason="training") == 0
+    assert value(edge, "fl_edge_client_failures_total", reason="user_code") == 2
+    assert failures(history) == ["client 1 failed 2 round(s) (user_code), last in round 1: ModuleNotFoundError: "
+                                 "No module named 'lab_models'"]
+
+
+async def test_a_run_whose_every_device_fails_stops_and_says_so(cloud_storage, tmp_path, monkeypatch):
+    """Its failed tasks are not handed out again: without the edges' word it stayed `running` for good."""
+    failing_for(monkeypatch, None)
+    config = RunConfig(name="all-fail", rounds=2, model={"name": "logreg"}, policy={"max_retries": 1},
+                       data={"dataset": "digits", "num_clients": 4}, topology={"num_edges": 2})
+    async with federation(cloud_storage, tmp_path, num_clients=4, num_edges=2, procs_per_edge=1,
+                          cloud={"admission_interval_s": 0.1}) as fed:
+        run_id = (await fed.admin.create_run(config)).run_id
+        await fed.admin.action(run_id, "start")
+        final = await fed.admin.wait(run_id, timeout_s=120)
+        sites = (await fed.cloud_request("GET", "/api/v1/sites")).json()
+    assert (final.status, final.version) == (RunStatus.stopped, 0)
+    assert final.reason is not None and final.reason.startswith(
+        "every device failed in round 0 (4 device(s)): client 0 (user_code): ModuleNotFoundError: No module named "
+        "'lab_models'"), final.reason
+    assert sorted((s["edge_id"], s["failed_round"]["devices"]) for s in sites) == [(0, 2), (1, 2)]

@@ -26,9 +26,9 @@ from fl_services.cloud.storage import (
 from fl_services.cloud.storage.redis import Keys, RedisStore
 from fl_services.cloud.storage.redis.connection import clients
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import RoundRecord, RunStatus
+from fl_services.shared.core.reports import ClientFailure, RoundRecord, RunStatus
 from fl_services.shared.wire.admin import AuditRecord
-from fl_services.shared.wire.edge_cloud import EdgeRegistration
+from fl_services.shared.wire.edge_cloud import EdgeRegistration, FailedRound
 from tests.cloud.harness import contribution_header
 
 pytestmark = pytest.mark.anyio
@@ -547,14 +547,17 @@ async def test_migrating_an_empty_store_keeps_it_empty_and_working(store: Store)
 async def test_a_site_is_kept_by_name_with_its_labels_and_reports(store: Store) -> None:
     first = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
                                                      labels={"region": "eu"}, devices=0))
-    later = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
-                                                     labels={"region": "eu"}, devices=5, serving="r1:4"))
+    failed = FailedRound(run_id="r1", version=4, devices=5,
+                         failures=[ClientFailure(client_id=2, error="ModuleNotFoundError: x", kind="user_code")])
+    later = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon", labels={"region": "eu"},
+                                                     devices=5, serving="r1:4", failed_round=failed))
     await store.report_site(EdgeRegistration(edge_id=1))  # no name: edge-1
     sites = await store.sites()
     assert [s.name for s in sites] == ["edge-1", "lyon"]
     assert sites[1] == later and later.registered_at == first.registered_at and later.last_seen >= first.last_seen
     assert (later.edge_id, later.labels, later.url, later.devices, later.serving) == (3, {"region": "eu"},
                                                                                         "http://a:1", 5, "r1:4")
+    assert later.failed_round == failed and first.failed_round is None
 
 
 async def test_a_site_name_belongs_to_one_edge(store: Store) -> None:
