@@ -3,6 +3,7 @@ and a started run's wait for the devices it needs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import timedelta
 
@@ -15,7 +16,7 @@ from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
-from fl_services.shared.wire.admin import SiteInfo
+from fl_services.shared.wire.admin import RunInfo, SiteInfo
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +55,25 @@ def devices_at(config: RunConfig, sites: list[SiteInfo]) -> int:
     return sum(s.devices or 0 for s in sites if s.edge_id in edges)
 
 
+async def _runs_with_sites(store: Store, run_ids: list[str], status: RunStatus) -> list[tuple[RunInfo, list[SiteInfo]]]:
+    """The runs of `run_ids` that are in `status` (those deleted meanwhile left out), each with the sites as they
+    are now (read once, if any run is)."""
+    infos = []
+    for run_id in run_ids:
+        with contextlib.suppress(NotFound):
+            infos.append(await store.info(run_id))
+    infos = [info for info in infos if info.status == status]
+    sites = await store.sites() if infos else []
+    return [(info, sites) for info in infos]
+
+
 async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
     """Admits each waiting run whose sites have min_devices registered; stops, saying why, one that waited past its
     start_timeout_s."""
-    sites: list[SiteInfo] | None = None
-    for run_id in await store.run_ids():
-        try:
-            info = await store.info(run_id)
-        except NotFound:
+    for info, sites in await _runs_with_sites(store, await store.run_ids(), RunStatus.waiting):
+        run_id, selection = info.run_id, info.config.selection
+        if selection is None:
             continue
-        selection = info.config.selection
-        if info.status != RunStatus.waiting or selection is None:
-            continue
-        sites = sites if sites is not None else await store.sites()
         found = devices_at(info.config, sites)
         try:
             if found >= selection.min_devices:
@@ -93,15 +100,8 @@ EVERY_DEVICE_FAILED = "every device failed"
 async def stop_failed(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
     """Stops each running run whose every edge reports that every device failed the run's current round: its
     failed tasks are not handed out again, so it would otherwise stay `running` for good, training nothing."""
-    sites: list[SiteInfo] | None = None
-    for run_id in await store.active_runs():
-        try:
-            info = await store.info(run_id)
-        except NotFound:
-            continue
-        if info.status != RunStatus.running:
-            continue
-        sites = sites if sites is not None else await store.sites()
+    for info, sites in await _runs_with_sites(store, await store.active_runs(), RunStatus.running):
+        run_id = info.run_id
         edges = set(info.config.edge_ids())
         failed = {s.edge_id: s.failed_round for s in sites if s.edge_id in edges and s.failed_round is not None
                   and (s.failed_round.run_id, s.failed_round.version) == (run_id, info.version)}
