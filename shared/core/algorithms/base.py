@@ -169,14 +169,15 @@ class Algorithm(Generic[P]):
         if not cls.robust_aggregation:
             agg = config.aggregation
             if agg.edge != "mean" or agg.cloud != "mean":
-                raise ValueError(f"{cls.name} does not support robust aggregation (aggregation.edge and .cloud "
-                                 "must be 'mean'); fedavg and fedprox do")
+                raise ConfigError("aggregation.edge" if agg.edge != "mean" else "aggregation.cloud",
+                                  f"{cls.name} does not support robust aggregation (aggregation.edge and .cloud "
+                                  "must be 'mean'); fedavg and fedprox do")
             if config.privacy.noise != "off":
-                raise ValueError(f"{cls.name} does not support differential privacy (privacy.noise must be "
-                                 "'off'); fedavg and fedprox do")
+                raise ConfigError("privacy.noise", f"{cls.name} does not support differential privacy (privacy.noise "
+                                  "must be 'off'); fedavg and fedprox do")
             if config.privacy.dp_sgd_noise_multiplier is not None:
-                raise ValueError(f"{cls.name} does not support DP-SGD (privacy.dp_sgd_noise_multiplier must be "
-                                 "unset); fedavg does")
+                raise ConfigError("privacy.dp_sgd_noise_multiplier", f"{cls.name} does not support DP-SGD "
+                                  "(privacy.dp_sgd_noise_multiplier must be unset); fedavg does")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Record:

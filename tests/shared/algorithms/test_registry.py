@@ -53,7 +53,11 @@ def test_parse_config_reports_each_error_at_its_place_with_its_input():
     with pytest.raises(ValidationError) as refused:
         registry.parse_config(given)
     assert [(e["loc"], e["input"]) for e in refused.value.errors()] == [(("rounds",), 0), (("params", "mu"), -1)]
-    given = {**SMALL, "algorithm": "scaffold", "aggregation": {"edge": "median"}}  # the whole config's matter
+    given = {**SMALL, "algorithm": "scaffold", "aggregation": {"edge": "median"}}  # the algorithm's, at its field
+    with pytest.raises(ValidationError) as refused:
+        registry.parse_config(given)
+    assert [(e["loc"], e["input"]) for e in refused.value.errors()] == [(("aggregation", "edge"), given)]
+    given = {**SMALL, "model": {"name": "cnn"}, "data": {"dataset": "synthetic"}}  # the whole config's matter
     with pytest.raises(ValidationError) as refused:
         registry.parse_config(given)
     assert [(e["loc"], e["input"]) for e in refused.value.errors()] == [((), given)]
