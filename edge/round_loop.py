@@ -19,6 +19,7 @@ from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
+from fl_services.edge.services import devices
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
@@ -29,7 +30,7 @@ from fl_services.shared.core.records import Record, decode
 from fl_services.shared.core.reports import ClientFailure
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.wire.backoff import Backoff
-from fl_services.shared.wire.edge_cloud import EdgeRegistration, FailedRound, GlobalStateHeader, RunEnd
+from fl_services.shared.wire.edge_cloud import EdgeRegistration, GlobalStateHeader, RunEnd
 from fl_services.shared.wire.protocol import live_runs
 from fl_services.shared.wire.retry import DEDUPLICATED
 
@@ -56,7 +57,7 @@ class EdgeRoundLoop:
         self.board = board
         self.edge_id = settings.edge_id
         self.current: GlobalStateHeader | None = None  # the last round started, of any run
-        self.failed_round: FailedRound | None = None  # that round, once every device failed it
+        self.failed_round: tuple[str, int] | None = None  # (run_id, version) of the last round every device failed
         self.lanes: dict[str, Lane] = {}
         self._lanes_changed = asyncio.Event()
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
@@ -222,23 +223,23 @@ class EdgeRoundLoop:
             await asyncio.sleep(backoff.next())
 
     def site_report(self) -> EdgeRegistration:
-        """This edge as a site: its name, labels and URL, what it serves now, and whether every device failed it."""
+        """This edge as a site: its name, labels and URL, what it serves now, and its devices (each run's round
+        tallied: whether every device failed it)."""
         serving = self.serving
-        failed = self.failed_round
-        if serving is None or failed is None or (failed.run_id, failed.version) != (serving.run_id, serving.version):
-            failed = None
+        states, page, runs = devices.site_devices(board=self.board,
+                                                  offline_after_s=devices.offline_after_s(self.settings))
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None,
-                                failed_round=failed)
+                                report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs)
 
     async def _all_failed(self, header: GlobalStateHeader, failures: list[ClientFailure]) -> None:
-        """Every device of the round failed: the cloud hears it at once (a site report), not at the next one."""
-        failed = FailedRound(run_id=header.run_id, version=header.version, devices=len(failures),
-                             failures=failures[:3])
-        if failed == self.failed_round:
+        """Every device of the round failed: the cloud hears it at once (a site report, whose tally of the run
+        says so), not at the next periodic one."""
+        round_ = (header.run_id, header.version)
+        if round_ == self.failed_round:
             return
-        self.failed_round = failed
+        self.failed_round = round_
         log.error("edge %d: every device failed version %d of run %s: %s", self.edge_id, header.version,
                   header.run_id, "; ".join(f"client {f.client_id} ({f.kind}): {f.error}" for f in failures[:3]))
         try:
@@ -248,8 +249,8 @@ class EdgeRoundLoop:
 
     async def register(self) -> None:
         # Re-sent through a passing fault: a registration repeated replaces itself.
-        response = await self.cloud.post("/api/v1/edges", json=self.site_report().model_dump(exclude_none=True),
-                                         extensions=DEDUPLICATED)
+        report = self.site_report().model_dump(mode="json", exclude_none=True)
+        response = await self.cloud.post("/api/v1/edges", json=report, extensions=DEDUPLICATED)
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
 
@@ -327,7 +328,8 @@ class EdgeRoundLoop:
         before = lane.edge_state  # algorithms return new dicts: this one stays as it is
         try:
             outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
-                                           offload=asyncio.to_thread, members=membership.ids)
+                                           offload=asyncio.to_thread,
+                                           members=None if header.config.selection is None else membership.declared())
             lane.edge_state = outcome.edge_state
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:

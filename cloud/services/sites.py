@@ -1,11 +1,12 @@
 """Runs over the federation that exists: a run's selection resolved against the site registry when it is created,
-and a started run's wait for the devices it needs."""
+a started run's wait for the devices it needs, and the registry as an operator reads it (each site online or
+not, a run's sites and devices)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import ValidationError
 
@@ -16,9 +17,52 @@ from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
-from fl_services.shared.wire.admin import RunInfo, SiteInfo
+from fl_services.shared.wire.admin import RunInfo, RunSite, RunSites, SiteInfo
 
 log = logging.getLogger(__name__)
+
+# A site is offline once this many of its report intervals passed without a report (one lost report, or a
+# slow one, is not an outage); an edge that does not say its interval is taken to report every 10 s.
+MISSED_REPORTS = 3
+DEFAULT_REPORT_S = 10.0
+
+
+def with_status(site: SiteInfo, at: datetime) -> SiteInfo:
+    late = at - site.last_seen > timedelta(seconds=MISSED_REPORTS * (site.report_s or DEFAULT_REPORT_S))
+    return site.model_copy(update={"status": "offline" if late else "online"})
+
+
+async def site_registry(*, store: Store) -> list[SiteInfo]:
+    """Every site, by name, online or offline as its reports arrive."""
+    at = now()
+    return [with_status(site, at) for site in await store.sites()]
+
+
+async def run_sites(*, store: Store, run_id: str) -> RunSites:
+    """The sites a run uses (its edges), each with the run's current round there and the listed devices taking
+    part in it or failing it, as their last reports say; NotFound for an unknown run."""
+    return sites_of_run(await store.info(run_id), await site_registry(store=store))
+
+
+def sites_of_run(info: RunInfo, known: list[SiteInfo]) -> RunSites:
+    """The run's sites as the registry's `known` sites say; all_failed where every one of them tallies the run's
+    current version with each of its tasks failed (an edge that never reported, or reports no task of that
+    version, says nothing)."""
+    run_id = info.run_id
+    by_edge = {site.edge_id: site for site in known}
+    sites = []
+    for edge_id in info.config.edge_ids():
+        site = by_edge.get(edge_id)
+        if site is None:
+            sites.append(RunSite(edge_id=edge_id))
+            continue
+        tally = next((r for r in site.runs if r.run_id == run_id), None)
+        devices = [d for d in site.device_page if run_id in d.runs or d.failed_run == run_id]
+        sites.append(RunSite(name=site.name, edge_id=edge_id, status=site.status, devices=devices,
+                             **(tally.model_dump(include={"version", "tasks", "answered", "failed"}) if tally else {})))
+    all_failed = all(s.version == info.version and 0 < s.tasks == s.failed for s in sites)
+    reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure})
+    return RunSites(run_id=run_id, sites=sites, all_failed=all_failed, reasons=reasons)
 
 
 async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
@@ -98,19 +142,19 @@ EVERY_DEVICE_FAILED = "every device failed"
 
 
 async def stop_failed(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
-    """Stops each running run whose every edge reports that every device failed the run's current round: its
-    failed tasks are not handed out again, so it would otherwise stay `running` for good, training nothing."""
+    """Stops each running run whose every edge reports that every device failed the run's current round (its
+    sites' all_failed): its failed tasks are not handed out again, so it would otherwise stay `running` for good,
+    training nothing."""
     for info, sites in await _runs_with_sites(store, await store.active_runs(), RunStatus.running):
         run_id = info.run_id
-        edges = set(info.config.edge_ids())
-        failed = {s.edge_id: s.failed_round for s in sites if s.edge_id in edges and s.failed_round is not None
-                  and (s.failed_round.run_id, s.failed_round.version) == (run_id, info.version)}
-        if set(failed) != edges:
+        seen = sites_of_run(info, sites)
+        if not seen.all_failed:
             continue
-        devices = sum(f.devices for f in failed.values())
-        said = [f for edge_id in sorted(failed) for f in failed[edge_id].failures][:3]
-        reason = (f"{EVERY_DEVICE_FAILED} in round {info.version} ({devices} device(s)): "
-                  + "; ".join(f"client {f.client_id} ({f.kind}): {' '.join(f.error.split())}" for f in said))
+        devices = sum(s.failed for s in seen.sites)
+        said = [d for s in seen.sites for d in s.devices if d.failed_run == run_id and d.failure][:3]
+        reason = (f"{EVERY_DEVICE_FAILED} in round {info.version} ({devices} device(s)): " + "; ".join(
+            f"client {d.client_id} ({d.failure_kind or 'training'}): {' '.join((d.failure or '').split())}"
+            for d in said))
         try:
             await store.transition(run_id, "stop", reason)
         except Conflict:  # another replica (or an operator) moved it meanwhile

@@ -158,12 +158,36 @@ class LocalTrainingConfig(Strict):
     momentum: Float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
 
 
+class StalenessConfig(Strict):
+    """How much a contribution computed on global version v counts in the update of version t (τ = t − v ≥ 0)
+    when the cloud's buffer is smaller than the edges (topology.buffer_size < num_edges): its step is scaled
+    by s(τ), and one staler than `max` is dropped. Every contribution of a synchronous run has τ = 0, s = 1."""
+
+    function: Literal["fedbuff", "constant", "polynomial"] = Field(
+        "fedbuff", description="s(τ): fedbuff 1/√(1 + τ) (FedBuff, Nguyen et al. 2022), constant 1, or polynomial "
+        "(1 + τ)^−exponent")
+    exponent: Float | None = Field(None, gt=0, le=10, description="a in polynomial's (1 + τ)^−a (left out: 0.5); "
+                                   "only with function 'polynomial'")
+    max: Int | None = Field(None, ge=0, le=100_000, description="a contribution more than this many versions "
+                            "stale is dropped and counted in its update's record (left out: none is dropped)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "StalenessConfig":
+        if self.exponent is not None and self.function != "polynomial":
+            raise ValueError(f"staleness.exponent is the polynomial's; function {self.function!r} takes none")
+        return self
+
+
 class TopologyConfig(Strict):
     num_edges: Int = Field(1, ge=1, le=1000, description="L: edges 0 … L − 1 take part; 1 with buffer_size 1 is "
                            "a flat topology")
     buffer_size: Int = Field(1, ge=1, description="B: edge contributions per cloud update (left out: num_edges for "
-                             "a synchronous algorithm, 1 for an asynchronous one)")
+                             "a synchronous algorithm, 1 for an asynchronous one); B < num_edges with a model-"
+                             "averaging algorithm (fedavg, fedprox, fedsgd) is buffered asynchronous averaging, "
+                             "each contribution weighted by its staleness")
     edge_rounds: Int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
+    staleness: StalenessConfig = Field(StalenessConfig(), description="how the cloud weighs a contribution "
+                                       "computed on an older global version (buffer_size < num_edges)")
 
 
 class RoundPolicy(Strict):
@@ -172,6 +196,11 @@ class RoundPolicy(Strict):
         0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
     )
     max_retries: Int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
+    answers: Int | None = Field(None, ge=1, le=100_000, description=(
+        "K: an edge round closes as soon as K of its selected devices answered (buffered averaging at the "
+        "edge), the later answers dropped; more than an edge selects means all of them. Unset: it waits for "
+        "every one (or the deadline, with min_fraction). The reference runner takes the K devices of least "
+        "modelled time (dvfs), which the services match where the devices are emulated (dvfs.time_scale)"))
 
 
 # 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
@@ -308,11 +337,6 @@ class PrivacyConfig(Strict):
 LabelSelector = Annotated[dict[Annotated[str, Field(min_length=1, max_length=63)],
                                 Annotated[str, Field(max_length=63)]], Field(min_length=1, max_length=32)]
 SiteName = Annotated[str, Field(min_length=1, max_length=63)]
-# Algorithms whose rounds need no roster of the run's clients (per-client server memory, per-edge client
-# counts, client indices into a partition): the ones a run over registered devices may use.
-SELECTABLE_ALGORITHMS = frozenset({"fedavg", "fedprox", "fedsgd"})
-
-
 def matches(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
     """Whether `labels` carry every key=value of `selector` (None: everything matches)."""
     return selector is None or all(labels.get(key) == value for key, value in selector.items())
@@ -371,6 +395,11 @@ class RunConfig(Strict):
     aggregation: AggregationConfig = Field(AggregationConfig(), description="robust aggregation at the edge and "
                                            "the cloud")
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy: DP-FedAvg and DP-SGD")
+    evaluation: Literal["cloud", "federated", "both"] = Field("cloud", description=(
+        "where the global model is evaluated: 'cloud', on the test set of data.dataset the cloud loads (the "
+        "history's test_loss, test_accuracy); 'federated', by the devices that receive a version, on their own "
+        "held-out splits before they train on it, weighted by samples at their edge and over the edges at the "
+        "cloud (the history's `federated`); 'both'"))
 
     selection: Selection | None = Field(None, description=(
         "which registered sites and devices train (unset: the simulated federation of data.num_clients clients "
@@ -418,20 +447,18 @@ class RunConfig(Strict):
         if self.selection is None and self.data.num_clients < self.topology.num_edges:
             raise ConfigError("topology.num_edges", f"every edge needs at least one client: {self.topology.num_edges} "
                               f"edges, {self.data.num_clients} clients")
+        # A run over registered devices names its devices' dvfs by device id, whatever the ids.
         strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)
-        if strangers:
+        if strangers and self.selection is None:
             raise ConfigError("dvfs.clients", f"dvfs.clients names clients {strangers} outside "
                               f"0..{self.data.num_clients - 1}")
         return self
 
     def _check_selection(self) -> None:
-        if self.algorithm not in SELECTABLE_ALGORITHMS:
-            takes = ", ".join(sorted(SELECTABLE_ALGORITHMS))
-            raise ValueError(f"a run over registered devices (selection) takes {takes}; {self.algorithm} keeps a "
-                             "memory per client of a simulated roster")
-        if self.privacy.noise != "off" or self.aggregation.edge != "mean" or self.dvfs.clients:
-            raise ValueError("a run over registered devices (selection) takes no privacy accounting, no edge-level "
-                             "robust aggregation and no per-client dvfs: each counts a simulated roster")
+        if self.privacy.dp_sgd_noise_multiplier is not None:
+            raise ValueError("a run over registered devices (selection) takes no DP-SGD: its ε per example is "
+                             "accounted from every client's sample count before the run, which devices holding "
+                             "their own data do not give until they register")
 
     def edge_ids(self) -> list[int]:
         """The run's edges: the sites its selection resolved to, or the simulated federation's 0 … L−1."""

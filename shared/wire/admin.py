@@ -9,8 +9,8 @@ from pydantic import Field
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataSummary
 from fl_services.shared.core.numbers import Float, Int
-from fl_services.shared.core.reports import Labels, Message, RoundRecord, RunStatus
-from fl_services.shared.wire.edge_cloud import FailedRound
+from fl_services.shared.core.reports import FailureKind, Labels, Message, RoundRecord, RunStatus
+from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, SiteRun
 from fl_services.shared.wire.protocol import TOKEN_ID
 
 
@@ -68,23 +68,27 @@ class SiteInfo(Message):
     last_seen: datetime
     devices: Int | None = None  # registered at it, as it last reported
     serving: str | None = None  # its last round, "run_id:version"
-    failed_round: FailedRound | None = None  # that round, where every device failed it
-
-
-DeviceState = Literal["idle", "training", "failed", "offline"]
+    # Online while its reports arrive (cloud/services/sites.py says offline after a few intervals without one);
+    # None as stored: the registry keeps what was reported, the reader's clock decides.
+    status: Literal["online", "offline"] | None = None
+    report_s: Float | None = None
+    states: dict[DeviceState, Int] = Field(default_factory=dict)  # its devices counted per state
+    device_page: list[DeviceBrief] = Field(default_factory=list)  # the first of them, failed ones first
+    runs: list[SiteRun] = Field(default_factory=list)  # the current round of each run it serves
 
 
 class DeviceInfo(Message):
     """A device as its edge's device registry knows it."""
 
     client_id: Int
-    state: DeviceState  # training: a task of it is open; failed: it reported it could not train one
+    state: DeviceState  # as edge_cloud.DeviceState says
     labels: Labels = Field(default_factory=dict)
     summary: DataSummary | None = None
     registered_at: datetime
     last_seen: datetime
     runs: list[str] = Field(default_factory=list)  # the runs whose task for it is open
     failure: str | None = None  # why it could not train its task, while that task is on the board
+    failure_kind: FailureKind | None = None  # that failure's kind
 
 
 # ---- health (anyone) --------------------------------------------------------------------------
@@ -135,3 +139,27 @@ class RunUpdate(Message):
     # Mean and spread (population std) over clients of their latest reports, per client group.
     groups: dict[str, dict[str, tuple[Float, Float]]]
     rounds: list[RoundRecord]  # history records this stream has not sent before
+
+
+class RunSite(Message):
+    """One site of a run as its last report says: the run's current round there, and its devices in it."""
+
+    name: str | None = None  # None: the run names an edge that never registered as a site
+    edge_id: Int
+    status: Literal["online", "offline"] | None = None
+    version: Int | None = None  # the global version of the run's current round there
+    tasks: Int = 0
+    answered: Int = 0
+    failed: Int = 0
+    devices: list[DeviceBrief] = Field(default_factory=list)  # listed devices with a task of the run, or failing it
+
+
+class RunSites(Message):
+    """The sites and devices a run uses (`GET /api/v1/runs/{id}/sites`); all_failed: at every one of its sites, every
+    device given a task of its current version reported it could not train it (the run cannot progress: a running
+    one is stopped, cloud/services/sites.py)."""
+
+    run_id: str
+    sites: list[RunSite]
+    all_failed: bool
+    reasons: list[str] = Field(default_factory=list)  # the distinct reasons of the listed failed devices

@@ -1,29 +1,61 @@
 """Messages between an edge and the cloud (the edge's contribution header is core's: shared.core.reports)."""
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.numbers import Float, Int
-from fl_services.shared.core.reports import ClientFailure, Id, Labels, Message
-
+from fl_services.shared.core.reports import FailureKind, Id, Labels, Message
 
 # ---- edge -> cloud ----------------------------------------------------------------------------
-class FailedRound(Message):
-    """An edge round none of whose devices could train: every task failed (after the round's retries)."""
+# What a device is doing as its edge sees it. training: a task of it is open; uploading: its result is arriving;
+# failed: it reported it could not train a task still on the board; offline: not heard from for a while.
+DeviceState = Literal["idle", "training", "uploading", "failed", "offline"]
+DEVICE_STATES: tuple[DeviceState, ...] = ("failed", "uploading", "training", "idle", "offline")
+
+# A site report lists at most this many devices (the rest are counted per state): a site with 10,000 devices
+# must not make every report, and the cloud's registry record of it, grow with them.
+MAX_REPORTED_DEVICES = 50
+# A listed device's failure is shortened to this many characters, its open runs and the site's runs are capped.
+FAILURE_SHOWN = 300
+MAX_DEVICE_RUNS = 16
+MAX_SITE_RUNS = 64
+
+
+class DeviceBrief(Message):
+    """One device in a site report: what the dashboard's topology view shows of it."""
+
+    client_id: Int = Id
+    state: DeviceState
+    last_seen: datetime
+    samples: Int | None = Field(None, ge=0)  # training samples, as its data summary says (None: a simulated one)
+    family: str | None = Field(None, max_length=64)  # the model family it declares (label or capability "family")
+    runs: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=MAX_DEVICE_RUNS)
+    failure: str | None = Field(None, max_length=FAILURE_SHOWN)  # why it could not train, shortened
+    failure_kind: FailureKind | None = None  # that failure's kind
+    failed_run: str | None = Field(None, max_length=64)  # the run of that task
+
+
+class SiteRun(Message):
+    """A run's current round at a site: its version, its devices' tasks, and how many answered or failed. Every
+    task failed (tasks > 0, failed = tasks) is the site saying that every device failed the round: the cloud stops a
+    run all of whose sites say so of its current version (cloud/services/sites.py)."""
 
     run_id: str = Field(min_length=1, max_length=64)
     version: Int = Field(ge=0)
-    devices: Int = Field(ge=1, le=10**7)  # how many failed
-    failures: list[ClientFailure] = Field(max_length=3)  # the first few, with what each reported
+    tasks: Int = Field(ge=0)
+    answered: Int = Field(ge=0)
+    failed: Int = Field(ge=0)
 
 
 class EdgeRegistration(Message):
-    """An edge's registration, repeated as its site report: who it is, where it is, what it serves."""
+    """An edge's registration, repeated as its site report: who it is, where it is, what it serves, and its
+    devices: counted per state, the first MAX_REPORTED_DEVICES of them listed (failed ones first)."""
 
-    max_body_bytes: ClassVar[int] = 16 * 2**10
+    max_body_bytes: ClassVar[int] = 256 * 2**10
     edge_id: Int = Id
     url: str | None = Field(None, max_length=500)
     # The site: a stable name (unset: edge-<edge_id>) and labels a run's selection may name.
@@ -32,12 +64,19 @@ class EdgeRegistration(Message):
     # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
     devices: Int | None = Field(None, ge=0, le=10**7)
     serving: str | None = Field(None, max_length=200)
-    # Its current round, where every device failed it: the cloud stops a run all of whose edges say so.
-    failed_round: FailedRound | None = None
+    report_s: Float | None = Field(None, gt=0, le=86_400)  # how often it reports: when to call it offline
+    states: dict[DeviceState, Annotated[Int, Field(ge=0, le=10**7)]] = Field(default_factory=dict)
+    device_page: list[DeviceBrief] = Field(default_factory=list, max_length=MAX_REPORTED_DEVICES)
+    runs: list[SiteRun] = Field(default_factory=list, max_length=MAX_SITE_RUNS)
 
     @property
     def site_name(self) -> str:
-        return self.name or f"edge-{self.edge_id}"
+        return site_name(self.name, self.edge_id)
+
+
+def site_name(name: str | None, edge_id: int) -> str:
+    """An edge's site name: its own, or edge-<edge_id> where it sets none."""
+    return name or f"edge-{edge_id}"
 
 
 # ---- cloud -> edge ----------------------------------------------------------------------------

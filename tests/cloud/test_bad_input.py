@@ -177,7 +177,7 @@ async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
     ({"seed": -1, "algorithm": "fedprox", "params": {"mu": -1, "nu": 1}},
      [["body", "params", "mu"], ["body", "params", "nu"], ["body", "seed"]]),
     ({"topology": {"num_edges": 5}}, [["body", "topology", "num_edges"]]),
-    ({"topology": {"num_edges": 2, "buffer_size": 1}}, [["body", "topology", "buffer_size"]]),
+    ({"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}}, [["body", "topology", "buffer_size"]]),
     ({"data": {"dataset": "npz"}}, [["body", "data", "path"]]),
 ], ids=["fields-and-algorithm", "fields-and-params", "edges-without-clients", "synchronous-buffer", "npz-path"])
 async def test_create_run_reports_every_error_at_once_at_its_place(cloud: Cloud, overrides: dict[str, Any],
@@ -206,7 +206,7 @@ async def test_create_run_integers_and_numbers_take_no_boolean_or_string(cloud: 
     ("overrides", "fragment"),
     [({"params": {"mu": 0.1}}, "mu"),
      ({"topology": {"num_edges": 5, "buffer_size": 5}}, "every edge needs at least one client"),
-     ({"topology": {"num_edges": 2, "buffer_size": 1}}, "buffer_size must equal num_edges"),
+     ({"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}}, "buffer_size must equal num_edges"),
      ({"fraction": 0}, "greater than 0"),
      ({"data": {"dataset": "npz"}}, "needs a path"),
      ({"dvfs": {"profile": "pentium"}}, "unknown device profile 'pentium'; known: rpi4"),

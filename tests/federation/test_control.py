@@ -9,6 +9,7 @@ from fl_services.client import worker
 from fl_services.fedctl.display import failures
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
+from fl_services.shared.wire.admin import RunSites
 from tests.federation.harness import federation
 from tests.prometheus import samples, value
 
@@ -153,9 +154,12 @@ async def test_a_run_whose_every_device_fails_stops_and_says_so(cloud_storage, t
         run_id = (await fed.admin.create_run(config)).run_id
         await fed.admin.action(run_id, "start")
         final = await fed.admin.wait(run_id, timeout_s=120)
-        sites = (await fed.cloud_request("GET", "/api/v1/sites")).json()
+        r = await fed.cloud_request("GET", f"/api/v1/runs/{run_id}/sites")
     assert (final.status, final.version) == (RunStatus.stopped, 0)
     assert final.reason is not None and final.reason.startswith(
         "every device failed in round 0 (4 device(s)): client 0 (user_code): ModuleNotFoundError: No module named "
         "'lab_models'"), final.reason
-    assert sorted((s["edge_id"], s["failed_round"]["devices"]) for s in sites) == [(0, 2), (1, 2)]
+    # The run's sites say so too: what stopped it is their tallies of round 0, every task failed.
+    seen = RunSites.model_validate_json(r.content)
+    assert seen.all_failed and [(s.edge_id, s.version, s.tasks, s.failed) for s in seen.sites] == [
+        (0, 0, 2, 2), (1, 0, 2, 2)]

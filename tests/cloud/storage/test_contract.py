@@ -26,9 +26,9 @@ from fl_services.cloud.storage import (
 from fl_services.cloud.storage.redis import Keys, RedisStore
 from fl_services.cloud.storage.redis.connection import clients
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import ClientFailure, RoundRecord, RunStatus
+from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.wire.admin import AuditRecord
-from fl_services.shared.wire.edge_cloud import EdgeRegistration, FailedRound
+from fl_services.shared.wire.edge_cloud import DeviceBrief, EdgeRegistration, SiteRun
 from tests.cloud.harness import contribution_header
 
 pytestmark = pytest.mark.anyio
@@ -547,17 +547,14 @@ async def test_migrating_an_empty_store_keeps_it_empty_and_working(store: Store)
 async def test_a_site_is_kept_by_name_with_its_labels_and_reports(store: Store) -> None:
     first = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
                                                      labels={"region": "eu"}, devices=0))
-    failed = FailedRound(run_id="r1", version=4, devices=5,
-                         failures=[ClientFailure(client_id=2, error="ModuleNotFoundError: x", kind="user_code")])
-    later = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon", labels={"region": "eu"},
-                                                     devices=5, serving="r1:4", failed_round=failed))
+    later = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
+                                                     labels={"region": "eu"}, devices=5, serving="r1:4"))
     await store.report_site(EdgeRegistration(edge_id=1))  # no name: edge-1
     sites = await store.sites()
     assert [s.name for s in sites] == ["edge-1", "lyon"]
     assert sites[1] == later and later.registered_at == first.registered_at and later.last_seen >= first.last_seen
     assert (later.edge_id, later.labels, later.url, later.devices, later.serving) == (3, {"region": "eu"},
                                                                                         "http://a:1", 5, "r1:4")
-    assert later.failed_round == failed and first.failed_round is None
 
 
 async def test_a_site_name_belongs_to_one_edge(store: Store) -> None:
@@ -571,3 +568,22 @@ async def test_a_renamed_edge_leaves_its_old_name(store: Store) -> None:
     await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
     await store.report_site(EdgeRegistration(edge_id=0, name="paris", labels={"tier": "gold"}))
     assert [(s.name, s.labels) for s in await store.sites()] == [("paris", {"tier": "gold"})]
+
+
+async def test_a_sites_devices_and_runs_are_as_its_last_report_says(store: Store) -> None:
+    seen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    failed = DeviceBrief(client_id=7, state="failed", last_seen=seen, samples=120, family="cnn",
+                         failure="DataMisfit: wrong shape", failure_kind="misfit", failed_run="r1")
+    training = DeviceBrief(client_id=9, state="training", last_seen=seen, runs=["r1"])
+    tally = SiteRun(run_id="r1", version=4, tasks=2, answered=0, failed=1)
+    await store.report_site(EdgeRegistration(
+        edge_id=0, name="lyon", devices=10_000, report_s=2.0, states={"failed": 1, "training": 1, "idle": 9_998},
+        device_page=[failed, training], runs=[tally]))
+    (site,) = await store.sites()
+    assert (site.devices, site.report_s, site.states) == (10_000, 2.0, {"failed": 1, "training": 1, "idle": 9_998})
+    assert site.device_page == [failed, training] and site.runs == [tally]
+    assert site.status is None  # the registry keeps what was reported; its reader's clock says online or not
+    # The next report replaces the devices and the runs: nothing of the last one lingers.
+    await store.report_site(EdgeRegistration(edge_id=0, name="lyon", devices=1, states={"idle": 1}))
+    (site,) = await store.sites()
+    assert (site.devices, site.states, site.device_page, site.runs) == (1, {"idle": 1}, [], [])
