@@ -28,11 +28,20 @@ from fl_services.client.models import ModelPool
 from fl_services.client.state import ClientStateStore
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data import ClientData, DataSource, PartitionSource, check_fits, open_source
+from fl_services.shared.core.data import (
+    ClientData,
+    DataSource,
+    DataSourceError,
+    PartitionSource,
+    check_fits,
+    open_source,
+)
 from fl_services.shared.core.device import local_update
 from fl_services.shared.core.federation import evaluate_held_out, local_job, run_task
 from fl_services.shared.core.records import Record, decode, encode
+from fl_services.shared.core.reports import FailureKind
 from fl_services.shared.core.tensors import PayloadError, message_of
+from fl_services.shared.core.user_code import UserCodeError
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.wire.bundle import BundleItem
 from fl_services.shared.wire.client_edge import ClientFailureReport, ClientResultHeader, ClientTaskHeader
@@ -113,6 +122,19 @@ def client_data(settings: ClientSettings, config: RunConfig, client_id: int) -> 
 
 class ResultRefused(Exception):
     """The edge refused a result for good (a 4xx other than a token's or a stale task's)."""
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """The kind of a task's failure, for the history and the metrics (shared/core/reports.py, FailureKind)."""
+    if isinstance(exc, PayloadError):
+        return "malformed_task"
+    if isinstance(exc, ResultRefused):
+        return "refused_result"
+    if isinstance(exc, DataSourceError):
+        return "data"
+    if isinstance(exc, (UserCodeError, ImportError)):
+        return "user_code"
+    return "training"
 
 
 def _detail(response: httpx.Response) -> str:
@@ -268,7 +290,8 @@ class Worker:
     async def report_failure(self, client_id: int, task_id: str, exc: Exception) -> None:
         """Tells the edge why the task cannot be trained here (e.g. the run's model package is missing from
         this environment): the round stops waiting for this client and its record shows the reason."""
-        report = ClientFailureReport(task_id=task_id, client_id=client_id, error=f"{type(exc).__name__}: {exc}"[:1000])
+        report = ClientFailureReport(task_id=task_id, client_id=client_id, error=f"{type(exc).__name__}: {exc}"[:1000],
+                                     kind=failure_kind(exc))
         # Re-sent through a passing fault: a repeated report of the same task's failure records it again.
         response = await self.edge.post(f"/api/v1/clients/{client_id}/failures", json=report.model_dump(),
                                         headers=self.feed.auth[client_id], extensions=DEDUPLICATED)

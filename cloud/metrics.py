@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from fl_services.shared.core.reports import FAILURE_KINDS
 from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
 from fl_services.shared.wire.admin import SiteInfo
 
@@ -40,6 +41,9 @@ class CloudMetrics(ServiceMetrics):
         self.version = Gauge("fl_cloud_global_version", "Version of the run's global state", ["run_id"], registry=r)
         self.buffered = Gauge("fl_cloud_buffer_depth", "Contributions waiting in the run's buffer", ["run_id"],
                               registry=r)
+        self.client_failures = self.refusals(
+            "fl_cloud_client_failures", "Devices that failed a round, as the published rounds record them, by kind "
+            "(shared/core/reports.py, FailureKind)", FAILURE_KINDS)
         self.site_devices = Gauge("fl_cloud_site_devices_registered", "Devices registered at each site, as its last "
                                   "site report said", ["site"], registry=r)
         self.site_connected = Gauge("fl_cloud_site_devices_connected", "Devices connected (not offline) at each "

@@ -21,6 +21,7 @@ import torch
 from fl_services.cloud.global_states import GlobalStates
 from fl_services.cloud.metrics import CloudMetrics
 from fl_services.cloud.storage import (
+    UPDATABLE,
     BufferedContribution,
     Lease,
     LeaseLost,
@@ -44,7 +45,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.device import CPU, computing_on
 from fl_services.shared.core.federation import cloud_evaluates, contribution, evaluate_global
 from fl_services.shared.core.records import decode, decode_state, encode
-from fl_services.shared.core.reports import RoundRecord, RunStatus
+from fl_services.shared.core.reports import RoundRecord
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.server.longpoll import Announcer, wait_until
 from fl_services.shared.wire.backoff import Backoff
@@ -206,7 +207,8 @@ class Orchestrator:
             info = await self.store.info(run_id)
         except NotFound:  # stopped and deleted since the active runs were listed
             return False
-        if info.status not in (RunStatus.running, RunStatus.paused) or info.buffered < info.config.topology.buffer_size:
+        # A paused run's contributions wait in the buffer: its version holds until it resumes.
+        if info.status not in UPDATABLE or info.buffered < info.config.topology.buffer_size:
             return False
         lease = await self.store.acquire_lease(run_id, self.lease_s, self.replica)
         if lease is None:
@@ -236,7 +238,7 @@ class Orchestrator:
         between the first look and the lease."""
         await self._evaluated(run_id)
         info = await self.store.info(run_id)
-        if info.status not in (RunStatus.running, RunStatus.paused):
+        if info.status not in UPDATABLE:
             return False
         config = info.config
         entries = await self.store.buffered(run_id, config.topology.buffer_size)
@@ -281,6 +283,8 @@ class Orchestrator:
             return await self._stop(run_id)
         if committed:
             self.globals.keep(run_id, info.version + 1, new_global)
+            for failed in record.failed_clients:
+                self.metrics.client_failures.labels(failed.kind).inc()
             dropped = sum(c.dropped for c in record.contributions)
             if dropped:
                 self.metrics.stale_dropped.inc(dropped)

@@ -46,6 +46,8 @@ def type_name(annotation: Any) -> str:
         return "None"
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:  # e.g. shared/core/numbers.py's Int: its constraints have their own column
+        return type_name(args[0])
     if origin is typing.Literal:
         return " | ".join(json.dumps(a) for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -16,7 +16,7 @@ from fl_services.shared.server.app import app_state
 from fl_services.shared.server.auth import bearer_token, same_token, unauthorized
 from fl_services.shared.server.bodies import read_body
 from fl_services.shared.wire.client_edge import ClientRegistration, TaskPoll
-from fl_services.shared.wire.protocol import device_token_grant
+from fl_services.shared.wire.protocol import device_token_grant, issued_token_parts
 
 SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
 BoardDep = Annotated[TaskBoard, Depends(app_state("board"))]
@@ -87,6 +87,13 @@ class ClientAuth:
                                          f"site {self.site!r}")
         return None
 
+    def genuine(self, client_ids: list[int | None]) -> bool:
+        """Whether the bearer token itself is a credential: the secret, or a token of one of `client_ids` (issued
+        or derived, revoked or not: which of them may be served is each one's refusal). A batch poll's inner
+        tokens do not stand in for it."""
+        return same_token(self.token, self.secret) or any(
+            k is not None and device_token_grant(self.secret, self.token, k) is not None for k in client_ids)
+
     def refused(self, poll: TaskPoll) -> list[int]:
         """The polled clients this token (or the poll's own token of each) may not act as, each refusal counted;
         401 (403: every one's token bound to another site) if it may act as none of them."""
@@ -117,10 +124,19 @@ async def client_auth(request: Request) -> ClientAuth:
             body = json.loads(await read_body(request, (TaskPoll if polling else ClientRegistration).max_body_bytes))
             claimed = list(body.get("client_ids") or [None]) if polling else [body.get("client_id")]
             tokens = dict(body.get("tokens") or {}) if polling else {}
+        except HTTPException as exc:
+            # A body over the limit names no client: only a token that names its own (an issued device token)
+            # is known genuine, and gets the 413; any other is refused as a token first.
+            issued = issued_token_parts(auth.token)
+            if exc.status_code != status.HTTP_413_CONTENT_TOO_LARGE or issued is None or not auth.genuine([issued[0]]):
+                raise auth.refuse(INVALID) from exc
+            raise
         except (ValueError, TypeError, AttributeError, RecursionError):  # malformed: only the secret gets its 4xx
             pass
-        reasons = [auth.refusal(k if isinstance(k, int) and not isinstance(k, bool) else None,
-                                t if isinstance(t := tokens.get(str(k)), str) else None) for k in claimed]
+        ids = [k if isinstance(k, int) and not isinstance(k, bool) else None for k in claimed]
+        if not auth.genuine(ids):
+            raise auth.refuse(INVALID)
+        reasons = [auth.refusal(k, t if isinstance(t := tokens.get(str(k)), str) else None) for k in ids]
         if None not in reasons:
             raise auth.refuse(reasons[0] or INVALID)
     return auth

@@ -55,7 +55,8 @@ class Dispatch:
                     max_samples=cap)
 
     async def collect(self, header: GlobalStateHeader, tasks: list[Task], policy: RoundPolicy,
-                      failures: list[ClientFailure], moved_on: Callable[[], Awaitable[bool]]) -> list[ClientResult]:
+                      failures: list[ClientFailure], moved_on: Callable[[], Awaitable[bool]],
+                      all_failed: Callable[[list[ClientFailure]], Awaitable[None]] | None = None) -> list[ClientResult]:
         """Waits for answers; re-runs the round (same tasks) while fewer than the quorum answered; after
         max_retries, goes on with any answer, waiting for a first one only until the cloud `moved_on`.
         A client's reported failure ends the wait for it; the failures left unanswered join `failures`.
@@ -75,6 +76,11 @@ class Dispatch:
                 log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
                             self.edge_id, len(results), len(tasks), quorum, attempt + 1)
             while not results:
+                # Every task failed (a failed task is not handed out again): said to the cloud (`all_failed`),
+                # which stops a run whose every edge says so.
+                failed = self.board.failures(run_id)
+                if all_failed is not None and len(failed) == len(tasks):
+                    await all_failed(failed)
                 # No client can answer (e.g. every one fails on a diverged model): without this check the
                 # edge would wait here for good, even after its run moved on to a newer version.
                 if await moved_on():

@@ -45,7 +45,7 @@ def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistrati
         misfit = check_fits(reg.summary, task) if reg.summary is not None and task is not None else []
         if misfit:
             refused.append(ClientFailure(client_id=client_id, error=f"refused for run {config.name!r}: its data "
-                                         f"does not fit: {'; '.join(misfit)}"))
+                                         f"does not fit: {'; '.join(misfit)}", kind="misfit"))
             continue
         ids.append(client_id)
         labels[client_id] = dict(reg.labels)

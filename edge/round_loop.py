@@ -57,6 +57,7 @@ class EdgeRoundLoop:
         self.board = board
         self.edge_id = settings.edge_id
         self.current: GlobalStateHeader | None = None  # the last round started, of any run
+        self.failed_round: tuple[str, int] | None = None  # (run_id, version) of the last round every device failed
         self.lanes: dict[str, Lane] = {}
         self._lanes_changed = asyncio.Event()
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
@@ -222,7 +223,8 @@ class EdgeRoundLoop:
             await asyncio.sleep(backoff.next())
 
     def site_report(self) -> EdgeRegistration:
-        """This edge as a site: its name, labels and URL, and what it serves now."""
+        """This edge as a site: its name, labels and URL, what it serves now, and its devices (each run's round
+        tallied: whether every device failed it)."""
         serving = self.serving
         states, page, runs = devices.site_devices(board=self.board,
                                                   offline_after_s=devices.offline_after_s(self.settings))
@@ -230,6 +232,20 @@ class EdgeRoundLoop:
                                 labels=self.settings.label_map, devices=len(self.board.clients),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None,
                                 report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs)
+
+    async def _all_failed(self, header: GlobalStateHeader, failures: list[ClientFailure]) -> None:
+        """Every device of the round failed: the cloud hears it at once (a site report, whose tally of the run
+        says so), not at the next periodic one."""
+        round_ = (header.run_id, header.version)
+        if round_ == self.failed_round:
+            return
+        self.failed_round = round_
+        log.error("edge %d: every device failed version %d of run %s: %s", self.edge_id, header.version,
+                  header.run_id, "; ".join(f"client {f.client_id} ({f.kind}): {f.error}" for f in failures[:3]))
+        try:
+            await self.register()
+        except (httpx.HTTPError, OSError) as exc:  # the periodic report says it again
+            log.debug("edge %d: site report failed: %s", self.edge_id, exc)
 
     async def register(self) -> None:
         # Re-sent through a passing fault: a registration repeated replaces itself.
@@ -304,7 +320,7 @@ class EdgeRoundLoop:
             results = await self.dispatch.collect(
                 header, [self.dispatch.task(header, t, algorithm, budget, membership.samples.get(t.client_id))
                          for t in tasks],
-                header.config.policy, failures, partial(self._moved_on, header))
+                header.config.policy, failures, partial(self._moved_on, header), partial(self._all_failed, header))
             pacing.observe(header.config, chosen, results)
             return results
 

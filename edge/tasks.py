@@ -15,7 +15,7 @@ from typing import Callable
 from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.federation import device_evaluates
 from fl_services.shared.core.records import Record, flatten
-from fl_services.shared.core.reports import ClientFailure, HeldOut
+from fl_services.shared.core.reports import ClientFailure, FailureKind, HeldOut
 from fl_services.shared.core.tensors import InvalidContent, SharedEncoding
 from fl_services.shared.server.longpoll import wait_until
 from fl_services.shared.wire.client_edge import (
@@ -51,6 +51,7 @@ class Task:
     # What the client reported when it could not train the task; a later result still answers it (the
     # client process restarted with what it lacked).
     failure: str | None = None
+    failure_kind: FailureKind = "training"
     # The client's training sample count where the edge knows it (shared.core.federation.known_num_samples): a
     # result must claim exactly this. Where it does not, `max_samples` (the edge's max_client_samples) caps
     # what a claim weighs. Unchecked, one device claiming 10^12 samples would take 0.999999999 of the weight.
@@ -133,16 +134,16 @@ class TaskBoard:
         self.registered_at = {k: t for k, t in self.registered_at.items() if k in client_ids}
         self.last_seen = {k: t for k, t in self.last_seen.items() if k in client_ids}
 
-    def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str]]]:
+    def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str, FailureKind]]]:
         """Per client: the runs whose task for it is open (posted, neither answered nor reported failed), and the
-        run and reason of a failure it reported among the tasks still on the board. One pass over the board, so
-        that a registry of 10,000 devices is read without a look per device."""
+        run, reason and kind of a failure it reported among the tasks still on the board. One pass over the board,
+        so that a registry of 10,000 devices is read without a look per device."""
         open_runs: dict[int, list[str]] = {}
-        failures: dict[int, tuple[str, str]] = {}
+        failures: dict[int, tuple[str, str, FailureKind]] = {}
         for run_id, tasks in self._tasks.items():
             for client_id, t in tasks.items():
                 if t.failure is not None:
-                    failures.setdefault(client_id, (run_id, t.failure))
+                    failures.setdefault(client_id, (run_id, t.failure, t.failure_kind))
                 elif t.result is None:
                     open_runs.setdefault(client_id, []).append(run_id)
         return open_runs, failures
@@ -161,9 +162,11 @@ class TaskBoard:
     def uploading(self, client_id: int) -> bool:
         return client_id in self._receiving
 
-    def tallies(self) -> list[tuple[str, int, int, int]]:
-        """Per run on the board: (run_id, its tasks, answered, reported failed and not answered)."""
-        return [(run_id, len(tasks), sum(t.result is not None for t in tasks.values()),
+    def tallies(self) -> list[tuple[str, int, int, int, int]]:
+        """Per run on the board: (run_id, the version its round trains, its tasks, answered, reported failed and
+        not answered)."""
+        return [(run_id, next(iter(tasks.values())).header.version, len(tasks),
+                 sum(t.result is not None for t in tasks.values()),
                  sum(t.result is None and t.failure is not None for t in tasks.values()))
                 for run_id, tasks in sorted(self._tasks.items())]
 
@@ -221,7 +224,8 @@ class TaskBoard:
         return [t.result for _, t in self._of(run_id) if t.result is not None]
 
     def failures(self, run_id: str | None = None) -> list[ClientFailure]:
-        return [ClientFailure(client_id=k, error=t.failure) for k, t in sorted(self._of(run_id), key=lambda x: x[0])
+        return [ClientFailure(client_id=k, error=t.failure, kind=t.failure_kind)
+                for k, t in sorted(self._of(run_id), key=lambda x: x[0])
                 if t.result is None and t.failure is not None]
 
     async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True,
@@ -327,5 +331,6 @@ class TaskBoard:
     async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:
         """Records that the client could not train its open task (409 if stale or already answered)."""
         async with self._answered:
-            self.task_for(client_id, report.task_id).failure = report.error
+            task = self.task_for(client_id, report.task_id)
+            task.failure, task.failure_kind = report.error, report.kind
             self._answered.notify_all()

@@ -3,6 +3,7 @@ where the parser knows it, the line."""
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,8 +48,15 @@ def _yaml(path: Path, text: str) -> Any:
     except ImportError:
         raise ConfigFileError(f"{path}: reading YAML needs the pyyaml package (pip install pyyaml); or write the "
                               "config as .json or .toml") from None
+    # YAML 1.1 (PyYAML) reads 1e-3 as a string, which a number field refuses (shared/core/numbers.py): such an
+    # exponent without a dot is a float, as YAML 1.2, JSON and TOML read it.
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                 list("-+0123456789."))
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=Loader)  # a SafeLoader: no object is built from the text
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

@@ -49,18 +49,20 @@ def history_table(history: list[RoundRecord], title: str, last: int | None = Non
 
 
 def failures(history: list[RoundRecord]) -> list[str]:
-    """Each client that failed a round: what it reported last, and in how many rounds it failed."""
-    latest: dict[int, tuple[int, str, int]] = {}
+    """Each client that failed a round: the kind and what it reported last, and in how many rounds it failed."""
+    latest: dict[int, tuple[int, str, str, int]] = {}
     for h in history:
         for f in h.failed_clients:
-            count = latest.get(f.client_id, (0, "", 0))[2] + 1
-            latest[f.client_id] = (h.round, f.error, count)
-    return [f"client {k} failed {n} round(s), last in round {r}: {' '.join(error.split())}"
-            for k, (r, error, n) in sorted(latest.items())]
+            count = latest.get(f.client_id, (0, "", "", 0))[3] + 1
+            latest[f.client_id] = (h.round, f.kind, f.error, count)
+    return [f"client {k} failed {n} round(s) ({kind}), last in round {r}: {' '.join(error.split())}"
+            for k, (r, kind, error, n) in sorted(latest.items())]
 
 
 def show_results(info: RunInfo, history: list[RoundRecord]) -> None:
     console.print(history_table(history, run_title(info)))
+    if info.reason:  # why the cloud stopped it (e.g. every device failed)
+        console.print(f"{info.status.value}: {info.reason}", style="red", highlight=False)
     for line in failures(history):
         console.print(line, style="red", highlight=False)
 

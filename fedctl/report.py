@@ -63,8 +63,8 @@ def write_history_json(path: Path | TextIO, history: list[RoundRecord]) -> None:
 
 
 def write_history_csv(path: Path | TextIO, history: list[RoundRecord]) -> None:
-    """One row per round; `failed_clients` holds each client that could not train with what it reported
-    ("3: No module named 'pkg' | 5: ...")."""
+    """One row per round; `failed_clients` holds each client that could not train, the kind of failure and what it
+    reported ("3 (user_code): ModuleNotFoundError: No module named 'pkg' | 5 (data): ...")."""
     with _open(path) as f:
         writer = csv.writer(f)
         writer.writerow(HISTORY_COLUMNS)
@@ -74,7 +74,8 @@ def write_history_csv(path: Path | TextIO, history: list[RoundRecord]) -> None:
             writer.writerow([h.round, h.version, len(h.clients), " ".join(map(str, h.edges)), _cell(h.train_loss),
                              _cell(h.test_loss), _cell(h.test_accuracy), f"{h.elapsed_s:.3f}", _cell(h.energy_j),
                              _cell(cumulative), " ".join(str(c.client_id) for c in h.clients), len(h.failed_clients),
-                             " | ".join(f"{f.client_id}: {' '.join(f.error.split())}" for f in h.failed_clients),
+                             " | ".join(f"{f.client_id} ({f.kind}): {' '.join(f.error.split())}"
+                                        for f in h.failed_clients),
                              *_federated_cells(h)])
 
 

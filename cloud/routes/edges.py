@@ -16,7 +16,7 @@ from fl_services.cloud.services import contributions, edges
 from fl_services.shared.core.tensors import InvalidContent
 from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json, reject
-from fl_services.shared.server.docs import binary_body_doc, json_body_doc
+from fl_services.shared.server.docs import binary_answer_doc, binary_body_doc, json_body_doc
 from fl_services.shared.server.errors import error_responses
 from fl_services.shared.server.longpoll import PollTimeout
 from fl_services.shared.server.metrics import note_outcome
@@ -43,10 +43,10 @@ async def revoked_token_ids(store: StoreDep) -> list[str]:
     return [r.token_id for r in await store.revoked_tokens()]
 
 
-@router.get("/edges/{edge_id}/global", responses={
-    200: {"description": "the global state of a run (its header says which run and version)",
-          "headers": {LIVE_RUNS: {"description": "the live runs this edge takes part in, comma-separated",
-                                  "schema": {"type": "string"}}}},
+@router.get("/edges/{edge_id}/global", response_class=Response, responses={
+    **binary_answer_doc("the global state of a run (its header says which run and version)",
+                        headers={LIVE_RUNS: {"description": "the live runs this edge takes part in, comma-separated",
+                                             "schema": {"type": "string"}}}),
     204: {"description": "nothing newer before the timeout, or a run the edge knows has ended"},
     **error_responses(404, 422)})
 async def global_state(edge_id: KnownEdge, poll: StatePollDep, timeout: PollTimeout, request: Request,

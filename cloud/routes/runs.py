@@ -2,6 +2,9 @@
 change is recorded in the audit log with the caller's identity."""
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import get_args
+
 from fastapi import Request, Response, status
 from fastapi.responses import StreamingResponse
 
@@ -13,7 +16,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RoundRecord
 from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json
-from fl_services.shared.server.docs import json_body_doc
+from fl_services.shared.server.docs import binary_answer_doc, json_body_doc
 from fl_services.shared.server.errors import error_responses
 from fl_services.shared.wire.admin import RunEdges, RunInfo, RunSites
 
@@ -37,10 +40,27 @@ async def get_run(run_id: str, store: StoreDep) -> RunInfo:
     return await store.info(run_id)
 
 
-@router.post("/{run_id}/{action}", responses=error_responses(404, 409, 422))
-async def control(run_id: str, action: runs.Action, store: StoreDep, orchestrator: OrchestratorDep,
-                  audit: AuditDep) -> RunInfo:
-    return await runs.control(store=store, orchestrator=orchestrator, audit=audit, run_id=run_id, action=action)
+def _control(action: runs.Action) -> Callable[..., Awaitable[RunInfo]]:
+    async def control(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, audit: AuditDep) -> RunInfo:
+        return await runs.control(store=store, orchestrator=orchestrator, audit=audit, run_id=run_id, action=action)
+
+    control.__doc__ = CONTROL_DOCS[action]
+    return control
+
+
+CONTROL_DOCS: dict[runs.Action, str] = {
+    "start": "Starts a created run (a run over registered devices waits for them first: status waiting).",
+    "pause": "Pauses a running run: no new round starts and no cloud update is applied until it resumes; "
+             "contributions still arriving are kept in the buffer (docs/decisions/pause-holds-the-version.md).",
+    "resume": "Resumes a paused run: the contributions buffered meanwhile are applied first.",
+    "stop": "Stops a run for good (its edges drop its rounds at once).",
+}
+
+
+# One route per action: an action that does not exist is a 404 (as any unknown path), not a 422 of a path parameter.
+for _action in get_args(runs.Action):
+    router.add_api_route(f"/{{run_id}}/{_action}", _control(_action), methods=["POST"], name=f"{_action}_run",
+                         summary=f"{_action.capitalize()} Run", responses=error_responses(404, 409))
 
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404, 409))
@@ -56,7 +76,9 @@ async def history(run_id: str, store: StoreDep) -> list[RoundRecord]:
     return await store.history(run_id)
 
 
-@router.get("/{run_id}/model", responses=error_responses(404))
+@router.get("/{run_id}/model", response_class=Response, responses={
+    **binary_answer_doc("the global model (safetensors)", headers={"X-FL-Version": {
+        "description": "the version of the model", "schema": {"type": "integer"}}}), **error_responses(404)})
 async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
     """The global model at the current version as safetensors (X-FL-Version says which)."""
     body, version = await runs.model(store=store, orchestrator=orchestrator, run_id=run_id)

@@ -4,6 +4,7 @@ not, a run's sites and devices)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import statistics
 from datetime import datetime, timedelta
@@ -17,7 +18,7 @@ from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RoundRecord, RunStatus
-from fl_services.shared.wire.admin import RunSite, RunSites, SampleOutlier, SiteInfo
+from fl_services.shared.wire.admin import RunInfo, RunSite, RunSites, SampleOutlier, SiteInfo
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,17 @@ async def site_registry(*, store: Store) -> list[SiteInfo]:
 async def run_sites(*, store: Store, run_id: str) -> RunSites:
     """The sites a run uses (its edges), each with the run's current round there and the listed devices taking
     part in it or failing it, as their last reports say; NotFound for an unknown run."""
-    config = await store.config(run_id)
-    by_edge = {site.edge_id: site for site in await site_registry(store=store)}
+    return sites_of_run(await store.info(run_id), await site_registry(store=store))
+
+
+def sites_of_run(info: RunInfo, known: list[SiteInfo]) -> RunSites:
+    """The run's sites as the registry's `known` sites say; all_failed where every one of them tallies the run's
+    current version with each of its tasks failed (an edge that never reported, or reports no task of that
+    version, says nothing)."""
+    run_id = info.run_id
+    by_edge = {site.edge_id: site for site in known}
     sites = []
-    for edge_id in config.edge_ids():
+    for edge_id in info.config.edge_ids():
         site = by_edge.get(edge_id)
         if site is None:
             sites.append(RunSite(edge_id=edge_id))
@@ -56,11 +64,11 @@ async def run_sites(*, store: Store, run_id: str) -> RunSites:
         tally = next((r for r in site.runs if r.run_id == run_id), None)
         devices = [d for d in site.device_page if run_id in d.runs or d.failed_run == run_id]
         sites.append(RunSite(name=site.name, edge_id=edge_id, status=site.status, devices=devices,
-                             **(tally.model_dump(include={"tasks", "answered", "failed"}) if tally else {})))
-    tasks = sum(s.tasks for s in sites)
+                             **(tally.model_dump(include={"version", "tasks", "answered", "failed"}) if tally else {})))
+    all_failed = all(s.version == info.version and 0 < s.tasks == s.failed for s in sites)
     reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure})
-    last = (await store.info(run_id)).last_round
-    return RunSites(run_id=run_id, sites=sites, all_failed=tasks > 0 and sum(s.failed for s in sites) == tasks,
+    last = info.last_round
+    return RunSites(run_id=run_id, sites=sites, all_failed=all_failed,
                     reasons=reasons, sample_outliers=sample_outliers(last) if last else [],
                     outliers_round=last.round if last else None)
 
@@ -109,19 +117,25 @@ def devices_at(config: RunConfig, sites: list[SiteInfo]) -> int:
     return sum(s.devices or 0 for s in sites if s.edge_id in edges)
 
 
+async def _runs_with_sites(store: Store, run_ids: list[str], status: RunStatus) -> list[tuple[RunInfo, list[SiteInfo]]]:
+    """The runs of `run_ids` that are in `status` (those deleted meanwhile left out), each with the sites as they
+    are now (read once, if any run is)."""
+    infos = []
+    for run_id in run_ids:
+        with contextlib.suppress(NotFound):
+            infos.append(await store.info(run_id))
+    infos = [info for info in infos if info.status == status]
+    sites = await store.sites() if infos else []
+    return [(info, sites) for info in infos]
+
+
 async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
     """Admits each waiting run whose sites have min_devices registered; stops, saying why, one that waited past its
     start_timeout_s."""
-    sites: list[SiteInfo] | None = None
-    for run_id in await store.run_ids():
-        try:
-            info = await store.info(run_id)
-        except NotFound:
+    for info, sites in await _runs_with_sites(store, await store.run_ids(), RunStatus.waiting):
+        run_id, selection = info.run_id, info.config.selection
+        if selection is None:
             continue
-        selection = info.config.selection
-        if info.status != RunStatus.waiting or selection is None:
-            continue
-        sites = sites if sites is not None else await store.sites()
         found = devices_at(info.config, sites)
         try:
             if found >= selection.min_devices:
@@ -140,10 +154,41 @@ async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Audi
         await orchestrator.announce()
 
 
+# How a run stopped because every device failed says so in RunInfo.reason (the status line of fedctl and the
+# dashboard), followed by what the devices reported.
+EVERY_DEVICE_FAILED = "every device failed"
+
+
+async def stop_failed(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
+    """Stops each running run whose every edge reports that every device failed the run's current round (its
+    sites' all_failed): its failed tasks are not handed out again, so it would otherwise stay `running` for good,
+    training nothing."""
+    for info, sites in await _runs_with_sites(store, await store.active_runs(), RunStatus.running):
+        run_id = info.run_id
+        seen = sites_of_run(info, sites)
+        if not seen.all_failed:
+            continue
+        devices = sum(s.failed for s in seen.sites)
+        said = [d for s in seen.sites for d in s.devices if d.failed_run == run_id and d.failure][:3]
+        reason = (f"{EVERY_DEVICE_FAILED} in round {info.version} ({devices} device(s)): " + "; ".join(
+            f"client {d.client_id} ({d.failure_kind or 'training'}): {' '.join((d.failure or '').split())}"
+            for d in said))
+        try:
+            await store.transition(run_id, "stop", reason)
+        except Conflict:  # another replica (or an operator) moved it meanwhile
+            continue
+        log.error("run %s stopped: %s", run_id, reason)
+        await audit("stop", run_id, reason)
+        orchestrator.notify()
+        await orchestrator.announce()
+
+
 async def admit_forever(*, store: Store, orchestrator: Orchestrator, audit: Auditor, interval_s: float) -> None:
+    """Admits the waiting runs whose devices came, and stops the running ones whose every device failed."""
     while True:
         try:
             await admit_waiting(store=store, orchestrator=orchestrator, audit=audit)
+            await stop_failed(store=store, orchestrator=orchestrator, audit=audit)
         except Exception:  # the storage away for a while: the next pass tries again
-            log.exception("admitting waiting runs failed")
+            log.exception("admitting waiting runs (or stopping failed ones) failed")
         await asyncio.sleep(interval_s)

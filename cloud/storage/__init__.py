@@ -12,6 +12,7 @@ from fl_services.cloud.storage.ports import (
     ACTIVE,
     ENDED,
     TRANSITIONS,
+    UPDATABLE,
     Action,
     AuditLog,
     BufferedContribution,
@@ -36,8 +37,8 @@ from fl_services.cloud.storage.ports import (
 )
 
 __all__ = [
-    "ACTIVE", "ENDED", "TRANSITIONS", "Action", "AuditLog", "BufferedContribution", "Conflict", "ContributionBuffer",
-    "EdgeRegistry", "Events", "Lease", "LeaseLost", "MemoryStore", "NotFound", "RevokedTokens", "Runs",
-    "SiteRegistry", "StateTooLarge", "StorageError", "StorageRefused", "StorageUnavailable", "Store", "SubmitOutcome",
-    "UpdateLeases", "now",
+    "ACTIVE", "ENDED", "TRANSITIONS", "UPDATABLE", "Action", "AuditLog", "BufferedContribution", "Conflict",
+    "ContributionBuffer", "EdgeRegistry", "Events", "Lease", "LeaseLost", "MemoryStore", "NotFound", "RevokedTokens",
+    "Runs", "SiteRegistry", "StateTooLarge", "StorageError", "StorageRefused", "StorageUnavailable", "Store",
+    "SubmitOutcome", "UpdateLeases", "now",
 ]

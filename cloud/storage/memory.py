@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from fl_services.cloud.storage.ports import (
     ACTIVE,
     ENDED,
+    UPDATABLE,
     Action,
     BufferedContribution,
     Lease,
@@ -203,7 +204,7 @@ class MemoryStore(Store):
                             lease: Lease | None = None) -> bool:
         check_state_sizes(run_id, self.max_value_bytes, global_state=new_global, cloud_state=new_cloud_state)
         run = self._runs.get(run_id)
-        if run is None or run.version != expected_version or run.status not in ACTIVE:
+        if run is None or run.version != expected_version or run.status not in UPDATABLE:
             return False
         if lease is not None and not self._holds(lease):
             return False

@@ -10,7 +10,7 @@ Invariants every backend keeps, so that a crash loses nothing and counts nothing
   still waiting are checked, and the contribution buffered, all at once or not at all;
 - `commit_update` is atomic: the new global state and cloud state, the new version, the history record and
   the removal of the consumed contributions happen together, only if the version is still the expected one,
-  the run still running or paused, and (given a lease) that lease still held. Until then the consumed
+  the run still running (not paused: UPDATABLE), and (given a lease) that lease still held. Until then the consumed
   entries stay buffered, so a cloud killed mid-update redoes it.
 """
 from __future__ import annotations
@@ -110,8 +110,11 @@ TRANSITIONS: dict[str, tuple[set[RunStatus], RunStatus]] = {
     "resume": ({RunStatus.paused}, RunStatus.running),
     "stop": ({RunStatus.created, RunStatus.waiting, RunStatus.running, RunStatus.paused}, RunStatus.stopped),
 }
-# The statuses of an active run: it takes contributions, a computed update may be published, it cannot be deleted.
+# The statuses of an active run: it takes contributions (kept in the buffer) and cannot be deleted.
 ACTIVE = frozenset({RunStatus.running, RunStatus.paused})
+# The status in which an update may be published: a paused run's version holds from the pause's answer until it
+# resumes, and what arrives meanwhile is applied then (docs/decisions/pause-holds-the-version.md).
+UPDATABLE = frozenset({RunStatus.running})
 ENDED = frozenset({RunStatus.stopped, RunStatus.finished})
 
 

@@ -11,7 +11,7 @@ from fl_services.edge.services import clients
 from fl_services.shared.core.tensors import InvalidContent
 from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json, read_message, reject, same_as_url
-from fl_services.shared.server.docs import binary_body_doc, json_body_doc
+from fl_services.shared.server.docs import binary_answer_doc, binary_body_doc, json_body_doc
 from fl_services.shared.server.errors import error_responses
 from fl_services.shared.server.longpoll import PollTimeout, capped_wait
 from fl_services.shared.server.quotas import open_request, rate_limited
@@ -38,8 +38,9 @@ async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> Cli
     return reg
 
 
-@router.get("/{client_id}/task", responses={204: {"description": "no task before the timeout"},
-                                            **error_responses(404, 422, 429)})
+@router.get("/{client_id}/task", response_class=Response, responses={
+    **binary_answer_doc("the client's oldest open task (safetensors)"),
+    204: {"description": "no task before the timeout"}, **error_responses(404, 422, 429)})
 async def task(client_id: int, request: Request, board: BoardDep, timeout: PollTimeout):
     async with open_request(request, "task", client_id):
         found = await board.fetch(client_id, timeout)
@@ -48,7 +49,7 @@ async def task(client_id: int, request: Request, board: BoardDep, timeout: PollT
     return binary(await asyncio.to_thread(found.blob))  # encoded on first fetch
 
 
-@router.post("/tasks", responses={200: {"content": {TASK_BUNDLE: {}}, "description": "the tasks, as a bundle"},
+@router.post("/tasks", response_class=Response, responses={**binary_answer_doc("the tasks, as a bundle", TASK_BUNDLE),
                                   204: {"description": "no task before the timeout"},
                                   **error_responses(400, 408, 413, 422, 429)},
              openapi_extra=json_body_doc(TaskPoll))
@@ -83,10 +84,11 @@ async def result(client_id: int, request: Request, board: BoardDep, metrics: Met
 @router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
              responses=error_responses(400, 404, 408, 409, 413, 422, 429),
              openapi_extra=json_body_doc(ClientFailureReport))
-async def failure(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
+async def failure(client_id: int, request: Request, board: BoardDep, metrics: MetricsDep) -> ResultReceipt:
     """A task the client could not train: the round stops waiting for it and its record says why."""
     await rate_limited(request, "result", client_id)  # a failure answers a task as a result does
     report = await read_json(request, ClientFailureReport)  # after the token check
     same_as_url("report client_id", report.client_id, client_id)
     await board.report_failure(client_id, report)
+    metrics.client_failures.labels(report.kind).inc()
     return ResultReceipt(accepted=True)

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 from fl_services.edge.config import EdgeSettings
 from fl_services.edge.tasks import TaskBoard
+from fl_services.shared.core.reports import FailureKind
 from fl_services.shared.wire.admin import DeviceInfo
 from fl_services.shared.wire.client_edge import ClientRegistration
 from fl_services.shared.wire.edge_cloud import (
@@ -35,8 +36,8 @@ class _States:
         self.board, self.offline_after_s, self.now = board, offline_after_s, time.time()
         self.open_runs, self.failures = board.activity()
 
-    def of(self, client_id: int) -> tuple[DeviceState, list[str], tuple[str, str] | None]:
-        """The device's state, the runs whose task for it is open, and its last failure (run, reason)."""
+    def of(self, client_id: int) -> tuple[DeviceState, list[str], tuple[str, str, FailureKind] | None]:
+        """The device's state, the runs whose task for it is open, and its last failure (run, reason, kind)."""
         runs, failure = self.open_runs.get(client_id, []), self.failures.get(client_id)
         silent_s = self.now - self.board.last_seen.get(client_id, self.now)
         state: DeviceState = ("offline" if silent_s > self.offline_after_s
@@ -63,7 +64,8 @@ def list_devices(*, board: TaskBoard, offline_after_s: float) -> list[DeviceInfo
         devices.append(DeviceInfo(client_id=client_id, state=state, labels=reg.labels, summary=reg.summary,
                                   registered_at=_utc(board.registered_at.get(client_id, now)),
                                   last_seen=_utc(board.last_seen.get(client_id, now)), runs=runs,
-                                  failure=failure[1] if failure else None))
+                                  failure=failure[1] if failure else None,
+                                  failure_kind=failure[2] if failure else None))
     return devices
 
 
@@ -91,10 +93,11 @@ def site_devices(*, board: TaskBoard, offline_after_s: float
             client_id=client_id, state=state, last_seen=_utc(board.last_seen.get(client_id, now)),
             samples=reg.summary.samples if reg.summary is not None else None, family=family(reg),
             runs=runs[:MAX_DEVICE_RUNS],
-            failure=_shortened(failure[1]) if failure else None, failed_run=failure[0] if failure else None))
+            failure=_shortened(failure[1]) if failure else None, failure_kind=failure[2] if failure else None,
+            failed_run=failure[0] if failure else None))
     counts = Counter(state for state, _, _ in states.values())
-    tallies = [SiteRun(run_id=run_id, tasks=tasks, answered=answered, failed=failed)
-               for run_id, tasks, answered, failed in board.tallies()[:MAX_SITE_RUNS]]
+    tallies = [SiteRun(run_id=run_id, version=version, tasks=tasks, answered=answered, failed=failed)
+               for run_id, version, tasks, answered, failed in board.tallies()[:MAX_SITE_RUNS]]
     return {s: counts[s] for s in DEVICE_STATES if counts[s]}, page, tallies
 
 

@@ -110,7 +110,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         edges=sorted({c.edge_id for c in contributions}),
         clients=clients,
         failed_clients=sorted(
-            (ClientFailureRecord(client_id=f.client_id, edge_id=c.edge_id, error=f.error)
+            (ClientFailureRecord(client_id=f.client_id, edge_id=c.edge_id, error=f.error, kind=f.kind)
              for c in contributions for f in c.failures),
             key=lambda f: (f.client_id, f.edge_id),
         ),

@@ -13,12 +13,22 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from fl_services.shared.core.dvfs import DEFAULT_PROFILE, PROFILES, DeviceProfile, Policy, check_frequencies
+from fl_services.shared.core.numbers import Float, Int
 
 
 class Strict(BaseModel):
     # A typo in a config key must be an error, not a silently ignored option. JSON's 1e400 parses to inf,
     # which would be stored as null and make the run unreadable: every float must be finite.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ConfigError(ValueError):
+    """A config refused because of one field, named by its dotted path (e.g. "topology.buffer_size"): a 422 gives
+    that place (shared.core.algorithms.registry.parse_config), not the config's root."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.loc = tuple(field.split("."))
 
 
 MAX_SYNTHETIC_DEVICES = 1000
@@ -67,16 +77,16 @@ class DataConfig(_HashableOptions):
     partition: Literal["iid", "dirichlet", "shards", "file", "natural"] = Field(
         "iid", description="iid | dirichlet | shards | file: the client index stored with the data (an npz's or "
         "an imported loader's client_train) | natural: the synthetic generator's own devices")
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
-    shards_per_client: int = Field(2, ge=1, description="McMahan's shards each client gets (partition='shards')")
-    num_clients: int = Field(10, ge=1, le=100_000, description=(
+    alpha: Float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
+    shards_per_client: Int = Field(2, ge=1, description="McMahan's shards each client gets (partition='shards')")
+    num_clients: Int = Field(10, ge=1, le=100_000, description=(
         "N of a simulated federation (a run without a selection): clients 0 … N − 1, client k at edge k mod L"))
-    synthetic_alpha: float = Field(1.0, ge=0, le=100, description="α of FedProx's Synthetic(α, β): how much local "
+    synthetic_alpha: Float = Field(1.0, ge=0, le=100, description="α of FedProx's Synthetic(α, β): how much local "
                                    "models differ")
-    synthetic_beta: float = Field(1.0, ge=0, le=100, description="β of FedProx's Synthetic(α, β): how much local "
+    synthetic_beta: Float = Field(1.0, ge=0, le=100, description="β of FedProx's Synthetic(α, β): how much local "
                                   "data differ")
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
-    client_holdout: float = Field(
+    test_fraction: Float = Field(0.2, gt=0, lt=1, description="held-out share of the pooled data")
+    client_holdout: Float = Field(
         0.2, ge=0, lt=1, description="share of each client's rows held out as its own test split (personalised "
         "evaluation), whatever the partition; training and the weights p_k use the rest; 0: every row trains")
 
@@ -88,7 +98,7 @@ class DataConfig(_HashableOptions):
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
         if self.dataset == "npz" and not self.path:
-            raise ValueError("dataset 'npz' needs a path")
+            raise ConfigError("path", "dataset 'npz' needs a path")
         if self.options and not is_import_path(self.dataset):
             raise ValueError("data.options are the keyword arguments of an imported loader "
                              "(dataset = 'package.module:load')")
@@ -111,7 +121,7 @@ class ModelConfig(_HashableOptions):
     name: str = Field("cnn", description="logreg | mlp | cnn | flower_cnn (Flower's quickstart CNN), or "
                       "'package.module:factory', a function called as "
                       "factory(input_shape, num_classes, **options) that returns a torch nn.Module")
-    hidden: tuple[int, ...] = Field(
+    hidden: tuple[Int, ...] = Field(
         (200, 200), min_length=1, max_length=16, description="the mlp's hidden layer sizes (McMahan's 2NN: 200, 200)")
     options: dict[str, JsonValue] = Field(
         default_factory=dict, description="keyword arguments of an imported factory (JSON values)")
@@ -141,12 +151,12 @@ class ModelConfig(_HashableOptions):
 
 
 class LocalTrainingConfig(Strict):
-    epochs: int = Field(1, ge=1, le=1000, description="E: local epochs")
-    batch_size: int = Field(32, ge=0, description="B: minibatch size; 0 means full batch")
-    lr: float = Field(0.2, gt=0, le=1000, description="eta_k: client learning rate (0.2 suits the default CNN)")
+    epochs: Int = Field(1, ge=1, le=1000, description="E: local epochs")
+    batch_size: Int = Field(32, ge=0, description="B: minibatch size; 0 means full batch")
+    lr: Float = Field(0.2, gt=0, le=1000, description="eta_k: client learning rate (0.2 suits the default CNN)")
     optimizer: Literal["sgd", "nesterov"] = Field(
         "sgd", description="sgd | nesterov (torch SGD(nesterov=True) semantics, its buffer reset every round)")
-    momentum: float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
+    momentum: Float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
 
 
 class StalenessConfig(Strict):
@@ -157,9 +167,9 @@ class StalenessConfig(Strict):
     function: Literal["fedbuff", "constant", "polynomial"] = Field(
         "fedbuff", description="s(τ): fedbuff 1/√(1 + τ) (FedBuff, Nguyen et al. 2022), constant 1, or polynomial "
         "(1 + τ)^−exponent")
-    exponent: float | None = Field(None, gt=0, le=10, description="a in polynomial's (1 + τ)^−a (left out: 0.5); "
+    exponent: Float | None = Field(None, gt=0, le=10, description="a in polynomial's (1 + τ)^−a (left out: 0.5); "
                                    "only with function 'polynomial'")
-    max: int | None = Field(None, ge=0, le=100_000, description="a contribution more than this many versions "
+    max: Int | None = Field(None, ge=0, le=100_000, description="a contribution more than this many versions "
                             "stale is dropped and counted in its update's record (left out: none is dropped)")
 
     @model_validator(mode="after")
@@ -170,24 +180,24 @@ class StalenessConfig(Strict):
 
 
 class TopologyConfig(Strict):
-    num_edges: int = Field(1, ge=1, le=1000, description="L: edges 0 … L − 1 take part; 1 with buffer_size 1 is "
+    num_edges: Int = Field(1, ge=1, le=1000, description="L: edges 0 … L − 1 take part; 1 with buffer_size 1 is "
                            "a flat topology")
-    buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update (left out: num_edges for "
+    buffer_size: Int = Field(1, ge=1, description="B: edge contributions per cloud update (left out: num_edges for "
                              "a synchronous algorithm, 1 for an asynchronous one); B < num_edges with a model-"
                              "averaging algorithm (fedavg, fedprox, fedsgd) is buffered asynchronous averaging, "
                              "each contribution weighted by its staleness")
-    edge_rounds: int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
+    edge_rounds: Int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
     staleness: StalenessConfig = Field(StalenessConfig(), description="how the cloud weighs a contribution "
                                        "computed on an older global version (buffer_size < num_edges)")
 
 
 class RoundPolicy(Strict):
-    deadline_s: float = Field(120.0, ge=0.1, le=86_400, description="how long an edge waits for its clients")
-    min_fraction: float = Field(
+    deadline_s: Float = Field(120.0, ge=0.1, le=86_400, description="how long an edge waits for its clients")
+    min_fraction: Float = Field(
         0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
     )
-    max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
-    answers: int | None = Field(None, ge=1, le=100_000, description=(
+    max_retries: Int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
+    answers: Int | None = Field(None, ge=1, le=100_000, description=(
         "K: an edge round closes as soon as K of its selected devices answered (buffered averaging at the "
         "edge), the later answers dropped; more than an edge selects means all of them. Unset: it waits for "
         "every one (or the deadline, with min_fraction). The reference runner takes the K devices of least "
@@ -203,14 +213,14 @@ class DeviceOverride(Strict):
     """One client's device: a named profile and/or any of its figures replaced."""
 
     profile: str | None = Field(None, description="a named device profile (shared/core/dvfs.py)")
-    frequencies_ghz: tuple[float, ...] | None = Field(None, min_length=1, max_length=64,
+    frequencies_ghz: tuple[Float, ...] | None = Field(None, min_length=1, max_length=64,
                                                       description="the CPU frequencies the device may run at, GHz")
-    cycles_per_sample: float | None = Field(None, gt=0, le=1e12, description="c: CPU cycles one training "
+    cycles_per_sample: Float | None = Field(None, gt=0, le=1e12, description="c: CPU cycles one training "
                                             "sample costs")
-    capacitance: float | None = Field(None, gt=0, le=1e-20, description="α: effective switched capacitance; "
+    capacitance: Float | None = Field(None, gt=0, le=1e-20, description="α: effective switched capacitance; "
                                       "an epoch's dynamic energy is (α/2)·c·|D|·f²")
-    static_power_w: float | None = Field(None, ge=0, le=1000, description="the core's static power, W")
-    link_mbps: float | None = Field(None, ge=MIN_LINK_MBPS, le=1e6, description="the device's link rate, Mbit/s")
+    static_power_w: Float | None = Field(None, ge=0, le=1000, description="the core's static power, W")
+    link_mbps: Float | None = Field(None, ge=MIN_LINK_MBPS, le=1e6, description="the device's link rate, Mbit/s")
 
     @field_validator("profile")
     @classmethod
@@ -243,12 +253,12 @@ class DvfsConfig(Strict):
     clients: dict[int, DeviceOverride] = Field(
         default_factory=dict, max_length=100_000, description="per-client overrides by client id: profile, "
         "frequencies_ghz, cycles_per_sample, capacitance, static_power_w, link_mbps")
-    link_mbps: float = Field(20.0, ge=MIN_LINK_MBPS, le=1e6,
+    link_mbps: Float = Field(20.0, ge=MIN_LINK_MBPS, le=1e6,
                              description="link rate of the modelled communication time, Mbit/s")
-    time_scale: float = Field(
+    time_scale: Float = Field(
         0.0, ge=0, le=1000, description="emulated devices (no writable cpufreq): a client's wall time is "
         "stretched to its modelled time × this; 0: not stretched")
-    deadline_s: float | None = Field(
+    deadline_s: Float | None = Field(
         None, gt=0, le=1e7, description="deadline and slack: modelled seconds an edge round's clients may take; "
         "unset: the slowest selected client's time at full speed, as last reported")
 
@@ -285,11 +295,11 @@ class AggregationConfig(Strict):
                              "| trimmed_mean | krum")
     cloud: Aggregator = Field("mean", description="over the edges' contributions (each edge's mean step): mean | "
                               "median | trimmed_mean | krum")
-    trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="β of trimmed_mean: the share of values dropped "
+    trim_fraction: Float = Field(0.1, ge=0, lt=0.5, description="β of trimmed_mean: the share of values dropped "
                                  "at each end of every coordinate")
-    krum_byzantine: int = Field(1, ge=0, le=10_000, description="f of krum: the attackers tolerated; "
+    krum_byzantine: Int = Field(1, ge=0, le=10_000, description="f of krum: the attackers tolerated; "
                                 "krum needs at least 2f + 3 updates")
-    krum_selected: int = Field(1, ge=1, le=100_000, description="m of multi-Krum: the best-scored updates "
+    krum_selected: Int = Field(1, ge=1, le=100_000, description="m of multi-Krum: the best-scored updates "
                                "averaged (1: Krum)")
 
 
@@ -305,17 +315,17 @@ class PrivacyConfig(Strict):
     noise: Literal["off", "edge", "client"] = Field(
         "off", description="off | edge: each edge clips its clients' updates to clip_norm and adds Gaussian "
         "noise to their sum | client: each client clips and noises its own update (local DP)")
-    clip_norm: float = Field(1.0, gt=0, le=1e6, description="S: the L2 bound of one client's update")
-    noise_multiplier: float = Field(1.0, ge=MIN_NOISE_MULTIPLIER, le=1e4,
+    clip_norm: Float = Field(1.0, gt=0, le=1e6, description="S: the L2 bound of one client's update")
+    noise_multiplier: Float = Field(1.0, ge=MIN_NOISE_MULTIPLIER, le=1e4,
                                     description="σ: the noise's standard deviation is σ·S")
-    delta: float = Field(1e-5, gt=0, lt=1, description="δ at which ε is reported")
-    dp_sgd_noise_multiplier: float | None = Field(
+    delta: Float = Field(1e-5, gt=0, lt=1, description="δ at which ε is reported")
+    dp_sgd_noise_multiplier: Float | None = Field(
         None, ge=MIN_NOISE_MULTIPLIER, le=1e4, description="DP-SGD inside each client's local training (opacus): σ "
         "of the Gaussian noise added to each minibatch's sum of per-example gradients clipped to dp_sgd_clip_norm "
         "(None: off)")
-    dp_sgd_clip_norm: float = Field(1.0, gt=0, le=1e6, description="C of DP-SGD: the L2 bound of one example's "
+    dp_sgd_clip_norm: Float = Field(1.0, gt=0, le=1e6, description="C of DP-SGD: the L2 bound of one example's "
                                     "gradient")
-    epsilon_budget: float | None = Field(None, gt=0, description="ε at which the run stops: it ends after the last "
+    epsilon_budget: Float | None = Field(None, gt=0, description="ε at which the run stops: it ends after the last "
                                          "round whose ε is within the budget (None: runs every round)")
 
     @model_validator(mode="after")
@@ -341,12 +351,12 @@ class Selection(Strict):
     sites: Literal["all"] | list[SiteName] | LabelSelector = Field(
         "all", description="all, a list of site names, or a label selector such as {\"region\": \"eu\"}")
     devices: Literal["all"] | LabelSelector = Field("all", description="all, or a label selector of devices")
-    min_devices: int = Field(1, ge=1, le=10**7, description="devices registered at the selected sites for the run "
+    min_devices: Int = Field(1, ge=1, le=10**7, description="devices registered at the selected sites for the run "
                              "to leave `waiting`")
-    start_timeout_s: float = Field(600.0, gt=0, le=7 * 86400, description="how long the run may wait for them "
+    start_timeout_s: Float = Field(600.0, gt=0, le=7 * 86400, description="how long the run may wait for them "
                                    "before it fails")
     # The selected sites' edge ids, resolved by the cloud from its site registry when the run is created.
-    edge_ids: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, max_length=10_000)
+    edge_ids: list[Annotated[Int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, max_length=10_000)
 
     @property
     def device_selector(self) -> dict[str, str] | None:
@@ -363,7 +373,7 @@ class RunConfig(Strict):
     # and params have room, a data set does not.
     max_body_bytes: ClassVar[int] = 2**20
     name: str = Field("run", min_length=1, max_length=200, description="a name for people (the dashboard, fedctl)")
-    seed: int = Field(0, ge=0, lt=2**31, description="seeds selection, the partition, every batch order, the "
+    seed: Int = Field(0, ge=0, lt=2**31, description="seeds selection, the partition, every batch order, the "
                       "initial weights and any noise: the same config and seed give the same model")
     # The algorithm and its params are checked by shared.core.algorithms.registry (`parse_config`, `check`),
     # where runs are created and where the reference runner starts: they need the algorithm's class,
@@ -371,12 +381,12 @@ class RunConfig(Strict):
     algorithm: str = Field("fedavg", description="the algorithm's name in shared/core/algorithms/registry.py")
     params: dict[str, Any] = Field(default_factory=dict, description="the algorithm's own settings, checked against "
                                    "its params model where the run is created")
-    rounds: int = Field(10, ge=1, le=100_000, description="T: global rounds")
-    fraction: float = Field(1.0, gt=0, le=1, description="lambda: client participation fraction")
+    rounds: Int = Field(10, ge=1, le=100_000, description="T: global rounds")
+    fraction: Float = Field(1.0, gt=0, le=1, description="lambda: client participation fraction")
     weighting: Literal["samples", "uniform"] = Field(
         "samples", description="p_k: option 1 |D_k|/sum |D_i| or option 2 1/m"
     )
-    server_lr: float = Field(1.0, gt=0, le=1000, description="eta_s")
+    server_lr: Float = Field(1.0, gt=0, le=1000, description="eta_s")
     model: ModelConfig = Field(ModelConfig(), description="the model every client trains")
     data: DataConfig = Field(DataConfig(), description="the data set and how it is split over the clients")
     local: LocalTrainingConfig = Field(LocalTrainingConfig(), description="each client's local training")
@@ -395,7 +405,7 @@ class RunConfig(Strict):
     selection: Selection | None = Field(None, description=(
         "which registered sites and devices train (unset: the simulated federation of data.num_clients clients "
         "over topology.num_edges edges)"))
-    max_samples_per_device: int | None = Field(None, ge=1, le=10**12, description=(
+    max_samples_per_device: Int | None = Field(None, ge=1, le=10**12, description=(
         "A device's sample count cannot be checked where its data is its own: its claims weigh at most this many "
         "(unset: the edge's max_client_samples, if any). Robust aggregation (aggregation.edge/cloud) is the "
         "defence against a device that claims the most it may."))
@@ -436,11 +446,13 @@ class RunConfig(Strict):
             raise ValueError(f"the {self.model.name} needs images; {self.data.dataset} has 1-D features "
                              "(use logreg or mlp)")
         if self.selection is None and self.data.num_clients < self.topology.num_edges:
-            raise ValueError("every edge needs at least one client")
+            raise ConfigError("topology.num_edges", f"every edge needs at least one client: {self.topology.num_edges} "
+                              f"edges, {self.data.num_clients} clients")
         # A run over registered devices names its devices' dvfs by device id, whatever the ids.
         strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)
         if strangers and self.selection is None:
-            raise ValueError(f"dvfs.clients names clients {strangers} outside 0..{self.data.num_clients - 1}")
+            raise ConfigError("dvfs.clients", f"dvfs.clients names clients {strangers} outside "
+                              f"0..{self.data.num_clients - 1}")
         return self
 
     def _check_selection(self) -> None:

@@ -3,11 +3,14 @@ the history's round records made of them. The wire carries them; the rounds and 
 from __future__ import annotations
 
 import math
+import typing
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+from fl_services.shared.core.numbers import Float, Int
 
 
 class Message(BaseModel):
@@ -29,7 +32,7 @@ def _nan_from_null(value: Any) -> Any:
 
 # A figure that may not exist yet (a test loss before the cloud evaluated the round): NaN in Python, so that
 # arithmetic and comparisons need no None case, and null in JSON, as the schema says.
-Figure = Annotated[float, BeforeValidator(_nan_from_null),
+Figure = Annotated[Float, BeforeValidator(_nan_from_null),
                    WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
 
 
@@ -67,7 +70,7 @@ class RunStatus(str, Enum):
 MAX_SCALAR = 1e15
 
 
-Scalar = Annotated[float, Field(ge=-MAX_SCALAR, le=MAX_SCALAR, allow_inf_nan=False)]
+Scalar = Annotated[Float, Field(ge=-MAX_SCALAR, le=MAX_SCALAR, allow_inf_nan=False)]
 
 
 Metrics = Annotated[dict[str, Scalar], Field(max_length=32)]
@@ -81,7 +84,7 @@ MAX_SECONDS = 1e9
 MAX_ENERGY_J = 1e12
 
 
-Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+Seconds = Annotated[Float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 class DeviceReport(Message):
@@ -90,10 +93,10 @@ class DeviceReport(Message):
     backend: Literal["emulated", "cpufreq"]
     profile: str = Field(max_length=64)
     policy: str = Field(max_length=16)
-    frequencies_ghz: list[Annotated[float, Field(gt=0, le=10)]] = Field(max_length=1000)  # per local epoch
+    frequencies_ghz: list[Annotated[Float, Field(gt=0, le=10)]] = Field(max_length=1000)  # per local epoch
     compute_s: Seconds  # modelled computation time, Σ c·|D|/f
     comm_s: Seconds  # modelled download + upload time at the link rate
-    energy_j: Annotated[float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]  # dynamic + static, computation
+    energy_j: Annotated[Float, Field(ge=0, le=MAX_ENERGY_J, allow_inf_nan=False)]  # dynamic + static, computation
     full_speed_s: Seconds  # compute + comm at the top frequency: what the edge's deadline is made of
     budget_s: Seconds | None = None  # the modelled seconds the edge gave the task (deadline, slack)
 
@@ -103,27 +106,27 @@ class HeldOut(Message):
     (its devices'), or a version's (its sites') (RunConfig.evaluation "federated" or "both")."""
 
     loss: Scalar
-    accuracy: float = Field(ge=0, le=1, allow_inf_nan=False)
-    num_samples: int = Field(ge=1, le=MAX_SAMPLES)
+    accuracy: Float = Field(ge=0, le=1, allow_inf_nan=False)
+    num_samples: Int = Field(ge=1, le=MAX_SAMPLES)
 
 
 class SiteHeldOut(HeldOut):
     """One site's (edge's) evaluation of a version on its devices' held-out splits."""
 
-    edge_id: int = Id
+    edge_id: Int = Id
 
 
 class FederatedEvaluation(HeldOut):
     """A global version evaluated by the devices that received it, on their held-out splits, before training on
     it: the sample-weighted mean over its sites, each the sample-weighted mean over its devices."""
 
-    version: int = Field(ge=0, description="the global version the devices evaluated (the one their task carried)")
+    version: Int = Field(ge=0, description="the global version the devices evaluated (the one their task carried)")
     sites: list[SiteHeldOut] = Field(description="per site (edge id), what its devices evaluated")
 
 
 class ClientParticipation(Message):
-    client_id: int = Id
-    num_samples: int = Field(ge=1, le=MAX_SAMPLES)
+    client_id: Int = Id
+    num_samples: Int = Field(ge=1, le=MAX_SAMPLES)
     loss: Scalar
     metrics: Metrics = Field(default_factory=dict)
     device: DeviceReport | None = None  # None: the result came from outside a client process (reference runner)
@@ -137,26 +140,35 @@ class ClientParticipation(Message):
 FailureText = Field(min_length=1, max_length=1000)
 
 
+# Why a device failed a task, as a small closed set (a metric's label, a column): misfit: its data does not fit the
+# run (refused at the edge); user_code: the run's model or data code cannot be imported or run there; data: its own
+# data cannot be read; malformed_task: the task it got cannot be read; refused_result: the edge refused its result
+# (e.g. beyond the bounds); training: any other error while it trained. The error text says the rest.
+FailureKind = Literal["misfit", "user_code", "data", "malformed_task", "refused_result", "training"]
+FAILURE_KINDS: tuple[FailureKind, ...] = typing.get_args(FailureKind)
+
+
 class ClientFailure(Message):
-    client_id: int = Id
+    client_id: Int = Id
     error: str = FailureText
+    kind: FailureKind = "training"
 
 
 class Member(Message):
     """A device among a run's members at an edge for one round."""
 
-    client_id: int = Id
-    num_samples: int | None = Field(None, ge=0, le=MAX_SAMPLES)
+    client_id: Int = Id
+    num_samples: Int | None = Field(None, ge=0, le=MAX_SAMPLES)
     # The labels it registered with: a cluster map may place devices by label (ClusterFedVARP's `clusters`).
     labels: Labels = Field(default_factory=dict)
 
 
 class EdgeContributionHeader(Message):
     run_id: str = Field(min_length=1, max_length=64)
-    edge_id: int = Id
-    base_version: int = Field(ge=0)
+    edge_id: Int = Id
+    base_version: Int = Field(ge=0)
     idempotency_key: str = Field(min_length=1, max_length=200)
-    weight: float = Field(gt=0, allow_inf_nan=False)
+    weight: Float = Field(gt=0, allow_inf_nan=False)
     clients: list[ClientParticipation] = Field(min_length=1)
     # Selected clients that reported they could not train their task this round.
     failures: list[ClientFailure] = Field(default_factory=list, max_length=100_000)
@@ -169,39 +181,40 @@ class EdgeContributionHeader(Message):
 
 # ---- control API (admin <-> cloud) ------------------------------------------------------------
 class ClientRecord(Message):
-    client_id: int
-    edge_id: int
-    num_samples: int
-    loss: float
-    metrics: dict[str, float] = Field(default_factory=dict)
+    client_id: Int
+    edge_id: Int
+    num_samples: Int
+    loss: Float
+    metrics: dict[str, Float] = Field(default_factory=dict)
     device: DeviceReport | None = None
     evaluation: HeldOut | None = None  # of the version its task carried, on its held-out split
 
 
 class ClientFailureRecord(Message):
-    client_id: int
-    edge_id: int
+    client_id: Int
+    edge_id: Int
     error: str
+    kind: FailureKind = "training"  # records kept before kinds existed read back as training
 
 
 class ContributionRecord(Message):
-    edge_id: int
-    base_version: int
-    staleness: int
-    weight: float
+    edge_id: Int
+    base_version: Int
+    staleness: Int
+    weight: Float
     # The devices the edge selected from (a run over registered devices; None: the simulated roster): who was
     # registered for the run at that edge in that round, from which the reference runner replays the joins.
-    members: list[int] | None = None
+    members: list[Int] | None = None
     # s(τ) its step counted with (RunConfig.topology.staleness; 1 in a synchronous run), and whether it was
     # dropped instead, staler than topology.staleness.max.
-    staleness_weight: float = 1.0
+    staleness_weight: Float = 1.0
     dropped: bool = False
 
 
 class RoundRecord(Message):
-    round: int
-    version: int
-    edges: list[int]
+    round: Int
+    version: Int
+    edges: list[Int]
     clients: list[ClientRecord]
     # Selected clients that could not train (what each reported), e.g. lacking the run's model package.
     failed_clients: list[ClientFailureRecord] = Field(default_factory=list)
@@ -220,14 +233,14 @@ class RoundRecord(Message):
     # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).
     server_metrics: dict[str, Figure] = Field(default_factory=dict)
     # Modelled client energy (DVFS) of the results this update consumed, joules.
-    energy_j: float = 0.0
+    energy_j: Float = 0.0
     # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.
-    epsilon: float | None = None
+    epsilon: Float | None = None
     # DP-SGD's ε (privacy.dp_sgd_noise_multiplier) per training example, for the least protected client, as if
     # every client trained in every round so far; None without DP-SGD.
-    dp_sgd_epsilon: float | None = None
+    dp_sgd_epsilon: Float | None = None
     started_at: datetime
     finished_at: datetime
-    elapsed_s: float
+    elapsed_s: Float
     # The cloud replica that computed this update (FL_CLOUD_REPLICA_ID); None in the reference runner.
     computed_by: str | None = None

@@ -21,6 +21,14 @@ def binary_body_doc() -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {SAFETENSORS: octets, "application/octet-stream": octets}}}
 
 
+def binary_answer_doc(description: str, media_type: str = SAFETENSORS, **extra: Any) -> dict[int | str, Any]:
+    """OpenAPI for a route's 200 answer that is binary (`binary`, a task bundle): declared with its own media type,
+    where FastAPI would document JSON of any shape. The route says `response_class=Response` (no JSON default).
+    `extra`: more of the answer's description (its headers)."""
+    octets = {"schema": {"type": "string", "format": "binary"}}
+    return {200: {"description": description, "content": {media_type: octets}, **extra}}
+
+
 def json_body_doc(model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a route that reads its JSON body with `read_json`. The nested models are written in
     place: pydantic's `#/$defs/...` references would point at the root of the OpenAPI document, where

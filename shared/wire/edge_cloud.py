@@ -7,7 +7,8 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import Id, Labels, Message
+from fl_services.shared.core.numbers import Float, Int
+from fl_services.shared.core.reports import FailureKind, Id, Labels, Message
 
 # ---- edge -> cloud ----------------------------------------------------------------------------
 # What a device is doing as its edge sees it. training: a task of it is open; uploading: its result is arriving;
@@ -27,23 +28,27 @@ MAX_SITE_RUNS = 64
 class DeviceBrief(Message):
     """One device in a site report: what the dashboard's topology view shows of it."""
 
-    client_id: int = Id
+    client_id: Int = Id
     state: DeviceState
     last_seen: datetime
-    samples: int | None = Field(None, ge=0)  # training samples, as its data summary says (None: a simulated one)
+    samples: Int | None = Field(None, ge=0)  # training samples, as its data summary says (None: a simulated one)
     family: str | None = Field(None, max_length=64)  # the model family it declares (label or capability "family")
     runs: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=MAX_DEVICE_RUNS)
     failure: str | None = Field(None, max_length=FAILURE_SHOWN)  # why it could not train, shortened
+    failure_kind: FailureKind | None = None  # that failure's kind
     failed_run: str | None = Field(None, max_length=64)  # the run of that task
 
 
 class SiteRun(Message):
-    """A run's current round at a site: its devices' tasks, and how many answered or failed."""
+    """A run's current round at a site: its version, its devices' tasks, and how many answered or failed. Every
+    task failed (tasks > 0, failed = tasks) is the site saying that every device failed the round: the cloud stops a
+    run all of whose sites say so of its current version (cloud/services/sites.py)."""
 
     run_id: str = Field(min_length=1, max_length=64)
-    tasks: int = Field(ge=0)
-    answered: int = Field(ge=0)
-    failed: int = Field(ge=0)
+    version: Int = Field(ge=0)
+    tasks: Int = Field(ge=0)
+    answered: Int = Field(ge=0)
+    failed: Int = Field(ge=0)
 
 
 class EdgeRegistration(Message):
@@ -51,16 +56,16 @@ class EdgeRegistration(Message):
     devices: counted per state, the first MAX_REPORTED_DEVICES of them listed (failed ones first)."""
 
     max_body_bytes: ClassVar[int] = 256 * 2**10
-    edge_id: int = Id
+    edge_id: Int = Id
     url: str | None = Field(None, max_length=500)
     # The site: a stable name (unset: edge-<edge_id>) and labels a run's selection may name.
     name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     labels: Labels = Field(default_factory=dict)
     # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
-    devices: int | None = Field(None, ge=0, le=10**7)
+    devices: Int | None = Field(None, ge=0, le=10**7)
     serving: str | None = Field(None, max_length=200)
-    report_s: float | None = Field(None, gt=0, le=86_400)  # how often it reports: when to call it offline
-    states: dict[DeviceState, Annotated[int, Field(ge=0, le=10**7)]] = Field(default_factory=dict)
+    report_s: Float | None = Field(None, gt=0, le=86_400)  # how often it reports: when to call it offline
+    states: dict[DeviceState, Annotated[Int, Field(ge=0, le=10**7)]] = Field(default_factory=dict)
     device_page: list[DeviceBrief] = Field(default_factory=list, max_length=MAX_REPORTED_DEVICES)
     runs: list[SiteRun] = Field(default_factory=list, max_length=MAX_SITE_RUNS)
 
@@ -77,11 +82,11 @@ def site_name(name: str | None, edge_id: int) -> str:
 # ---- cloud -> edge ----------------------------------------------------------------------------
 class GlobalStateHeader(Message):
     run_id: str
-    version: int
+    version: Int
     config: RunConfig
     # Per edge, seconds its contribution waited for the others of the update that made this version, negative
     # for the last to arrive (the DVFS slack policy: an edge whose contribution waits is off the critical path).
-    buffer_waits: dict[int, Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]] = Field(
+    buffer_waits: dict[int, Annotated[Float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]] = Field(
         default_factory=dict)
 
 
@@ -96,4 +101,4 @@ class RunEnd(Message):
 class SubmitReceipt(Message):
     accepted: bool
     duplicate: bool = False
-    buffered: int
+    buffered: Int

@@ -124,7 +124,7 @@ async def test_create_run_malformed_json(cloud: Cloud, body: bytes, error_type: 
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [(b'{"server_lr": 1e400}', "finite_number"), (b'{"local": {"lr": NaN}}', "finite_number"),
-     (b'{"rounds": 1e400}', "finite_number"), (b'{"fraction": Infinity}', "finite_number"),
+     (b'{"rounds": 1e400}', "int_type"), (b'{"fraction": Infinity}', "finite_number"),
      (b'{"algorithm": "fedprox", "params": {"mu": 1e400}}', "params.mu must be a finite number"),
      (b'{"name": "\\ud800"}', "string_unicode")],
     ids=["inf-float", "nan-float", "inf-int", "infinity-literal", "inf-param", "lone-surrogate"],
@@ -161,12 +161,44 @@ async def test_create_run_unknown_algorithm(cloud: Cloud) -> None:
     assert await cloud.snapshot() == before
 
 
-@pytest.mark.parametrize("rounds", [-1, 0, "two", 1.5], ids=["negative", "zero", "string", "fraction"])
+@pytest.mark.parametrize("rounds", [-1, 0, "two", 1.5, True, "3", 3.0],
+                         ids=["negative", "zero", "string", "fraction", "boolean", "numeral", "float"])
 async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
     before = await cloud.snapshot()
     r = await cloud.admin("POST", "/api/v1/runs", json=small_config(rounds=rounds))
     detail = detail_of(r, 422)
     assert [e["loc"] for e in detail] == [["body", "rounds"]], detail
+    assert await cloud.snapshot() == before
+
+
+@pytest.mark.parametrize(("overrides", "locs"), [
+    ({"rounds": 0, "model": {"name": "resnet"}, "algorithm": "fedmagic", "local": {"epochs": 0}},
+     [["body", "algorithm"], ["body", "local", "epochs"], ["body", "model", "name"], ["body", "rounds"]]),
+    ({"seed": -1, "algorithm": "fedprox", "params": {"mu": -1, "nu": 1}},
+     [["body", "params", "mu"], ["body", "params", "nu"], ["body", "seed"]]),
+    ({"topology": {"num_edges": 5}}, [["body", "topology", "num_edges"]]),
+    ({"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}}, [["body", "topology", "buffer_size"]]),
+    ({"data": {"dataset": "npz"}}, [["body", "data", "path"]]),
+], ids=["fields-and-algorithm", "fields-and-params", "edges-without-clients", "synchronous-buffer", "npz-path"])
+async def test_create_run_reports_every_error_at_once_at_its_place(cloud: Cloud, overrides: dict[str, Any],
+                                                                   locs: list[list[str]]) -> None:
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", json=small_config(**overrides))
+    detail = detail_of(r, 422)
+    assert sorted(e["loc"] for e in detail) == locs, detail
+    assert await cloud.snapshot() == before
+
+
+async def test_create_run_integers_and_numbers_take_no_boolean_or_string(cloud: Cloud) -> None:
+    """Every such field at once, each at its place (the probe's krum_byzantine: false made f = 0)."""
+    before = await cloud.snapshot()
+    r = await cloud.admin("POST", "/api/v1/runs", json=small_config(
+        aggregation={"krum_byzantine": False}, data={"dataset": "digits", "num_clients": True},
+        local={"epochs": "2", "lr": True}, algorithm="fedprox", params={"mu": False}))
+    detail = detail_of(r, 422)
+    assert sorted(e["loc"] for e in detail) == [["body", "aggregation", "krum_byzantine"],
+                                                ["body", "data", "num_clients"], ["body", "local", "epochs"],
+                                                ["body", "local", "lr"], ["body", "params", "mu"]], detail
     assert await cloud.snapshot() == before
 
 
@@ -323,13 +355,27 @@ async def test_unknown_run_id(cloud: Cloud, method: str, suffix: str) -> None:
     assert await cloud.snapshot(run_id) == before
 
 
-async def test_unknown_action(cloud: Cloud) -> None:
+@pytest.mark.parametrize(("method", "suffix", "code"), [("POST", "/restart", 404), ("POST", "/start/now", 404),
+                                                     ("POST", "/history", 405), ("GET", "/start", 405)],
+                         ids=["unknown-action", "deeper", "not-an-action", "get-an-action"])
+async def test_unknown_action(cloud: Cloud, method: str, suffix: str, code: int) -> None:
+    """An action that does not exist is a path that does not exist (404), or one that takes another method (405):
+    not an invalid parameter (422)."""
     run_id = await cloud.create_run()
     before = await cloud.snapshot(run_id)
-    r = await cloud.admin("POST", f"/api/v1/runs/{run_id}/restart")
-    detail = detail_of(r, 422, "'start', 'pause', 'resume' or 'stop'")
-    assert detail[0]["loc"] == ["path", "action"]
+    r = await cloud.admin(method, f"/api/v1/runs/{run_id}{suffix}")
+    assert r.status_code == code, r.text
     assert await cloud.snapshot(run_id) == before
+
+
+async def test_binary_answers_are_documented_as_what_they_are(cloud: Cloud) -> None:
+    """The model download, an edge's global state: safetensors, as the OpenAPI says (not JSON of any shape)."""
+    paths = (await cloud.http.get("/openapi.json")).json()["paths"]
+    for path in ("/api/v1/runs/{run_id}/model", "/api/v1/edges/{edge_id}/global"):
+        assert list(paths[path]["get"]["responses"]["200"]["content"]) == [SAFETENSORS], path
+    run_id = await cloud.create_run()
+    r = await cloud.admin("GET", f"/api/v1/runs/{run_id}/model")
+    assert r.status_code == 200 and r.headers["content-type"] == SAFETENSORS
 
 
 async def _run_in(cloud: Cloud, status: str) -> str:
@@ -391,10 +437,13 @@ async def test_edge_api_refuses_bad_tokens(cloud: Cloud, method: str, path: str,
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [({}, "missing"), ({"edge_id": -1}, "greater than or equal to 0"), ({"edge_id": 2**31}, "less than or equal"),
-     ({"edge_id": "zero"}, "valid integer"), ({"edge_id": 0, "token": "x"}, "Extra inputs are not permitted"),
+     ({"edge_id": "zero"}, "valid integer"), ({"edge_id": False}, "valid integer"),
+     ({"edge_id": "0"}, "valid integer"), ({"edge_id": 0, "devices": True}, "valid integer"),
+     ({"edge_id": 0, "token": "x"}, "Extra inputs are not permitted"),
      ({"edge_id": 0, "url": "x" * 501}, "at most 500 characters"), (b'{"edge_id": 0', "JSON decode error"),
      ([0], "valid dictionary")],
-    ids=["missing-edge-id", "negative", "too-large", "string", "extra-key", "long-url", "malformed-json", "array"],
+    ids=["missing-edge-id", "negative", "too-large", "string", "boolean", "numeral", "boolean-devices", "extra-key",
+         "long-url", "malformed-json", "array"],
 )
 async def test_register_edge_bad_body(cloud: Cloud, body: Any, fragment: str) -> None:
     await cloud.register_edge(0)

@@ -67,17 +67,22 @@ async def test_stop_during_an_update_publishes_nothing_and_leaves_the_next_run_a
     assert poll.status_code == 200, "the next run must reach its edges"
 
 
-async def test_an_update_held_over_a_pause_is_published(cloud: Cloud, held: HeldUpdate) -> None:
-    """Pausing stops edges from getting new work, not the update already under way."""
+async def test_an_update_under_way_at_a_pause_is_published_after_the_resume(cloud: Cloud, held: HeldUpdate) -> None:
+    """A pause holds the version from its answer on: the update already computing commits nothing, its
+    contribution stays buffered, and the resume publishes it (docs/decisions/pause-holds-the-version.md)."""
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
     assert await asyncio.to_thread(held.started.wait, 10)
     await cloud.action(run_id, "pause")
     held.release.set()
 
+    assert await asyncio.wait_for(held.commits.get(), 10) is False
+    info = await cloud.info(run_id)
+    assert (info["status"], info["version"], info["buffered"]) == ("paused", 0, 1)
+    await cloud.action(run_id, "resume")
     assert await asyncio.wait_for(held.commits.get(), 10) is True
     info = await cloud.info(run_id)
-    assert (info["status"], info["version"], info["buffered"]) == ("paused", 1, 0)
+    assert (info["status"], info["version"], info["buffered"]) == ("running", 1, 0)
 
 
 def test_the_algorithm_cache_keeps_the_most_recent_runs_only() -> None:

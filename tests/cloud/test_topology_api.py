@@ -71,8 +71,8 @@ async def test_a_report_listing_more_devices_than_the_cap_is_refused_and_changes
 async def test_a_runs_sites_say_which_devices_train_it_which_failed_and_whether_all_did(cloud: Cloud):
     run_id = await cloud.create_run(two_edge_config())
     other = "someotherrun"
-    await report(cloud, 0, "lyon", runs=[{"run_id": run_id, "tasks": 2, "answered": 0, "failed": 1},
-                                         {"run_id": other, "tasks": 5, "answered": 5, "failed": 0}],
+    await report(cloud, 0, "lyon", runs=[{"run_id": run_id, "version": 0, "tasks": 2, "answered": 0, "failed": 1},
+                                         {"run_id": other, "version": 3, "tasks": 5, "answered": 5, "failed": 0}],
                  device_page=[device(4, "failed", failure=MISFIT, failed_run=run_id),
                               device(5, "failed", failure="another run's", failed_run=other),
                               device(0, "training", runs=[run_id]), device(1, "idle")])
@@ -84,14 +84,18 @@ async def test_a_runs_sites_say_which_devices_train_it_which_failed_and_whether_
     assert (edge1.name, edge1.edge_id, edge1.tasks) == (None, 1, 0)  # edge 1 never registered as a site
     assert not seen.all_failed and seen.reasons == [MISFIT]
     # Every device given a task of the current round, at every site, reported it could not train it.
-    await report(cloud, 0, "lyon", runs=[{"run_id": run_id, "tasks": 2, "answered": 0, "failed": 2}],
+    await report(cloud, 0, "lyon", runs=[{"run_id": run_id, "version": 0, "tasks": 2, "answered": 0, "failed": 2}],
                  device_page=[device(0, "failed", failure="OSError: disk full", failed_run=run_id),
                               device(4, "failed", failure=MISFIT, failed_run=run_id)])
-    await report(cloud, 1, "paris", runs=[{"run_id": run_id, "tasks": 1, "answered": 0, "failed": 1}],
+    await report(cloud, 1, "paris", runs=[{"run_id": run_id, "version": 0, "tasks": 1, "answered": 0, "failed": 1}],
                  device_page=[device(3, "failed", failure=MISFIT, failed_run=run_id)])
     seen = await run_sites(cloud, run_id)
     assert seen.all_failed and seen.reasons == [MISFIT, "OSError: disk full"]
     assert [(s.name, s.failed) for s in seen.sites] == [("lyon", 2), ("paris", 1)]
+    # A tally of another version than the run's current one says nothing of the current round.
+    await report(cloud, 1, "paris", runs=[{"run_id": run_id, "version": 1, "tasks": 1, "answered": 0, "failed": 1}],
+                 device_page=[device(3, "failed", failure=MISFIT, failed_run=run_id)])
+    assert not (await run_sites(cloud, run_id)).all_failed
     detail_of(await cloud.admin("GET", f"/api/v1/runs/{UNKNOWN_RUN}/sites"), 404, UNKNOWN_RUN)
 
 

@@ -19,8 +19,8 @@ import torch
 
 from fl_services.shared.core.reports import HeldOut
 from fl_services.shared.core.tensors import Tensors, encode
-from fl_services.shared.wire.client_edge import ClientRegistration
-from fl_services.shared.wire.protocol import SAFETENSORS, client_token
+from fl_services.shared.wire.client_edge import ClientRegistration, TaskPoll
+from fl_services.shared.wire.protocol import SAFETENSORS, client_token, device_token
 from tests.edge.harness import (
     ACCEPTED,
     CLIENT_TOKEN,
@@ -67,6 +67,52 @@ async def test_registration_checks_the_token_before_the_body(edge: Edge, body: b
     r = await edge.http.post("/api/v1/clients", content=body,
                              headers={**auth("bogus"), "Content-Type": "application/json"})
     assert detail_of(r, 401) == "invalid bearer token"
+    assert await edge.snapshot() == before
+
+
+CLAIMING_ROUTES = {"register": ("/api/v1/clients", ClientRegistration.max_body_bytes),
+                   "poll": ("/api/v1/clients/tasks", TaskPoll.max_body_bytes)}
+
+
+@pytest.mark.parametrize("route", CLAIMING_ROUTES)
+async def test_a_wrong_token_with_an_oversized_body_is_401_before_413(edge: Edge, route: str) -> None:
+    """These routes read the body to learn which client a device token claims to be; a body past their limit claims
+    none, and the caller is refused as a caller first. A device token that names its client (issued) is genuine
+    without the body: it is told the body is too large."""
+    path, limit = CLAIMING_ROUTES[route]
+    blob = b'{"client_id": 1, "client_ids": [1], "pad": "' + b"a" * limit + b'"}'
+    before = await edge.snapshot()
+    for token in ("bogus", client_token("another secret", 1), device_token("another secret", 1, "aaaabbbbcccc")):
+        r = await edge.http.post(path, content=blob, headers={**auth(token), "Content-Type": "application/json"})
+        assert detail_of(r, 401) == "invalid bearer token"
+    r = await edge.http.post(path, content=blob, headers={**auth(device_token(CLIENT_TOKEN, 1, "aaaabbbbcccc")),
+                                                          "Content-Type": "application/json"})
+    assert detail_of(r, 413) == f"payload of {len(blob)} bytes exceeds the limit of {limit}"
+    assert await edge.snapshot() == before
+
+
+async def test_a_batch_polls_own_bearer_must_be_a_credential_whatever_the_inner_tokens(edge: Edge) -> None:
+    """The per-client tokens of a poll say which of its clients are served; the bearer itself must be a
+    credential (the secret, or one of the polled clients' tokens): without one the poll is 401, wrong or absent."""
+    await edge.open_tasks(1, 2)
+    body = {"client_ids": [1, 2], "timeout": 0, "tokens": {"1": client_token(CLIENT_TOKEN, 1),
+                                                            "2": client_token(CLIENT_TOKEN, 2)}}
+    for headers in (auth("bogus"), auth(client_token(CLIENT_TOKEN, 3)), {}):
+        r = await edge.http.post("/api/v1/clients/tasks", json=body, headers=headers)
+        assert r.status_code == 401, (headers, r.text)
+    for token in (client_token(CLIENT_TOKEN, 1), client_token(CLIENT_TOKEN, 2), CLIENT_TOKEN):
+        r = await edge.http.post("/api/v1/clients/tasks", json=body, headers=auth(token))
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("body", [{"client_id": False}, {"client_id": 1, "num_samples": False},
+                                  {"client_id": 1, "num_samples": "3"}, {"client_id": 1.0}],
+                         ids=["false-id", "false-samples", "string-samples", "float-id"])
+async def test_registration_integers_take_no_boolean_string_or_float(edge: Edge, body: dict[str, Any]) -> None:
+    before = await edge.snapshot()
+    r = await edge.http.post("/api/v1/clients", json=body, headers=auth())
+    detail = detail_of(r, 422, "valid integer")
+    assert all(e["loc"][:2] in (["body", "client_id"], ["body", "num_samples"]) for e in detail), detail
     assert await edge.snapshot() == before
 
 

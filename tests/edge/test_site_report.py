@@ -38,9 +38,10 @@ async def test_the_report_says_which_devices_train_and_which_failed_and_why() ->
     assert report.states == {"failed": 2, "training": 2}
     assert [(d.client_id, d.state) for d in report.device_page] == [(2, "failed"), (3, "failed"), (0, "training"),
                                                                       (1, "training")]
-    assert all(d.failed_run == RUN_ID and d.failure == ERROR for d in report.device_page[:2])
+    assert all(d.failed_run == RUN_ID and (d.failure, d.failure_kind) == (ERROR, "training")
+               for d in report.device_page[:2])
     assert all(d.runs == [RUN_ID] and d.failure is None for d in report.device_page[2:])
-    assert report.runs == [SiteRun(run_id=RUN_ID, tasks=4, answered=0, failed=2)]
+    assert report.runs == [SiteRun(run_id=RUN_ID, version=0, tasks=4, answered=0, failed=2)]
 
 
 async def test_a_round_whose_devices_answered_counts_them() -> None:

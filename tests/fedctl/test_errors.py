@@ -44,7 +44,8 @@ def one_error_line(done: subprocess.CompletedProcess) -> str:
     ("ok.yaml", "rounds: 0\n", ["ok.yaml: rounds: Input should be greater than or equal to 1"]),
     ("bad.json", '{"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}, '
                  '"data": {"num_clients": 4}}',
-     ["bad.json: scaffold is synchronous: topology.buffer_size must equal num_edges (2), got 1"]),
+     ["bad.json: topology.buffer_size: scaffold is synchronous: topology.buffer_size must equal num_edges (2), "
+      "got 1"]),
     ("missing.json", None, ["missing.json: cannot read it: No such file or directory"]),
 ], ids=["invalid-field", "a-list", "a-string", "json-syntax", "toml-syntax", "yaml-syntax", "yaml-field",
         "algorithm-refuses", "missing-file"])
@@ -70,3 +71,13 @@ def test_an_unreachable_cloud_is_one_error_line():
     port = _closed_port()
     line = one_error_line(_fedctl("runs", "--cloud", f"http://127.0.0.1:{port}"))
     assert f"cannot reach the cloud at http://127.0.0.1:{port}" in line and "FL_CLOUD_URL" in line, line
+
+
+def test_a_yaml_exponent_is_a_number_as_in_json_and_toml(tmp_path):
+    """PyYAML reads 1e-3 as a string (YAML 1.1), which a number field refuses: fedctl reads it as YAML 1.2 does."""
+    from fl_services.fedctl.configs import load_config
+
+    config = tmp_path / "run.yaml"
+    config.write_text("local:\n  lr: 1e-3\nname: 1e3x\n")
+    loaded = load_config(config)
+    assert (loaded.local.lr, loaded.name) == (0.001, "1e3x")

@@ -62,7 +62,8 @@ def test_save_results_writes_the_client_table(tmp_path):
 def with_failures_and_pending() -> list:
     """Round 0 with client 5 failing, round 1 not evaluated yet (NaN figures)."""
     failing = Contribution(2, 0, {}, 1.0, (ClientParticipation(client_id=2, num_samples=5, loss=0.1),),
-                           (ClientFailure(client_id=5, error="ModuleNotFoundError: No module named\n'pkg'"),))
+                           (ClientFailure(client_id=5, error="ModuleNotFoundError: No module named\n'pkg'",
+                                          kind="user_code"),))
     first = round_record(0, [failing], CloudRoundOutcome({}, {}, Evaluation(0.5, 0.75, 0), {}), AT, AT, AT)
     second = round_record(1, [failing], CloudRoundOutcome({}, {}, Evaluation(math.nan, math.nan, 0), {}), AT, AT, AT)
     return [first, second]
@@ -73,8 +74,8 @@ def test_the_csv_export_has_failed_clients_with_their_reasons_and_empty_unevalua
     write_history_csv(out, with_failures_and_pending())
     rows = list(csv.DictReader(io.StringIO(out.getvalue())))
     assert [(r["round"], r["version"], r["failed"], r["failed_clients"]) for r in rows] == [
-        ("0", "1", "1", "5: ModuleNotFoundError: No module named 'pkg'"),
-        ("1", "2", "1", "5: ModuleNotFoundError: No module named 'pkg'")]
+        ("0", "1", "1", "5 (user_code): ModuleNotFoundError: No module named 'pkg'"),
+        ("1", "2", "1", "5 (user_code): ModuleNotFoundError: No module named 'pkg'")]
     assert (rows[0]["test_accuracy"], rows[1]["test_accuracy"], rows[1]["test_loss"]) == ("0.750000", "", "")
 
 
@@ -88,7 +89,8 @@ def test_the_json_export_is_strict_json_with_failed_clients(tmp_path):
     records = json.loads(path.read_text(), parse_constant=refuse)
     assert [r["round"] for r in records] == [0, 1]
     assert records[0]["failed_clients"] == [{"client_id": 5, "edge_id": 2,
-                                             "error": "ModuleNotFoundError: No module named\n'pkg'"}]
+                                             "error": "ModuleNotFoundError: No module named\n'pkg'",
+                                             "kind": "user_code"}]
     assert records[1]["test_accuracy"] is None and records[0]["test_accuracy"] == 0.75
 
 
@@ -103,8 +105,8 @@ def test_export_png_plots_the_evaluated_rounds(tmp_path):
 
 def test_results_show_failures_and_number_rounds_from_zero():
     history = with_failures_and_pending()
-    assert failures(history) == ["client 5 failed 2 round(s), last in round 1: ModuleNotFoundError: No module "
-                                 "named 'pkg'"]
+    assert failures(history) == ["client 5 failed 2 round(s) (user_code), last in round 1: ModuleNotFoundError: "
+                                 "No module named 'pkg'"]
     console = Console(width=200, record=True)
     console.print(history_table(history, "t"))
     rows = [line.split() for line in console.export_text().splitlines() if line.strip()[:1].isdigit()]

@@ -27,7 +27,10 @@ async def test_a_run_whose_every_device_fails_says_so_with_the_reasons(cloud_sto
     names = ["lyon", "boston"]
     async with federation(cloud_storage, tmp_path, num_clients=4, num_edges=2, procs_per_edge=2,
                           edge=lambda e: {"name": names[e], "site_report_s": 0.2},
-                          client={"data": f"npz:{path}"}) as fed:
+                          client={"data": f"npz:{path}"},
+                          # No admission pass after the first: it would stop the run (every device failed) before
+                          # the operator's stop, which this test keeps to read the sites while the run is running.
+                          cloud={"admission_interval_s": 3600}) as fed:
         run_id = (await fed.admin.create_run(CONFIG)).run_id
         await fed.admin.action(run_id, "start")
         deadline = time.monotonic() + 120

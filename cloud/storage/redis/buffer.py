@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from redis.exceptions import WatchError
 
 from fl_services.cloud.storage.ports import (
-    ACTIVE,
+    UPDATABLE,
     BufferedContribution,
     Lease,
     StorageUnavailable,
@@ -33,7 +33,7 @@ from fl_services.shared.core.reports import EdgeContributionHeader, RoundRecord,
 
 # How long a contribution's blob outlives a submit that never ran its script (the cloud died in between).
 STAGED_MS = 3_600_000
-_UPDATABLE = {status.value for status in ACTIVE}
+_UPDATABLE = {status.value for status in UPDATABLE}
 
 
 class RedisBuffer(RedisBase):

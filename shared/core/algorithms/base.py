@@ -35,7 +35,7 @@ from typing_extensions import TypeVar
 
 from fl_services.shared.core import records
 from fl_services.shared.core.algorithms import aggregate
-from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.config import ConfigError, RunConfig
 from fl_services.shared.core.data import ClientData
 from fl_services.shared.core.records import Record, RecordSpec
 from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport, HeldOut, Member
@@ -166,35 +166,38 @@ class Algorithm(Generic[P]):
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        """Raises ValueError for configs this algorithm cannot run."""
+        """Raises ValueError for configs this algorithm cannot run (a ConfigError where one field is the cause)."""
         if (cls.synchronous and cls.stale_refusal is not None
                 and config.topology.buffer_size != config.topology.num_edges):
-            raise ValueError(
-                f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
+            raise ConfigError(
+                "topology.buffer_size", f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
                 f"({config.topology.num_edges}), got {config.topology.buffer_size}; a smaller buffer would "
                 f"consume stale contributions, and {cls.stale_refusal}"
             )
         if config.topology.buffer_size > config.topology.num_edges:
-            raise ValueError(f"topology.buffer_size ({config.topology.buffer_size}) cannot exceed num_edges "
-                             f"({config.topology.num_edges}): an edge has one contribution in the buffer at a time")
+            raise ConfigError("topology.buffer_size", f"topology.buffer_size ({config.topology.buffer_size}) cannot "
+                              f"exceed num_edges ({config.topology.num_edges}): an edge has one contribution in the "
+                              "buffer at a time")
         if not cls.multi_edge and config.topology.num_edges > 1:
-            raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
+            raise ConfigError("topology.num_edges", f"{cls.name} keeps global server memory and runs with one edge "
+                              "only")
         if not cls.edge_rounds and config.topology.edge_rounds > 1:
-            raise ValueError(f"{cls.name} does not support topology.edge_rounds > 1")
+            raise ConfigError("topology.edge_rounds", f"{cls.name} does not support topology.edge_rounds > 1")
         if config.evaluation != "cloud" and not cls.federated_evaluation:
-            raise ValueError(f"{cls.name} does not support federated evaluation (evaluation must be 'cloud'): its "
-                             "devices do not receive the global model as one model to test")
+            raise ConfigError("evaluation", f"{cls.name} does not support federated evaluation (evaluation must be "
+                              "'cloud'): its devices do not receive the global model as one model to test")
         if not cls.robust_aggregation:
             agg = config.aggregation
             if agg.edge != "mean" or agg.cloud != "mean":
-                raise ValueError(f"{cls.name} does not support robust aggregation (aggregation.edge and .cloud "
-                                 "must be 'mean'); fedavg and fedprox do")
+                raise ConfigError("aggregation.edge" if agg.edge != "mean" else "aggregation.cloud",
+                                  f"{cls.name} does not support robust aggregation (aggregation.edge and .cloud "
+                                  "must be 'mean'); fedavg and fedprox do")
             if config.privacy.noise != "off":
-                raise ValueError(f"{cls.name} does not support differential privacy (privacy.noise must be "
-                                 "'off'); fedavg and fedprox do")
+                raise ConfigError("privacy.noise", f"{cls.name} does not support differential privacy (privacy.noise "
+                                  "must be 'off'); fedavg and fedprox do")
             if config.privacy.dp_sgd_noise_multiplier is not None:
-                raise ValueError(f"{cls.name} does not support DP-SGD (privacy.dp_sgd_noise_multiplier must be "
-                                 "unset); fedavg does")
+                raise ConfigError("privacy.dp_sgd_noise_multiplier", f"{cls.name} does not support DP-SGD "
+                                  "(privacy.dp_sgd_noise_multiplier must be unset); fedavg does")
 
     @classmethod
     def asynchronous(cls, config: RunConfig) -> bool:

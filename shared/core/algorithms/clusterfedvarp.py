@@ -43,16 +43,17 @@ from fl_services.shared.core.algorithms.base import Contribution
 from fl_services.shared.core.algorithms.clustering import label_histogram_clusters
 from fl_services.shared.core.algorithms.fedvarp import FedVARP
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.numbers import Int
 from fl_services.shared.core.records import Record
 
 
 class ClusterParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    clusters: list[int] | dict[str, int] | None = Field(
+    clusters: list[Int] | dict[str, Int] | None = Field(
         None, description="explicit client→cluster map: length N, ids in [0, N); in a run over registered devices, "
         "a map of device ids ('101') or labels ('region=eu') to cluster ids in [0, 100000)")
-    num_clusters: int = Field(4, ge=1, le=100_000, description="k of the default label-histogram k-means")
+    num_clusters: Int = Field(4, ge=1, le=100_000, description="k of the default label-histogram k-means")
 
 
 CLUSTERS = "clusters"  # the cloud state's group (a run over registered devices): OF, each roster device's cluster

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from fl_services.shared.core.algorithms.fedavg import FedAvg
+from fl_services.shared.core.numbers import Float
 from fl_services.shared.core.tensors import Tensors
 from fl_services.shared.core.training import Regulariser
 
@@ -26,7 +27,7 @@ from fl_services.shared.core.training import Regulariser
 class FedProxParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mu: float = Field(0.01, ge=0, description="μ: weight of the proximal term μ/2 ‖w_k − w‖²")
+    mu: Float = Field(0.01, ge=0, description="μ: weight of the proximal term μ/2 ‖w_k − w‖²")
 
 
 def proximal_term(model: nn.Module, centre: Tensors, mu: float) -> torch.Tensor:

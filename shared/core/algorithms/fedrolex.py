@@ -50,6 +50,7 @@ from fl_services.shared.core.algorithms.submodel import (
 )
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.federation import model_factory
+from fl_services.shared.core.numbers import Float
 from fl_services.shared.core.records import Record, RecordSpec
 from fl_services.shared.core.tensors import MAX_ABS, InvalidContent, Tensors, TensorSpec
 from fl_services.shared.core.training import load_parameters, local_sgd, parameters_of
@@ -57,7 +58,7 @@ from fl_services.shared.core.training import load_parameters, local_sgd, paramet
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25)
 COVERAGE = "coverage"  # per coordinate, Σ p̃_k over the clients whose window covers it
 
-Capacity = Annotated[float, Field(gt=0, le=1)]
+Capacity = Annotated[Float, Field(gt=0, le=1)]
 
 
 class FedRolexParams(BaseModel):

@@ -43,6 +43,7 @@ from fl_services.shared.core.algorithms import aggregate, base
 from fl_services.shared.core.algorithms.base import MODEL, Algorithm, combined_mean
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ArrayDataset
+from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.selection import select_clients
 from fl_services.shared.core.tensors import Tensors
@@ -56,11 +57,11 @@ class PFedMeParams(BaseModel):
 
     # The authors' MNIST settings (R = 20, K = 5, λ = 15, β = 1) except η_p: their 0.09 makes θ_k oscillate
     # on this project's standardised inputs (2NN on MNIST: one class predicted per client), 0.03 does not.
-    local_rounds: int = Field(20, ge=1, le=100_000, description="R: local rounds (one batch each)")
-    inner_steps: int = Field(5, ge=1, le=10_000, description="K: gradient steps on the inner problem")
-    personal_lr: float = Field(0.03, gt=0, description="η_p: step size of the inner steps")
-    lam: float = Field(15.0, gt=0, description="λ: strength of the pull between θ_k and ω")
-    beta: float = Field(1.0, gt=0, description="β: server mixing; 1 replaces θ by the mean ω")
+    local_rounds: Int = Field(20, ge=1, le=100_000, description="R: local rounds (one batch each)")
+    inner_steps: Int = Field(5, ge=1, le=10_000, description="K: gradient steps on the inner problem")
+    personal_lr: Float = Field(0.03, gt=0, description="η_p: step size of the inner steps")
+    lam: Float = Field(15.0, gt=0, description="λ: strength of the pull between θ_k and ω")
+    beta: Float = Field(1.0, gt=0, description="β: server mixing; 1 replaces θ by the mean ω")
 
 
 def mix(global_: Tensors, mean_omega: Tensors, beta: float) -> Tensors:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails, InitErrorDetails
 
 from fl_services.shared.core.algorithms.base import Algorithm
-from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.config import ConfigError, RunConfig
 
 _MODULES = {
     "fedavg": ("fl_services.shared.core.algorithms.fedavg", "FedAvg"),
@@ -42,8 +42,29 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
 
 def parse_config(data: Any) -> RunConfig:
     """A RunConfig from untrusted input (a POSTed body, a config file), refused as a whole if its algorithm
-    cannot run it: what the cloud answers 422 with and what fedctl reports."""
-    return _checked(RunConfig.model_validate(data), data)
+    cannot run it: what the cloud answers 422 with and what fedctl reports. Every error at once, each at its
+    place: the config's own fields and, read from the same input, its algorithm and params."""
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        errors = [_details(e) for e in exc.errors(include_url=False)]
+        raise ValidationError.from_exception_data(RunConfig.__name__, errors + _algorithm_errors(data)) from None
+    return _checked(config, data)
+
+
+def _algorithm_errors(data: Any) -> list[InitErrorDetails]:
+    """The errors of the input's algorithm name and params, where they can be read (RunConfig says the rest)."""
+    name = data.get("algorithm", "fedavg") if isinstance(data, dict) else None
+    params = data.get("params", {}) if isinstance(data, dict) else None
+    if not isinstance(name, str) or not isinstance(params, dict):
+        return []
+    try:
+        get_algorithm_class(name).Params.model_validate(params)
+    except ValidationError as exc:
+        return [_details(e, ("params",)) for e in exc.errors(include_url=False)]
+    except ValueError as exc:
+        return [InitErrorDetails(type="value_error", loc=("algorithm",), input=name, ctx={"error": exc})]
+    return []
 
 
 def check(config: RunConfig) -> RunConfig:
@@ -59,21 +80,22 @@ def create(config: RunConfig) -> Algorithm:
 
 
 def _checked(config: RunConfig, given: Any) -> RunConfig:
-    errors: list[InitErrorDetails]
-    try:
-        cls = get_algorithm_class(config.algorithm)
-        cls.Params.model_validate(config.params)
-        cls.check_config(config)
-        return config
-    except ValidationError as exc:  # the Params model's own errors, passed on unchanged
-        errors = [_details(e) for e in exc.errors(include_url=False)]
-    except ValueError as exc:
-        errors = [InitErrorDetails(type="value_error", loc=(), input=given, ctx={"error": exc})]
+    errors = _algorithm_errors(config.model_dump())
+    if not errors:
+        try:
+            get_algorithm_class(config.algorithm).check_config(config)
+            return config
+        except ValueError as exc:  # where the config is wrong, if the check said so (ConfigError)
+            errors = [InitErrorDetails(type="value_error", loc=getattr(exc, "loc", ()), input=given,
+                                       ctx={"error": exc})]
     raise ValidationError.from_exception_data(RunConfig.__name__, errors)
 
 
-def _details(error: ErrorDetails) -> InitErrorDetails:
-    details = InitErrorDetails(type=error["type"], loc=error["loc"], input=error["input"])
+def _details(error: ErrorDetails, under: tuple[str | int, ...] = ()) -> InitErrorDetails:
+    """`error` as pydantic raises it again, at `under` + its place, or at the field a ConfigError names."""
+    located = error.get("ctx", {}).get("error")
+    loc = (*under, *error["loc"], *(located.loc if isinstance(located, ConfigError) else ()))
+    details = InitErrorDetails(type=error["type"], loc=loc, input=error["input"])
     if "ctx" in error:
         details["ctx"] = error["ctx"]
     return details

@@ -18,6 +18,7 @@ read it in a loader of your own (`import:`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
@@ -221,7 +222,7 @@ def _fields(kind: str, location: str, options: dict[str, str]) -> tuple[dict[str
             if key in ("index", "seed"):
                 fields[key] = value
             elif key in _PARTITION:
-                data[_PARTITION[key]] = value
+                data[_PARTITION[key]] = _config_value(_PARTITION[key], value)
             else:
                 raise DataSourceError(_unknown(key, kind, ["index", "seed", *_PARTITION]))
         fields["data"] = data
@@ -237,6 +238,16 @@ def _fields(kind: str, location: str, options: dict[str, str]) -> tuple[dict[str
             raise DataSourceError(_unknown(key, kind, list(known)))
         fields[key] = known[key](value)
     return fields, {}
+
+
+def _config_value(field: str, text: str) -> Any:
+    """An option's text as DataConfig's `field` takes it: its integers and numbers are JSON's, not text
+    (shared/core/numbers.py); text that is no such number stays text, for the field to refuse by name."""
+    number = DataConfig.model_fields[field].annotation
+    if number in (int, float):
+        with contextlib.suppress(ValueError):
+            return number(text)
+    return text
 
 
 def _unknown(key: str, kind: str, known: list[str]) -> str:

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fl_services.shared.core.numbers import Int
+
 if TYPE_CHECKING:
     from fl_services.shared.core.data.arrays import ArrayDataset
 
@@ -17,11 +19,11 @@ class DataSummary(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    samples: int = Field(ge=0, description="training samples")
-    held_out_samples: int = Field(ge=0, description="samples of the held-out split, kept for evaluation")
-    input_shape: tuple[int, ...] = Field(description="one sample's shape")
-    labels: tuple[int, ...] = Field(description="every label either split holds, ascending")
-    histogram: dict[int, int] = Field(description="training samples per label")
+    samples: Int = Field(ge=0, description="training samples")
+    held_out_samples: Int = Field(ge=0, description="samples of the held-out split, kept for evaluation")
+    input_shape: tuple[Int, ...] = Field(description="one sample's shape")
+    labels: tuple[Int, ...] = Field(description="every label either split holds, ascending")
+    histogram: dict[int, Int] = Field(description="training samples per label")
 
 
 class RunTask(BaseModel):
@@ -29,8 +31,8 @@ class RunTask(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input_shape: tuple[int, ...]
-    num_classes: int = Field(ge=1)
+    input_shape: tuple[Int, ...]
+    num_classes: Int = Field(ge=1)
 
 
 def shape_text(shape: tuple[int, ...]) -> str:

@@ -306,11 +306,18 @@ async def test_an_asynchronous_algorithm_takes_a_stale_contribution(store: Store
     assert await submit(store, run_id, edge_id=2, base_version=0, synchronous=False) == SubmitOutcome(True, False, 2)
 
 
-async def test_a_paused_run_still_takes_contributions_and_publishes_its_update(store: Store) -> None:
+async def test_a_paused_run_keeps_its_contributions_and_publishes_no_update_until_it_resumes(store: Store) -> None:
+    """A pause holds the version from its answer on: an update computed before it commits nothing, and the
+    contributions stay buffered (none lost) for the update after the resume."""
     run_id = await new_run(store, "paused")
     assert (await submit(store, run_id)).accepted
+    before = await everything(store, run_id)
+    assert await commit(store, run_id, 0) is False
+    assert await everything(store, run_id) == before
+    assert await store.status(run_id) == (RunStatus.paused, 0)
+    await store.transition(run_id, "resume")
     assert await commit(store, run_id, 0)
-    assert await store.status(run_id) == (RunStatus.paused, 1)
+    assert await store.status(run_id) == (RunStatus.running, 1)
 
 
 async def test_a_commit_publishes_the_version_and_consumes_its_contributions_at_once(store: Store) -> None:
@@ -566,14 +573,15 @@ async def test_a_renamed_edge_leaves_its_old_name(store: Store) -> None:
 async def test_a_sites_devices_and_runs_are_as_its_last_report_says(store: Store) -> None:
     seen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     failed = DeviceBrief(client_id=7, state="failed", last_seen=seen, samples=120, family="cnn",
-                         failure="DataMisfit: wrong shape", failed_run="r1")
+                         failure="DataMisfit: wrong shape", failure_kind="misfit", failed_run="r1")
     training = DeviceBrief(client_id=9, state="training", last_seen=seen, runs=["r1"])
+    tally = SiteRun(run_id="r1", version=4, tasks=2, answered=0, failed=1)
     await store.report_site(EdgeRegistration(
         edge_id=0, name="lyon", devices=10_000, report_s=2.0, states={"failed": 1, "training": 1, "idle": 9_998},
-        device_page=[failed, training], runs=[SiteRun(run_id="r1", tasks=2, answered=0, failed=1)]))
+        device_page=[failed, training], runs=[tally]))
     (site,) = await store.sites()
     assert (site.devices, site.report_s, site.states) == (10_000, 2.0, {"failed": 1, "training": 1, "idle": 9_998})
-    assert site.device_page == [failed, training] and site.runs == [SiteRun(run_id="r1", tasks=2, answered=0, failed=1)]
+    assert site.device_page == [failed, training] and site.runs == [tally]
     assert site.status is None  # the registry keeps what was reported; its reader's clock says online or not
     # The next report replaces the devices and the runs: nothing of the last one lingers.
     await store.report_site(EdgeRegistration(edge_id=0, name="lyon", devices=1, states={"idle": 1}))

@@ -43,11 +43,24 @@ def test_a_config_its_algorithm_refuses_is_refused_where_runs_start(change, mess
         assert message in str(refused.value)
 
 
-def test_parse_config_reports_the_input_it_was_given():
+def test_parse_config_reports_each_error_at_its_place_with_its_input():
     given = {**SMALL, "algorithm": "fedmagic"}
     with pytest.raises(ValidationError) as refused:
         registry.parse_config(given)
-    assert [(e["type"], e["loc"], e["input"]) for e in refused.value.errors()] == [("value_error", (), given)]
+    assert [(e["type"], e["loc"], e["input"]) for e in refused.value.errors()] == [
+        ("value_error", ("algorithm",), "fedmagic")]
+    given = {**SMALL, "algorithm": "fedprox", "params": {"mu": -1}, "rounds": 0}  # the config's and its params'
+    with pytest.raises(ValidationError) as refused:
+        registry.parse_config(given)
+    assert [(e["loc"], e["input"]) for e in refused.value.errors()] == [(("rounds",), 0), (("params", "mu"), -1)]
+    given = {**SMALL, "algorithm": "scaffold", "aggregation": {"edge": "median"}}  # the algorithm's, at its field
+    with pytest.raises(ValidationError) as refused:
+        registry.parse_config(given)
+    assert [(e["loc"], e["input"]) for e in refused.value.errors()] == [(("aggregation", "edge"), given)]
+    given = {**SMALL, "model": {"name": "cnn"}, "data": {"dataset": "synthetic"}}  # the whole config's matter
+    with pytest.raises(ValidationError) as refused:
+        registry.parse_config(given)
+    assert [(e["loc"], e["input"]) for e in refused.value.errors()] == [((), given)]
 
 
 def test_an_accepted_config_is_returned_as_is():
