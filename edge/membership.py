@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from fl_services.shared.core.config import RunConfig, matches
 from fl_services.shared.core.data.summary import RunTask, check_fits
 from fl_services.shared.core.reports import ClientFailure, Member
@@ -43,6 +45,14 @@ def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistrati
         if not matches(reg.labels, selection.device_selector):
             continue
         misfit = check_fits(reg.summary, task) if reg.summary is not None and task is not None else []
+        if not misfit:
+            # What the cloud is told of it: a registration that cannot say it (whatever let it in) is this
+            # device's refusal, never the round's failure, so one device cannot stop the others' rounds.
+            try:
+                Member(client_id=client_id, num_samples=reg.summary.samples if reg.summary is not None else None,
+                       labels=reg.labels)
+            except ValidationError as exc:
+                misfit = [f"its registration cannot be declared ({exc.errors()[0]['msg']})"]
         if misfit:
             refused.append(ClientFailure(client_id=client_id, error=f"refused for run {config.name!r}: its data "
                                          f"does not fit: {'; '.join(misfit)}"))

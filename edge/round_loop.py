@@ -19,6 +19,7 @@ from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
+from fl_services.edge.revocations import Revocations
 from fl_services.edge.services import devices
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
@@ -62,6 +63,7 @@ class EdgeRoundLoop:
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
         self.states = StateFiles(self.edge_id, settings.state_dir)
         self.dispatch = Dispatch(self.edge_id, board, cloud, settings.max_client_samples, self.metrics.submissions)
+        self.revocations = Revocations()  # a device whose token is revoked is no run's member
 
     async def run_forever(self) -> None:
         await self.register()
@@ -289,7 +291,8 @@ class EdgeRoundLoop:
             lane.num_samples, lane.trains = await asyncio.to_thread(self._known_data, header)
             lane.samples_known = True
         # The members as they are now: a device registering during the round is one from the next.
-        membership = members(header.config, self.edge_id, self.board.clients, lane.trains, lane.num_samples)
+        membership = members(header.config, self.edge_id, self.board.devices(self.revocations.ids), lane.trains,
+                             lane.num_samples)
         if not membership.ids:
             refused = "".join(f"; device {f.client_id} {f.error}" for f in membership.refused)
             raise NoMembers(f"run {header.run_id} has no member at edge {self.edge_id} yet: no registered device "

@@ -104,6 +104,9 @@ class TaskBoard:
         # heard from (registration, task poll, result), seconds since the epoch.
         self.clients: dict[int, ClientRegistration] = {}
         self.registered_at: dict[int, float] = {}
+        # The id of the device token each device registered with (none: the edge's client secret), so that revoking
+        # that token takes the device out of the runs' members.
+        self.token_ids: dict[int, str] = {}
         self.last_seen: dict[int, float] = {}
         self._receiving: dict[int, int] = {}  # client_id -> its result uploads arriving now
         self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
@@ -115,9 +118,13 @@ class TaskBoard:
         self.last_post = 0.0  # time.time() of the last post (bench/scale.py: posting to every client holding)
 
     # ---- clients -------------------------------------------------------------------------------
-    def register(self, reg: ClientRegistration) -> None:
+    def register(self, reg: ClientRegistration, token_id: str | None = None) -> None:
         now = time.time()
         self.clients[reg.client_id] = reg
+        if token_id is None:
+            self.token_ids.pop(reg.client_id, None)
+        else:
+            self.token_ids[reg.client_id] = token_id
         self.registered_at.setdefault(reg.client_id, now)
         self.last_seen[reg.client_id] = now
 
@@ -132,6 +139,11 @@ class TaskBoard:
         self.clients = {k: reg for k, reg in self.clients.items() if k in client_ids}
         self.registered_at = {k: t for k, t in self.registered_at.items() if k in client_ids}
         self.last_seen = {k: t for k, t in self.last_seen.items() if k in client_ids}
+        self.token_ids = {k: t for k, t in self.token_ids.items() if k in client_ids}
+
+    def devices(self, revoked: frozenset[str]) -> dict[int, ClientRegistration]:
+        """The registered devices but those whose device token is `revoked`."""
+        return {k: reg for k, reg in self.clients.items() if self.token_ids.get(k) not in revoked}
 
     def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str]]]:
         """Per client: the runs whose task for it is open (posted, neither answered nor reported failed), and the

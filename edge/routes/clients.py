@@ -31,10 +31,10 @@ router = guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["c
 
 @router.post("", responses=error_responses(400, 408, 409, 413, 422, 429),
              openapi_extra=json_body_doc(ClientRegistration))
-async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
+async def register(request: Request, board: BoardDep, loop: RoundLoopDep, auth: ClientAuthDep) -> ClientRegistration:
     reg = await read_json(request, ClientRegistration)  # after the token check
     await rate_limited(request, "registration", reg.client_id)
-    clients.register(board=board, loop=loop, registration=reg)
+    clients.register(board=board, loop=loop, registration=reg, token_id=auth.token_id(reg.client_id))
     return reg
 
 
