@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from fl_services.cloud.audit import Auditor
 from fl_services.cloud.initial_state import InvalidRun
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.storage import Conflict, NotFound, Store, now
+from fl_services.cloud.storage import ENDED, Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
@@ -65,16 +65,21 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
     selection = config.selection
     if selection is None:
         return config
-    sites = await store.sites()
+    sites = await site_registry(store=store)
     if isinstance(selection.sites, list):
         unknown = sorted(set(selection.sites) - {s.name for s in sites})
         if unknown:
             raise InvalidRun(f"selection.sites names sites that are not registered: {unknown} (registered: "
                              f"{[s.name for s in sites]})")
+    else:
+        # "all" or labels: the sites that can take part now. An offline one would never contribute, and a
+        # synchronous run waits for every site it has. Sites named one by one are taken as named.
+        sites = [s for s in sites if s.status == "online"]
     chosen = sorted({s.edge_id for s in sites if selection.takes_site(s.name, s.labels)})
     if not chosen:
-        raise InvalidRun(f"no registered site matches selection.sites {selection.sites!r} "
-                         f"(registered: {[f'{s.name} {s.labels}' for s in sites]})")
+        offline = [s.name for s in await site_registry(store=store) if s.status == "offline"]
+        raise InvalidRun(f"no online site matches selection.sites {selection.sites!r} "
+                         f"(online: {[f'{s.name} {s.labels}' for s in sites]}; offline: {offline})")
     buffer_size = len(chosen) if registry.get_algorithm_class(config.algorithm).synchronous else \
         min(config.topology.buffer_size, len(chosen))
     data = config.model_dump()
@@ -84,6 +89,27 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
         return registry.parse_config(data)
     except ValidationError as exc:
         raise InvalidRun(f"the run over sites {chosen}: {exc}") from exc
+
+
+async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
+    """Takes the site `name` out of the registry (NotFound if none); Conflict while a run that has not ended uses
+    it (stop or delete that run first)."""
+    site = next((s for s in await store.sites() if s.name == name), None)
+    if site is None:
+        raise NotFound(f"no site named {name!r}")
+    using = []
+    for run_id in await store.run_ids():
+        try:
+            info = await store.info(run_id)
+        except NotFound:
+            continue
+        if info.status not in ENDED and info.status != RunStatus.created and site.edge_id in info.config.edge_ids():
+            using.append(run_id)
+    if using:
+        raise Conflict(f"site {name!r} (edge {site.edge_id}) is used by runs that have not ended: {sorted(using)}; "
+                       "stop them first", "site_in_use")
+    await store.remove_site(name)
+    await audit("remove_site", name, f"edge {site.edge_id}")
 
 
 def devices_at(config: RunConfig, sites: list[SiteInfo]) -> int:

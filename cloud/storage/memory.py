@@ -276,6 +276,10 @@ class MemoryStore(Store):
     async def sites(self) -> list[SiteInfo]:
         return [SiteInfo.model_validate_json(self._sites[name]) for name in sorted(self._sites)]
 
+    async def remove_site(self, name: str) -> None:
+        if self._sites.pop(name, None) is None:
+            raise NotFound(f"no site named {name!r}")
+
     async def audit(self, record: AuditRecord, max_entries: int) -> None:
         self._audit.append(record.model_dump_json())
         del self._audit[:-max_entries]

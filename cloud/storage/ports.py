@@ -253,6 +253,9 @@ class SiteRegistry(Protocol):
         that renamed itself leaves its old name."""
     async def sites(self) -> list[SiteInfo]:
         """Every site, by name."""
+    async def remove_site(self, name: str) -> None:
+        """Forgets the site `name` (NotFound if none): a site taken out of the federation. Its edge, if it reports
+        again, is registered anew."""
 
 
 def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:

@@ -11,7 +11,7 @@ import pytest
 
 from fl_services.shared.wire.admin import RunSites, SiteInfo
 from fl_services.shared.wire.edge_cloud import MAX_REPORTED_DEVICES
-from tests.cloud.harness import UNKNOWN_RUN, Cloud, two_edge_config
+from tests.cloud.harness import UNKNOWN_RUN, Cloud, small_config, two_edge_config
 from tests.web import detail_of
 
 pytestmark = pytest.mark.anyio
@@ -93,6 +93,39 @@ async def test_a_runs_sites_say_which_devices_train_it_which_failed_and_whether_
     assert seen.all_failed and seen.reasons == [MISFIT, "OSError: disk full"]
     assert [(s.name, s.failed) for s in seen.sites] == [("lyon", 2), ("paris", 1)]
     detail_of(await cloud.admin("GET", f"/api/v1/runs/{UNKNOWN_RUN}/sites"), 404, UNKNOWN_RUN)
+
+
+async def test_a_selection_of_all_or_by_label_takes_the_online_sites_only(cloud: Cloud):
+    """An offline site would never contribute: a synchronous run waiting for every site it has would not move."""
+    await report(cloud, 0, "lyon", labels={"region": "eu"}, report_s=60)
+    await report(cloud, 1, "paris", labels={"region": "eu"}, report_s=0.01)
+    await asyncio.sleep(0.1)  # paris: offline
+    for sites_ in ("all", {"region": "eu"}):
+        info = (await cloud.admin("POST", "/api/v1/runs", json=small_config(selection={"sites": sites_}))).json()
+        assert info["config"]["selection"]["edge_ids"] == [0], sites_
+        assert info["config"]["topology"]["buffer_size"] == 1
+    # Named one by one, a site is taken as named.
+    info = (await cloud.admin("POST", "/api/v1/runs", json=small_config(selection={"sites": ["lyon", "paris"]}))).json()
+    assert info["config"]["selection"]["edge_ids"] == [0, 1]
+    detail_of(await cloud.admin("POST", "/api/v1/runs", json=small_config(selection={"sites": {"region": "us"}})),
+              422, "no online site", "offline: ['paris']")
+
+
+async def test_an_admin_removes_a_site_no_live_run_uses(cloud: Cloud):
+    await report(cloud, 0, "lyon", report_s=60)
+    await report(cloud, 1, "paris", report_s=60)
+    run_id = await cloud.create_run(small_config(selection={"sites": ["paris"]}))
+    await cloud.action(run_id, "start")  # waiting for its devices: it uses paris
+    detail_of(await cloud.edge("DELETE", "/api/v1/sites/lyon"), 401)
+    detail_of(await cloud.admin("DELETE", "/api/v1/sites/paris"), 409, run_id)
+    detail_of(await cloud.admin("DELETE", "/api/v1/sites/rome"), 404, "rome")
+    assert (await cloud.admin("DELETE", "/api/v1/sites/lyon")).status_code == 204
+    assert [s.name for s in await sites(cloud)] == ["paris"]
+    await cloud.action(run_id, "stop")
+    assert (await cloud.admin("DELETE", "/api/v1/sites/paris")).status_code == 204
+    assert await sites(cloud) == []
+    audit = (await cloud.admin("GET", "/api/v1/audit")).json()
+    assert [a["target"] for a in audit if a["action"] == "remove_site"] == ["paris", "lyon"]
 
 
 @pytest.mark.parametrize("path", ["/ui/", "/ui/run.html", "/ui/topology.html", "/ui/js/api.js", "/ui/app.css"])

@@ -563,6 +563,17 @@ async def test_a_renamed_edge_leaves_its_old_name(store: Store) -> None:
     assert [(s.name, s.labels) for s in await store.sites()] == [("paris", {"tier": "gold"})]
 
 
+async def test_a_removed_site_is_gone_until_its_edge_reports_again(store: Store) -> None:
+    await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
+    await store.report_site(EdgeRegistration(edge_id=1, name="paris"))
+    await store.remove_site("lyon")
+    assert [s.name for s in await store.sites()] == ["paris"]
+    with pytest.raises(NotFound, match="lyon"):
+        await store.remove_site("lyon")
+    again = await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
+    assert [s.name for s in await store.sites()] == ["lyon", "paris"] and again.registered_at == again.last_seen
+
+
 async def test_a_sites_devices_and_runs_are_as_its_last_report_says(store: Store) -> None:
     seen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     failed = DeviceBrief(client_id=7, state="failed", last_seen=seen, samples=120, family="cnn",
