@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fl_services.edge.membership import Membership
 from fl_services.edge.pacing import EdgePacing
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig
@@ -41,6 +42,8 @@ class Lane:
     # What a run over registered devices trains (its model's input shape and classes): their data must fit it.
     trains: RunTask | None = None
     samples_known: bool = False
+    # A run over registered devices: its members and refusals here, as its last round (or try at one) found them.
+    membership: Membership | None = None
 
 
 class StateFiles:

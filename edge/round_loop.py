@@ -227,7 +227,9 @@ class EdgeRoundLoop:
         """This edge as a site: its name, labels and URL, and what it serves now."""
         serving = self.serving
         states, page, runs = devices.site_devices(board=self.board,
-                                                  offline_after_s=devices.offline_after_s(self.settings))
+                                                  offline_after_s=devices.offline_after_s(self.settings),
+                                                  memberships={run_id: lane.membership for run_id, lane
+                                                               in self.lanes.items() if lane.membership is not None})
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None,
@@ -293,6 +295,8 @@ class EdgeRoundLoop:
         # The members as they are now: a device registering during the round is one from the next.
         membership = members(header.config, self.edge_id, self.board.devices(self.revocations.ids), lane.trains,
                              lane.num_samples)
+        if header.config.selection is not None:
+            lane.membership = membership
         if not membership.ids:
             refused = "".join(f"; device {f.client_id} {f.error}" for f in membership.refused)
             raise NoMembers(f"run {header.run_id} has no member at edge {self.edge_id} yet: no registered device "

@@ -4,6 +4,7 @@ not, a run's sites and devices)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import datetime, timedelta
 
@@ -11,12 +12,14 @@ from pydantic import ValidationError
 
 from fl_services.cloud.audit import Auditor
 from fl_services.cloud.initial_state import InvalidRun
+from fl_services.cloud.metrics import connected
 from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import ENDED, Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.admin import RunSite, RunSites, SiteInfo
+from fl_services.shared.wire.edge_cloud import SiteRun
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +27,8 @@ log = logging.getLogger(__name__)
 # slow one, is not an outage); an edge that does not say its interval is taken to report every 10 s.
 MISSED_REPORTS = 3
 DEFAULT_REPORT_S = 10.0
+# A run stopped for want of members quotes this many of its refused devices' reasons.
+_REFUSALS_QUOTED = 5
 
 
 def with_status(site: SiteInfo, at: datetime) -> SiteInfo:
@@ -51,9 +56,11 @@ async def run_sites(*, store: Store, run_id: str) -> RunSites:
         tally = next((r for r in site.runs if r.run_id == run_id), None)
         devices = [d for d in site.device_page if run_id in d.runs or d.failed_run == run_id]
         sites.append(RunSite(name=site.name, edge_id=edge_id, status=site.status, devices=devices,
-                             **(tally.model_dump(include={"tasks", "answered", "failed"}) if tally else {})))
+                             **(tally.model_dump(include={"tasks", "answered", "failed", "members", "refused"})
+                                if tally else {})))
     tasks = sum(s.tasks for s in sites)
-    reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure})
+    reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure}
+                     | {f.error for s in sites for f in s.refused})
     return RunSites(run_id=run_id, sites=sites, all_failed=tasks > 0 and sum(s.failed for s in sites) == tasks,
                     reasons=reasons)
 
@@ -113,14 +120,33 @@ async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
 
 
 def devices_at(config: RunConfig, sites: list[SiteInfo]) -> int:
-    """The devices registered at the run's sites, as they last reported them."""
+    """The devices connected (not offline) at the run's sites, as they last reported them."""
     edges = set(config.edge_ids())
-    return sum(s.devices or 0 for s in sites if s.edge_id in edges)
+    return sum(connected(s) if s.states else s.devices or 0 for s in sites if s.edge_id in edges)
+
+
+def _has_members(site: SiteInfo, tally: SiteRun | None) -> bool:
+    return site.status == "online" and tally is not None and bool(tally.members)
+
+
+def untrainable(run_id: str, config: RunConfig, sites: list[SiteInfo]) -> str | None:
+    """Why the run cannot make a version, as its sites last reported it: fewer of them online with a member than
+    a cloud update needs (its buffer), each refused device's reason given; None if enough have one."""
+    edges = set(config.edge_ids())
+    reported = {s.edge_id: (s, next((r for r in s.runs if r.run_id == run_id), None)) for s in sites}
+    able = [e for e in edges if e in reported and _has_members(*reported[e])]
+    if len(able) >= config.topology.buffer_size:
+        return None
+    refused = [f"device {f.client_id} at {site.name}: {f.error}" for site, tally in reported.values()
+               if site.edge_id in edges and tally is not None for f in tally.refused]
+    return (f"{len(able)} of its sites {sorted(edges)} have a member able to train it, and a version needs "
+            f"{config.topology.buffer_size}" + (f"; refused: {'; '.join(refused[:_REFUSALS_QUOTED])}" if refused
+                                                 else ""))
 
 
 async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
-    """Admits each waiting run whose sites have min_devices registered; stops, saying why, one that waited past its
-    start_timeout_s."""
+    """Admits each waiting run whose sites have min_devices connected; stops, saying why, one that waited past its
+    start_timeout_s, and an admitted one still at version 0 past it whose sites have no member able to train."""
     sites: list[SiteInfo] | None = None
     for run_id in await store.run_ids():
         try:
@@ -128,15 +154,27 @@ async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Audi
         except NotFound:
             continue
         selection = info.config.selection
-        if info.status != RunStatus.waiting or selection is None:
+        if info.status not in (RunStatus.waiting, RunStatus.running) or selection is None:
             continue
-        sites = sites if sites is not None else await store.sites()
+        sites = sites if sites is not None else await site_registry(store=store)
+        timed_out = info.started_at is not None and \
+            now() - info.started_at > timedelta(seconds=selection.start_timeout_s)
+        if info.status == RunStatus.running:
+            why = untrainable(run_id, info.config, sites) if timed_out and info.version == 0 else None
+            if why is not None:
+                reason = f"no version after {selection.start_timeout_s:g} s: {why}"
+                with contextlib.suppress(Conflict):  # another replica (or an operator) moved it meanwhile
+                    await store.transition(run_id, "stop", reason)
+                    await audit("stop", run_id, reason)
+                    orchestrator.notify()
+                    await orchestrator.announce()
+            continue
         found = devices_at(info.config, sites)
         try:
             if found >= selection.min_devices:
                 await store.transition(run_id, "admit")
                 await audit("admit", run_id, f"{found} devices registered at its sites")
-            elif info.started_at is not None and now() - info.started_at > timedelta(seconds=selection.start_timeout_s):
+            elif timed_out:
                 reason = (f"waited {selection.start_timeout_s:g} s for {selection.min_devices} devices at its sites "
                           f"{info.config.edge_ids()}; {found} registered")
                 await store.transition(run_id, "stop", reason)

@@ -111,7 +111,7 @@ class MemoryStore(Store):
     async def transition(self, run_id: str, action: Action, reason: str | None = None) -> RunStatus:
         run = self._run(run_id)
         run.status = allowed(action, run.status)
-        if action in ("start", "wait"):
+        if action in ("start", "wait", "admit"):
             run.started_at = now()
         if action == "stop":
             run.finished_at, run.reason = now(), reason

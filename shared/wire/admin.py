@@ -9,7 +9,7 @@ from pydantic import Field
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataSummary
 from fl_services.shared.core.reports import Labels, Message, RoundRecord, RunStatus
-from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, SiteRun
+from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, SiteRefusal, SiteRun
 from fl_services.shared.wire.protocol import TOKEN_ID
 
 
@@ -147,6 +147,8 @@ class RunSite(Message):
     answered: int = 0
     failed: int = 0
     devices: list[DeviceBrief] = Field(default_factory=list)  # listed devices with a task of the run, or failing it
+    members: int | None = None  # a run over registered devices: its members here, as the site last tried a round
+    refused: list[SiteRefusal] = Field(default_factory=list)  # devices its selection takes that cannot train it
 
 
 class RunSites(Message):

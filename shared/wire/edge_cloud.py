@@ -22,6 +22,8 @@ MAX_REPORTED_DEVICES = 50
 FAILURE_SHOWN = 300
 MAX_DEVICE_RUNS = 16
 MAX_SITE_RUNS = 64
+# A run's devices refused at a site (their data cannot train it) are reported up to this many, each reason shortened.
+MAX_REFUSALS_SHOWN = 16
 
 
 class DeviceBrief(Message):
@@ -37,13 +39,23 @@ class DeviceBrief(Message):
     failed_run: str | None = Field(None, max_length=64)  # the run of that task
 
 
+class SiteRefusal(Message):
+    """A device the run's device selection takes whose registration cannot train the run, and why."""
+
+    client_id: int = Id
+    error: str = Field(min_length=1, max_length=FAILURE_SHOWN)
+
+
 class SiteRun(Message):
-    """A run's current round at a site: its devices' tasks, and how many answered or failed."""
+    """A run's current round at a site: its devices' tasks, and how many answered or failed; for a run over
+    registered devices, its members here as the last round found them, and the devices it refused."""
 
     run_id: str = Field(min_length=1, max_length=64)
     tasks: int = Field(ge=0)
     answered: int = Field(ge=0)
     failed: int = Field(ge=0)
+    members: int | None = Field(None, ge=0)  # None: not a run over registered devices, or no round yet
+    refused: list[SiteRefusal] = Field(default_factory=list, max_length=MAX_REFUSALS_SHOWN)
 
 
 class EdgeRegistration(Message):

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from fl_services.cloud.audit import Auditor
+from fl_services.cloud.services import sites as sites_service
 from fl_services.shared.wire.admin import RunSites, SiteInfo
 from fl_services.shared.wire.edge_cloud import MAX_REPORTED_DEVICES
 from tests.cloud.harness import UNKNOWN_RUN, Cloud, small_config, two_edge_config
@@ -109,6 +111,23 @@ async def test_a_selection_of_all_or_by_label_takes_the_online_sites_only(cloud:
     assert info["config"]["selection"]["edge_ids"] == [0, 1]
     detail_of(await cloud.admin("POST", "/api/v1/runs", json=small_config(selection={"sites": {"region": "us"}})),
               422, "no online site", "offline: ['paris']")
+
+
+async def test_admission_counts_the_connected_devices_only(cloud: Cloud):
+    """Devices gone offline would leave the admitted run without anyone to train it."""
+    app = cloud.app.state
+    await report(cloud, 0, "lyon", report_s=60, devices=3, states={"offline": 3})
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 2}))
+    await cloud.action(run_id, "start")
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "waiting"
+    await report(cloud, 0, "lyon", report_s=60, devices=3, states={"offline": 1, "idle": 1, "training": 1})
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "running"
+
+
+def audit_of(state: Any) -> Auditor:
+    return Auditor(state.store, "admission", state.settings.audit_max_entries)
 
 
 async def test_an_admin_removes_a_site_no_live_run_uses(cloud: Cloud):

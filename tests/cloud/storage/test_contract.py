@@ -159,6 +159,18 @@ async def test_a_control_action_moves_the_run(store: Store, start: str, action: 
     assert (await store.active_runs() == [run_id]) == (after in (RunStatus.running, RunStatus.paused))
 
 
+async def test_admission_stamps_started_at_again(store: Store) -> None:
+    """A run over registered devices is timed from its admission once admitted (its start timeout bounds a run
+    that cannot train), not from when it began to wait."""
+    run_id = await new_run(store, "created")
+    await store.transition(run_id, "wait")
+    waited = (await store.info(run_id)).started_at
+    await asyncio.sleep(0.01)
+    assert await store.transition(run_id, "admit") == RunStatus.running
+    admitted = (await store.info(run_id)).started_at
+    assert waited is not None and admitted is not None and admitted > waited
+
+
 @pytest.mark.parametrize(("start", "action"), [
     ("created", "pause"), ("created", "resume"), ("running", "start"), ("running", "resume"), ("paused", "pause"),
     ("paused", "start"), ("stopped", "start"), ("stopped", "resume"), ("stopped", "stop"),
