@@ -4,6 +4,9 @@ failed; and the headers the pages are served with."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -162,3 +165,30 @@ async def test_the_pages_are_served_with_a_strict_content_security_policy(cloud:
 async def test_the_api_docs_link_back_to_the_dashboard(cloud: Cloud):
     description = (await cloud.http.get("/openapi.json")).json()["info"]["description"]
     assert "](/ui/)" in description and "](/ui/topology.html)" in description
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/ui", 307), ("GET", "/ui/missing.html", 404), ("GET", "/ui/js/missing.js", 404),
+    ("POST", "/ui/", 405), ("DELETE", "/ui/run.html", 405)])
+async def test_the_pages_errors_and_redirects_carry_the_security_headers_too(cloud: Cloud, method: str, path: str,
+                                                                             status: int):
+    r = await cloud.http.request(method, path)
+    assert r.status_code == status, path
+    assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+async def test_the_api_docs_are_served_with_a_policy_that_lets_their_own_scripts_run(cloud: Cloud, path: str):
+    r = await cloud.http.get(path)
+    assert r.status_code == 200
+    assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    policy = dict(part.strip().split(" ", 1) for part in r.headers["content-security-policy"].split(";"))
+    assert policy["default-src"] == "'none'" and policy["frame-ancestors"] == "'none'"
+    assert "unsafe" not in policy["script-src"] and policy["connect-src"] == "'self'"
+    # Every script the page holds inline is allowed by its hash, and every one it loads is the app's own.
+    for script in re.findall(r"<script>(.*?)</script>", r.text, re.DOTALL):
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in policy["script-src"].split()
+    assert all(src.startswith("/static/") for src in re.findall(r'<script src="([^"]+)"', r.text))
+    assert (await cloud.http.get(re.findall(r'<script src="([^"]+)"', r.text)[0])).status_code == 200
