@@ -72,8 +72,9 @@ class Dispatch:
                 results = await self.board.wait_results(run_id, policy.deadline_s, enough=enough)
                 if len(results) >= quorum:
                     return results
-                log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
-                            self.edge_id, len(results), len(tasks), quorum, attempt + 1)
+                if attempt < policy.max_retries:
+                    log.warning("edge %d: %d/%d answered (quorum %d); waiting again (retry %d of %d)",
+                                self.edge_id, len(results), len(tasks), quorum, attempt + 1, policy.max_retries)
             while not results:
                 # No client can answer (e.g. every one fails on a diverged model): without this check the
                 # edge would wait here for good, even after its run moved on to a newer version.

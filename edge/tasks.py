@@ -336,8 +336,13 @@ class TaskBoard:
                     return
             task = current  # posted again while the check ran: check against the task now open
 
-    async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:
-        """Records that the client could not train its open task (409 if stale or already answered)."""
+    async def report_failure(self, client_id: int, report: ClientFailureReport) -> bool:
+        """Records that the client could not train its open task (409 if stale or already answered); False, the
+        first reason kept, if it already reported that task failed (a repeated report changes nothing)."""
         async with self._answered:
-            self.task_for(client_id, report.task_id).failure = report.error
+            task = self.task_for(client_id, report.task_id)
+            if task.failure is not None:
+                return False
+            task.failure = report.error
             self._answered.notify_all()
+            return True

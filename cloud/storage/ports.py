@@ -209,7 +209,8 @@ class Runs(Protocol):
         """Replaces the history record of `record.round`, committed before its evaluation was in, by
         `record`; False if that record is evaluated already, is of another version, or the run is gone."""
     async def delete_run(self, run_id: str) -> None:
-        """Deletes everything of a run that is not active (created, stopped or finished); Conflict otherwise."""
+        """Deletes everything of a run that is not active (created, waiting, stopped or finished); Conflict
+        otherwise."""
     async def ended_runs(self) -> list[tuple[str, datetime]]:
         """The stopped and finished runs, each with when it ended, in creation order."""
 

@@ -83,10 +83,13 @@ async def result(client_id: int, request: Request, board: BoardDep, metrics: Met
 @router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
              responses=error_responses(400, 404, 408, 409, 413, 422, 429),
              openapi_extra=json_body_doc(ClientFailureReport))
-async def failure(client_id: int, request: Request, board: BoardDep) -> ResultReceipt:
-    """A task the client could not train: the round stops waiting for it and its record says why."""
+async def failure(client_id: int, request: Request, response: Response, board: BoardDep) -> ResultReceipt:
+    """A task the client could not train: the round stops waiting for it and its record says why. A repeated
+    report of the same task is 200 with accepted false: the first reason stays recorded."""
     await rate_limited(request, "result", client_id)  # a failure answers a task as a result does
     report = await read_json(request, ClientFailureReport)  # after the token check
     same_as_url("report client_id", report.client_id, client_id)
-    await board.report_failure(client_id, report)
+    if not await board.report_failure(client_id, report):
+        response.status_code = status.HTTP_200_OK
+        return ResultReceipt(accepted=False)
     return ResultReceipt(accepted=True)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from fl_services.cloud.audit import Auditor
+from fl_services.cloud.routes.ui import STATIC
 from fl_services.cloud.services import sites as sites_service
 from fl_services.shared.wire.admin import RunSites, SiteInfo
 from fl_services.shared.wire.edge_cloud import MAX_REPORTED_DEVICES
@@ -133,6 +134,16 @@ def audit_of(state: Any) -> Auditor:
     return Auditor(state.store, "admission", state.settings.audit_max_entries)
 
 
+async def test_a_waiting_run_says_start_as_asked_and_may_be_deleted(cloud: Cloud):
+    await report(cloud, 0, "lyon", report_s=60)
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 5}))
+    await cloud.action(run_id, "start")
+    assert (await cloud.info(run_id))["status"] == "waiting"
+    detail_of(await cloud.admin("POST", f"/api/v1/runs/{run_id}/start"), 409, "cannot start a run that is waiting")
+    assert (await cloud.admin("DELETE", f"/api/v1/runs/{run_id}")).status_code == 204
+    detail_of(await cloud.admin("GET", f"/api/v1/runs/{run_id}"), 404)
+
+
 async def test_an_admin_removes_a_site_no_live_run_uses(cloud: Cloud):
     await report(cloud, 0, "lyon", report_s=60)
     await report(cloud, 1, "paris", report_s=60)
@@ -192,3 +203,14 @@ async def test_the_api_docs_are_served_with_a_policy_that_lets_their_own_scripts
         assert f"'sha256-{digest}'" in policy["script-src"].split()
     assert all(src.startswith("/static/") for src in re.findall(r'<script src="([^"]+)"', r.text))
     assert (await cloud.http.get(re.findall(r'<script src="([^"]+)"', r.text)[0])).status_code == 200
+
+
+def test_the_pages_build_a_runs_api_path_from_its_encoded_id_only():
+    """The run page's id comes from its address (?id=), anyone's to write: written raw into a path, "../sites"
+    would call another endpoint with the user's token. Every run path goes through api.js's runPath."""
+    scripts = {p.name: p.read_text() for p in (STATIC / "js").glob("*.js")}
+    assert 'encodeURIComponent(runId)' in scripts["api.js"].split("export const runPath", 1)[1].split("\n", 1)[0]
+    for name, text in scripts.items():
+        raw = re.findall(r"`/api/v1/runs/\$\{(?!encodeURIComponent\()", text)
+        assert not raw, f"{name} writes a run id into an API path unencoded"
+        assert "?id=${info" not in text.replace("?id=${encodeURIComponent(info", ""), name
