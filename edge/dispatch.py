@@ -21,9 +21,18 @@ from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeade
 from fl_services.shared.wire.client_edge import ClientTaskHeader
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 from fl_services.shared.wire.http import binary_body
+from fl_services.shared.wire.protocol import MEMBERS_ELSEWHERE, members_elsewhere
 from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
+
+
+class MembersElsewhere(Exception):
+    """The cloud refused the contribution: it declares devices another site holds in the run (device -> edge)."""
+
+    def __init__(self, holders: dict[int, int], message: str):
+        super().__init__(message)
+        self.holders = holders
 
 
 class RoundAbandoned(Exception):
@@ -108,6 +117,8 @@ class Dispatch:
         response = await self.cloud.post(f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob),
                                          extensions=DEDUPLICATED)
         self.submissions.labels(str(response.status_code)).inc()
+        if response.status_code == 409 and MEMBERS_ELSEWHERE in response.headers:
+            raise MembersElsewhere(members_elsewhere(response.headers[MEMBERS_ELSEWHERE]), response.text[:300])
         if response.status_code == 409:  # counted already, or the run moved on: nothing to do
             log.info("edge %d: %s", self.edge_id, response.text[:300])
         elif response.status_code >= 400:

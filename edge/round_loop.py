@@ -14,7 +14,7 @@ from functools import partial
 import httpx
 
 from fl_services.edge.config import EdgeSettings
-from fl_services.edge.dispatch import Dispatch, RoundAbandoned
+from fl_services.edge.dispatch import Dispatch, MembersElsewhere, RoundAbandoned
 from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
@@ -294,7 +294,7 @@ class EdgeRoundLoop:
             lane.samples_known = True
         # The members as they are now: a device registering during the round is one from the next.
         membership = members(header.config, self.edge_id, self.board.devices(self.revocations.ids), lane.trains,
-                             lane.num_samples)
+                             lane.num_samples, lane.elsewhere)
         if header.config.selection is not None:
             lane.membership = membership
         if not membership.ids:
@@ -325,8 +325,12 @@ class EdgeRoundLoop:
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
-            await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
-                                       outcome.results, failures, membership.declared())
+            try:
+                await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
+                                           outcome.results, failures, membership.declared())
+            except MembersElsewhere as exc:  # re-run (below) without them: they train at the site that holds them
+                lane.elsewhere.update(exc.holders)
+                raise
             self.metrics.round_seconds.observe(time.monotonic() - started)
             log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:
