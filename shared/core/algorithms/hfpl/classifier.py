@@ -25,14 +25,10 @@ def new_classifier(params: HFPLParams, d: int, num_classes: int) -> nn.Module:
 
 
 def load_classifier(params: HFPLParams, head: Tensors, trainable: bool) -> nn.Module:
-    """G of the configured kind with the given state dict (HEAD's tensors), as copies of them."""
+    """G of the configured kind with the given state dict (HEAD's tensors)."""
     hidden = head.get(HIDDEN_WEIGHT, head[WEIGHT])  # the layer that reads z: (h or J, d)
-    # Built on the meta device: an initialisation would draw from the process-wide default generator, which a
-    # seeded initialisation on another thread (a client's extractor, seeding.seeded_default_generator) is drawing
-    # from at that moment, and would change that one's weights.
-    with torch.device("meta"):
-        g = new_classifier(params, hidden.shape[1], head[WEIGHT].shape[0])
-    g.load_state_dict({name: t.clone() for name, t in head.items()}, assign=True)
+    g = new_classifier(params, hidden.shape[1], head[WEIGHT].shape[0])
+    g.load_state_dict(head)
     g.requires_grad_(trainable)
     return g
 
