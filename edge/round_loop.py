@@ -226,14 +226,15 @@ class EdgeRoundLoop:
     def site_report(self) -> EdgeRegistration:
         """This edge as a site: its name, labels and URL, and what it serves now."""
         serving = self.serving
-        states, page, runs = devices.site_devices(board=self.board,
+        states, page, runs, label_sets = devices.site_devices(board=self.board,
                                                   offline_after_s=devices.offline_after_s(self.settings),
                                                   memberships={run_id: lane.membership for run_id, lane
                                                                in self.lanes.items() if lane.membership is not None})
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None,
-                                report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs)
+                                report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs,
+                                label_sets=label_sets)
 
     async def register(self) -> None:
         # Re-sent through a passing fault: a registration repeated replaces itself.

@@ -16,7 +16,7 @@ from fl_services.cloud.metrics import connected
 from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import ENDED, Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.config import RunConfig, matches
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.admin import RunSite, RunSites, SiteInfo
 from fl_services.shared.wire.edge_cloud import SiteRun
@@ -120,9 +120,17 @@ async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
 
 
 def devices_at(config: RunConfig, sites: list[SiteInfo]) -> int:
-    """The devices connected (not offline) at the run's sites, as they last reported them."""
+    """The devices connected (not offline) at the run's sites that its device selector takes, as the sites last
+    reported them (counted per label set; a site that reports no label sets, by its connected devices)."""
     edges = set(config.edge_ids())
-    return sum(connected(s) if s.states else s.devices or 0 for s in sites if s.edge_id in edges)
+    selector = config.selection.device_selector if config.selection is not None else None
+
+    def taken(site: SiteInfo) -> int:
+        if site.label_sets is not None:
+            return sum(s.devices for s in site.label_sets if matches(s.labels, selector))
+        return connected(site) if site.states else site.devices or 0
+
+    return sum(taken(s) for s in sites if s.edge_id in edges)
 
 
 def _has_members(site: SiteInfo, tally: SiteRun | None) -> bool:

@@ -270,7 +270,7 @@ def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
     return SiteInfo(name=name, edge_id=reg.edge_id, labels=reg.labels, url=reg.url,
                     registered_at=earlier.registered_at if earlier is not None else at, last_seen=at,
                     devices=reg.devices, serving=reg.serving, report_s=reg.report_s, states=reg.states,
-                    device_page=reg.device_page, runs=reg.runs)
+                    device_page=reg.device_page, runs=reg.runs, label_sets=reg.label_sets)
 
 
 class UpdateLeases(Protocol):

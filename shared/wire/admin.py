@@ -9,7 +9,7 @@ from pydantic import Field
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataSummary
 from fl_services.shared.core.reports import Labels, Message, RoundRecord, RunStatus
-from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, SiteRefusal, SiteRun
+from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, LabelSetCount, SiteRefusal, SiteRun
 from fl_services.shared.wire.protocol import TOKEN_ID
 
 
@@ -72,6 +72,7 @@ class SiteInfo(Message):
     states: dict[DeviceState, int] = Field(default_factory=dict)  # its devices counted per state
     device_page: list[DeviceBrief] = Field(default_factory=list)  # the first of them, failed ones first
     runs: list[SiteRun] = Field(default_factory=list)  # the current round of each run it serves
+    label_sets: list[LabelSetCount] | None = None  # its connected devices per label set (the most common)
 
 
 class DeviceInfo(Message):

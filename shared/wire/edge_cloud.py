@@ -24,6 +24,16 @@ MAX_DEVICE_RUNS = 16
 MAX_SITE_RUNS = 64
 # A run's devices refused at a site (their data cannot train it) are reported up to this many, each reason shortened.
 MAX_REFUSALS_SHOWN = 16
+# The connected devices are counted per distinct label set, the most common this many sets: a run's device selector
+# is matched against them when it is admitted (min_devices).
+MAX_LABEL_SETS = 64
+
+
+class LabelSetCount(Message):
+    """How many connected devices registered with exactly these labels."""
+
+    labels: Labels = Field(default_factory=dict)
+    devices: int = Field(ge=1, le=10**7)
 
 
 class DeviceBrief(Message):
@@ -75,6 +85,8 @@ class EdgeRegistration(Message):
     states: dict[DeviceState, Annotated[int, Field(ge=0, le=10**7)]] = Field(default_factory=dict)
     device_page: list[DeviceBrief] = Field(default_factory=list, max_length=MAX_REPORTED_DEVICES)
     runs: list[SiteRun] = Field(default_factory=list, max_length=MAX_SITE_RUNS)
+    # The connected devices per label set (the MAX_LABEL_SETS most common); None: an edge that does not say.
+    label_sets: list[LabelSetCount] | None = Field(None, max_length=MAX_LABEL_SETS)
 
     @property
     def site_name(self) -> str:

@@ -130,6 +130,21 @@ async def test_admission_counts_the_connected_devices_only(cloud: Cloud):
     assert (await cloud.info(run_id))["status"] == "running"
 
 
+async def test_admission_counts_the_connected_devices_the_device_selector_takes(cloud: Cloud):
+    app = cloud.app.state
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {"kind": "csv"}, "devices": 3}, {"labels": {"kind": "npz"}, "devices": 1},
+                             {"labels": {}, "devices": 1}])
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 2, "devices": {"kind": "npz"}}))
+    await cloud.action(run_id, "start")
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "waiting"  # 1 of the 5 connected devices is of kind npz
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {"kind": "npz", "zone": "a"}, "devices": 2}])
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "running"
+
+
 def audit_of(state: Any) -> Auditor:
     return Auditor(state.store, "admission", state.settings.audit_max_entries)
 
