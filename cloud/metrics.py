@@ -13,7 +13,7 @@ from fl_services.shared.wire.admin import SiteInfo
 
 CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
 # Refusals of a contribution: the buffer's own (the storage's Conflict reasons) and those of the request.
-REFUSALS = ("not_running", "future", "stale", "conflict", "key_reused", "pending",
+REFUSALS = ("not_running", "future", "stale", "conflict", "key_reused", "pending", "member_elsewhere",
             "unreadable", "unauthorized", "not_found", "too_large", "invalid")
 # Gauges per run: the active runs and the newest runs (a finished run's last values stay visible).
 RUNS_SHOWN = 10

@@ -94,6 +94,11 @@ class ClientAuth:
         return same_token(self.token, self.secret) or any(
             k is not None and device_token_grant(self.secret, self.token, k) is not None for k in client_ids)
 
+    def token_id(self, client_id: int) -> str | None:
+        """The id of the device token acting as `client_id` (None: the edge's client secret, or no such token)."""
+        grant = None if same_token(self.token, self.secret) else device_token_grant(self.secret, self.token, client_id)
+        return None if grant is None else grant[0]
+
     def refused(self, poll: TaskPoll) -> list[int]:
         """The polled clients this token (or the poll's own token of each) may not act as, each refusal counted;
         401 (403: every one's token bound to another site) if it may act as none of them."""

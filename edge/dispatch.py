@@ -21,9 +21,18 @@ from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeade
 from fl_services.shared.wire.client_edge import ClientTaskHeader
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 from fl_services.shared.wire.http import binary_body
+from fl_services.shared.wire.protocol import MEMBERS_ELSEWHERE, members_elsewhere
 from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
+
+
+class MembersElsewhere(Exception):
+    """The cloud refused the contribution: it declares devices another site holds in the run (device -> edge)."""
+
+    def __init__(self, holders: dict[int, int], message: str):
+        super().__init__(message)
+        self.holders = holders
 
 
 class RoundAbandoned(Exception):
@@ -73,8 +82,9 @@ class Dispatch:
                 results = await self.board.wait_results(run_id, policy.deadline_s, enough=enough)
                 if len(results) >= quorum:
                     return results
-                log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
-                            self.edge_id, len(results), len(tasks), quorum, attempt + 1)
+                if attempt < policy.max_retries:
+                    log.warning("edge %d: %d/%d answered (quorum %d); waiting again (retry %d of %d)",
+                                self.edge_id, len(results), len(tasks), quorum, attempt + 1, policy.max_retries)
             while not results:
                 # Every task failed (a failed task is not handed out again): said to the cloud (`all_failed`),
                 # which stops a run whose every edge says so.
@@ -113,6 +123,8 @@ class Dispatch:
         response = await self.cloud.post(f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob),
                                          extensions=DEDUPLICATED)
         self.submissions.labels(str(response.status_code)).inc()
+        if response.status_code == 409 and MEMBERS_ELSEWHERE in response.headers:
+            raise MembersElsewhere(members_elsewhere(response.headers[MEMBERS_ELSEWHERE]), response.text[:300])
         if response.status_code == 409:  # counted already, or the run moved on: nothing to do
             log.info("edge %d: %s", self.edge_id, response.text[:300])
         elif response.status_code >= 400:

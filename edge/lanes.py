@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from fl_services.edge.membership import Membership
 from fl_services.edge.pacing import EdgePacing
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig
@@ -41,6 +42,11 @@ class Lane:
     # What a run over registered devices trains (its model's input shape and classes): their data must fit it.
     trains: RunTask | None = None
     samples_known: bool = False
+    # A run over registered devices: its members and refusals here, as its last round (or try at one) found them.
+    membership: Membership | None = None
+    # Devices registered here that another site holds in this run (device -> its edge), as the cloud said when it
+    # refused a contribution declaring them: a device is one member of the federation.
+    elsewhere: dict[int, int] = field(default_factory=dict)
 
 
 class StateFiles:

@@ -11,7 +11,6 @@ from fastapi import FastAPI
 
 from fl_services.edge.config import EdgeSettings
 from fl_services.edge.metrics import EdgeMetrics
-from fl_services.edge.revocations import Revocations
 from fl_services.edge.round_loop import EdgeRoundLoop
 from fl_services.edge.routes import clients, devices, health
 from fl_services.edge.services.devices import connected_devices, offline_after_s
@@ -43,7 +42,7 @@ def create_app(settings: EdgeSettings | None = None,
                       version=round_loop.version, site=settings.site_name,
                       connected=lambda: connected_devices(board=board, offline_after_s=offline_after_s(settings)))
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
-        app.state.revocations = revocations = Revocations()
+        app.state.revocations = revocations = round_loop.revocations
         tasks = [asyncio.create_task(round_loop.run_forever()), asyncio.create_task(round_loop.report_forever()),
                  asyncio.create_task(_close_on_stop(app.state.stopping, board)),
                  asyncio.create_task(revocations.run_forever(cloud, settings.revocation_refresh_s))]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from fl_services.shared.core.config import RunConfig, matches
 from fl_services.shared.core.data.summary import RunTask, check_fits
 from fl_services.shared.core.reports import ClientFailure, Member
@@ -29,9 +31,10 @@ class Membership:
 
 
 def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistration], task: RunTask | None,
-            roster_samples: list[int] | None) -> Membership:
+            roster_samples: list[int] | None, elsewhere: dict[int, int] | None = None) -> Membership:
     """The run's members at edge `edge_id` now, of the `devices` registered here; `task` is what a selected run
-    trains (None: any data fits), `roster_samples` a simulated run's sample counts where the edge knows them."""
+    trains (None: any data fits), `roster_samples` a simulated run's sample counts where the edge knows them,
+    `elsewhere` the devices another site holds in the run (device -> edge): refused here."""
     selection = config.selection
     if selection is None:
         ids = config.clients_of_edge(edge_id)
@@ -42,7 +45,20 @@ def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistrati
         reg = devices[client_id]
         if not matches(reg.labels, selection.device_selector):
             continue
+        if elsewhere and client_id in elsewhere:
+            refused.append(ClientFailure(client_id=client_id, error=f"refused for run {config.name!r}: it is a "
+                                         f"member of the run at edge {elsewhere[client_id]}, and a device takes "
+                                         "part at one site"))
+            continue
         misfit = check_fits(reg.summary, task) if reg.summary is not None and task is not None else []
+        if not misfit:
+            # What the cloud is told of it: a registration that cannot say it (whatever let it in) is this
+            # device's refusal, never the round's failure, so one device cannot stop the others' rounds.
+            try:
+                Member(client_id=client_id, num_samples=reg.summary.samples if reg.summary is not None else None,
+                       labels=reg.labels)
+            except ValidationError as exc:
+                misfit = [f"its registration cannot be declared ({exc.errors()[0]['msg']})"]
         if misfit:
             refused.append(ClientFailure(client_id=client_id, error=f"refused for run {config.name!r}: its data "
                                          f"does not fit: {'; '.join(misfit)}", kind="misfit"))

@@ -14,11 +14,12 @@ from functools import partial
 import httpx
 
 from fl_services.edge.config import EdgeSettings
-from fl_services.edge.dispatch import Dispatch, RoundAbandoned
+from fl_services.edge.dispatch import Dispatch, MembersElsewhere, RoundAbandoned
 from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
+from fl_services.edge.revocations import Revocations
 from fl_services.edge.services import devices
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
@@ -63,6 +64,7 @@ class EdgeRoundLoop:
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
         self.states = StateFiles(self.edge_id, settings.state_dir)
         self.dispatch = Dispatch(self.edge_id, board, cloud, settings.max_client_samples, self.metrics.submissions)
+        self.revocations = Revocations()  # a device whose token is revoked is no run's member
 
     async def run_forever(self) -> None:
         await self.register()
@@ -226,12 +228,15 @@ class EdgeRoundLoop:
         """This edge as a site: its name, labels and URL, what it serves now, and its devices (each run's round
         tallied: whether every device failed it)."""
         serving = self.serving
-        states, page, runs = devices.site_devices(board=self.board,
-                                                  offline_after_s=devices.offline_after_s(self.settings))
+        states, page, runs, label_sets = devices.site_devices(board=self.board,
+                                                  offline_after_s=devices.offline_after_s(self.settings),
+                                                  memberships={run_id: lane.membership for run_id, lane
+                                                               in self.lanes.items() if lane.membership is not None})
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None,
-                                report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs)
+                                report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs,
+                                label_sets=label_sets)
 
     async def _all_failed(self, header: GlobalStateHeader, failures: list[ClientFailure]) -> None:
         """Every device of the round failed: the cloud hears it at once (a site report, whose tally of the run
@@ -305,7 +310,10 @@ class EdgeRoundLoop:
             lane.num_samples, lane.trains = await asyncio.to_thread(self._known_data, header)
             lane.samples_known = True
         # The members as they are now: a device registering during the round is one from the next.
-        membership = members(header.config, self.edge_id, self.board.clients, lane.trains, lane.num_samples)
+        membership = members(header.config, self.edge_id, self.board.devices(self.revocations.ids), lane.trains,
+                             lane.num_samples, lane.elsewhere)
+        if header.config.selection is not None:
+            lane.membership = membership
         if not membership.ids:
             refused = "".join(f"; device {f.client_id} {f.error}" for f in membership.refused)
             raise NoMembers(f"run {header.run_id} has no member at edge {self.edge_id} yet: no registered device "
@@ -334,8 +342,12 @@ class EdgeRoundLoop:
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
-            await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
-                                       outcome.results, failures, membership.declared())
+            try:
+                await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
+                                           outcome.results, failures, membership.declared())
+            except MembersElsewhere as exc:  # re-run (below) without them: they train at the site that holds them
+                lane.elsewhere.update(exc.holders)
+                raise
             self.metrics.round_seconds.observe(time.monotonic() - started)
             log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:

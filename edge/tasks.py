@@ -105,6 +105,9 @@ class TaskBoard:
         # heard from (registration, task poll, result), seconds since the epoch.
         self.clients: dict[int, ClientRegistration] = {}
         self.registered_at: dict[int, float] = {}
+        # The id of the device token each device registered with (none: the edge's client secret), so that revoking
+        # that token takes the device out of the runs' members.
+        self.token_ids: dict[int, str] = {}
         self.last_seen: dict[int, float] = {}
         self._receiving: dict[int, int] = {}  # client_id -> its result uploads arriving now
         self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
@@ -116,9 +119,13 @@ class TaskBoard:
         self.last_post = 0.0  # time.time() of the last post (bench/scale.py: posting to every client holding)
 
     # ---- clients -------------------------------------------------------------------------------
-    def register(self, reg: ClientRegistration) -> None:
+    def register(self, reg: ClientRegistration, token_id: str | None = None) -> None:
         now = time.time()
         self.clients[reg.client_id] = reg
+        if token_id is None:
+            self.token_ids.pop(reg.client_id, None)
+        else:
+            self.token_ids[reg.client_id] = token_id
         self.registered_at.setdefault(reg.client_id, now)
         self.last_seen[reg.client_id] = now
 
@@ -133,6 +140,11 @@ class TaskBoard:
         self.clients = {k: reg for k, reg in self.clients.items() if k in client_ids}
         self.registered_at = {k: t for k, t in self.registered_at.items() if k in client_ids}
         self.last_seen = {k: t for k, t in self.last_seen.items() if k in client_ids}
+        self.token_ids = {k: t for k, t in self.token_ids.items() if k in client_ids}
+
+    def devices(self, revoked: frozenset[str]) -> dict[int, ClientRegistration]:
+        """The registered devices but those whose device token is `revoked`."""
+        return {k: reg for k, reg in self.clients.items() if self.token_ids.get(k) not in revoked}
 
     def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str, FailureKind]]]:
         """Per client: the runs whose task for it is open (posted, neither answered nor reported failed), and the
@@ -328,9 +340,13 @@ class TaskBoard:
                     return
             task = current  # posted again while the check ran: check against the task now open
 
-    async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:
-        """Records that the client could not train its open task (409 if stale or already answered)."""
+    async def report_failure(self, client_id: int, report: ClientFailureReport) -> bool:
+        """Records that the client could not train its open task (409 if stale or already answered); False, the
+        first reason kept, if it already reported that task failed (a repeated report changes nothing)."""
         async with self._answered:
             task = self.task_for(client_id, report.task_id)
+            if task.failure is not None:
+                return False
             task.failure, task.failure_kind = report.error, report.kind
             self._answered.notify_all()
+            return True

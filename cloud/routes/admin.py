@@ -42,3 +42,10 @@ async def sites(store: StoreDep) -> list[SiteInfo]:
     registered at it (counted per state: idle, training, uploading, failed, offline; the first 50 listed, failed
     ones first), the current round of each run it serves, and its last round."""
     return await sites_service.site_registry(store=store)
+
+
+@router.delete("/sites/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404, 409))
+async def remove_site(name: str, store: StoreDep, audit: AuditDep) -> None:
+    """Takes a site out of the registry (a decommissioned edge): 409 while a run that has not ended (waiting,
+    running, paused) uses it. An edge that reports again is registered anew."""
+    await sites_service.remove_site(store=store, audit=audit, name=name)

@@ -1,7 +1,7 @@
 """Edge-facing API: register, long-poll the global state, submit a contribution to the buffer."""
 from __future__ import annotations
 
-from fastapi import Path, Request, Response, status
+from fastapi import HTTPException, Path, Request, Response, status
 
 from fl_services.cloud.deps import (
     ContributionDep,
@@ -22,7 +22,7 @@ from fl_services.shared.server.longpoll import PollTimeout
 from fl_services.shared.server.metrics import note_outcome
 from fl_services.shared.server.quotas import rate_limited
 from fl_services.shared.wire.edge_cloud import EdgeRegistration, RunEnd, SubmitReceipt
-from fl_services.shared.wire.protocol import LIVE_RUNS
+from fl_services.shared.wire.protocol import LIVE_RUNS, MEMBERS_ELSEWHERE, members_elsewhere_text
 
 router = guarded_router(require_edge, prefix="/api/v1", tags=["edges"])
 
@@ -82,6 +82,10 @@ async def submit(contribution: ContributionDep, request: Request, store: StoreDe
         outcome = await contributions.submit(store=store, orchestrator=orchestrator, contribution=contribution)
     except InvalidContent as exc:
         raise reject(exc) from exc
+    except contributions.MembersElsewhere as exc:
+        note_outcome(request, "member_elsewhere")
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc),
+                            headers={MEMBERS_ELSEWHERE: members_elsewhere_text(exc.holders)}) from exc
     if outcome.duplicate:
         note_outcome(request, "duplicate")
     return SubmitReceipt(accepted=outcome.accepted, duplicate=outcome.duplicate, buffered=outcome.buffered)

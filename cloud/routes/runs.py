@@ -65,7 +65,7 @@ for _action in get_args(runs.Action):
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404, 409))
 async def delete_run(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, audit: AuditDep) -> Response:
-    """Deletes a run that is not active (created, stopped or finished) with everything kept of it: its
+    """Deletes a run that is not active (created, waiting, stopped or finished) with everything kept of it: its
     model, history and buffer. A running or paused run is 409: stop it first."""
     await runs.delete(store=store, orchestrator=orchestrator, audit=audit, run_id=run_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

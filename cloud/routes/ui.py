@@ -8,8 +8,8 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.responses import Response
-from starlette.types import Scope
+
+from fl_services.shared.server.docs import FRAMING_HEADERS, PathHeaders
 
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
 UI = "/ui"
@@ -19,9 +19,7 @@ UI = "/ui"
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    **FRAMING_HEADERS,
 }
 
 DOCS_LINK = ("The cloud's dashboard: [runs](/ui/) and the [topology](/ui/topology.html) (sites and their devices), "
@@ -35,17 +33,10 @@ async def root() -> RedirectResponse:
     return RedirectResponse(f"{UI}/")
 
 
-class Pages(StaticFiles):
-    """The static files, each answered with the security headers."""
-
-    async def get_response(self, path: str, scope: Scope) -> Response:
-        response = await super().get_response(path, scope)
-        response.headers.update(SECURITY_HEADERS)
-        return response
-
-
 def mount(app: FastAPI) -> None:
-    """The pages and their static files (index.html at /ui/), and the API docs' link to them."""
+    """The pages and their static files (index.html at /ui/), and the API docs' link to them. Every answer under
+    /ui carries the security headers, its errors and redirects too (a 404 page is framed as easily as a page)."""
     app.description = DOCS_LINK
     app.include_router(router)
-    app.mount(UI, Pages(directory=STATIC, html=True), name="ui")
+    app.mount(UI, StaticFiles(directory=STATIC, html=True), name="ui")
+    app.add_middleware(PathHeaders, prefix=UI, headers=SECURITY_HEADERS)

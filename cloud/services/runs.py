@@ -9,7 +9,7 @@ from fl_services.cloud.config import CloudSettings
 from fl_services.cloud.initial_state import checked_initial_global
 from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.services import sites
-from fl_services.cloud.storage import Store
+from fl_services.cloud.storage import Conflict, Store
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import decode
 from fl_services.shared.core.tensors import encode
@@ -34,7 +34,10 @@ async def control(*, store: Store, orchestrator: Orchestrator, audit: Auditor, r
                   action: Action) -> RunInfo:
     """A run over registered devices (a selection) starts by waiting for them (sites.admit_waiting)."""
     if action == "start" and (await store.config(run_id)).selection is not None:
-        await store.transition(run_id, "wait")
+        try:
+            await store.transition(run_id, "wait")
+        except Conflict:  # said as the action asked for: waiting is how such a run starts
+            raise Conflict(f"cannot start a run that is {(await store.info(run_id)).status.value}") from None
     else:
         await store.transition(run_id, action)
     orchestrator.notify()
@@ -44,7 +47,8 @@ async def control(*, store: Store, orchestrator: Orchestrator, audit: Auditor, r
 
 
 async def delete(*, store: Store, orchestrator: Orchestrator, audit: Auditor, run_id: str) -> None:
-    """Deletes a run that is not active with everything kept of it (Conflict for a running or paused run)."""
+    """Deletes a run that is not active with everything kept of it (Conflict for a running or paused run). A
+    waiting run may go: no edge serves it yet."""
     await store.delete_run(run_id)
     await orchestrator.announce()
     await audit("delete", run_id)

@@ -13,12 +13,14 @@ from pydantic import ValidationError
 
 from fl_services.cloud.audit import Auditor
 from fl_services.cloud.initial_state import InvalidRun
+from fl_services.cloud.metrics import connected
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.storage import Conflict, NotFound, Store, now
+from fl_services.cloud.storage import ENDED, Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.config import RunConfig, matches
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.wire.admin import RunInfo, RunSite, RunSites, SampleOutlier, SiteInfo
+from fl_services.shared.wire.edge_cloud import SiteRun
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,10 @@ DEFAULT_REPORT_S = 10.0
 # counts to stand for the round (docs/explanation-algorithms-robust.md, "Sample counts").
 OUTLIER_RATIO = 5.0
 OUTLIER_MIN_CLIENTS = 3
+# What a site's tally of a run tells of it (SiteRun's fields a RunSite shows).
+_TALLIED = {"version", "tasks", "answered", "failed", "members", "refused"}
+# A run stopped for want of members quotes this many of its refused devices' reasons.
+_REFUSALS_QUOTED = 5
 
 
 def with_status(site: SiteInfo, at: datetime) -> SiteInfo:
@@ -64,9 +70,10 @@ def sites_of_run(info: RunInfo, known: list[SiteInfo]) -> RunSites:
         tally = next((r for r in site.runs if r.run_id == run_id), None)
         devices = [d for d in site.device_page if run_id in d.runs or d.failed_run == run_id]
         sites.append(RunSite(name=site.name, edge_id=edge_id, status=site.status, devices=devices,
-                             **(tally.model_dump(include={"version", "tasks", "answered", "failed"}) if tally else {})))
+                             **(tally.model_dump(include=_TALLIED) if tally else {})))
     all_failed = all(s.version == info.version and 0 < s.tasks == s.failed for s in sites)
-    reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure})
+    reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure}
+                     | {f.error for s in sites for f in s.refused})
     last = info.last_round
     return RunSites(run_id=run_id, sites=sites, all_failed=all_failed,
                     reasons=reasons, sample_outliers=sample_outliers(last) if last else [],
@@ -90,16 +97,21 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
     selection = config.selection
     if selection is None:
         return config
-    sites = await store.sites()
+    sites = await site_registry(store=store)
     if isinstance(selection.sites, list):
         unknown = sorted(set(selection.sites) - {s.name for s in sites})
         if unknown:
             raise InvalidRun(f"selection.sites names sites that are not registered: {unknown} (registered: "
                              f"{[s.name for s in sites]})")
+    else:
+        # "all" or labels: the sites that can take part now. An offline one would never contribute, and a
+        # synchronous run waits for every site it has. Sites named one by one are taken as named.
+        sites = [s for s in sites if s.status == "online"]
     chosen = sorted({s.edge_id for s in sites if selection.takes_site(s.name, s.labels)})
     if not chosen:
-        raise InvalidRun(f"no registered site matches selection.sites {selection.sites!r} "
-                         f"(registered: {[f'{s.name} {s.labels}' for s in sites]})")
+        offline = [s.name for s in await site_registry(store=store) if s.status == "offline"]
+        raise InvalidRun(f"no online site matches selection.sites {selection.sites!r} "
+                         f"(online: {[f'{s.name} {s.labels}' for s in sites]}; offline: {offline})")
     buffer_size = len(chosen) if registry.get_algorithm_class(config.algorithm).synchronous else \
         min(config.topology.buffer_size, len(chosen))
     data = config.model_dump()
@@ -111,37 +123,98 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
         raise InvalidRun(f"the run over sites {chosen}: {exc}") from exc
 
 
+async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
+    """Takes the site `name` out of the registry (NotFound if none); Conflict while a run that has not ended uses
+    it (stop or delete that run first)."""
+    site = next((s for s in await store.sites() if s.name == name), None)
+    if site is None:
+        raise NotFound(f"no site named {name!r}")
+    using = []
+    for run_id in await store.run_ids():
+        try:
+            info = await store.info(run_id)
+        except NotFound:
+            continue
+        if info.status not in ENDED and info.status != RunStatus.created and site.edge_id in info.config.edge_ids():
+            using.append(run_id)
+    if using:
+        raise Conflict(f"site {name!r} (edge {site.edge_id}) is used by runs that have not ended: {sorted(using)}; "
+                       "stop them first", "site_in_use")
+    await store.remove_site(name)
+    await audit("remove_site", name, f"edge {site.edge_id}")
+
+
 def devices_at(config: RunConfig, sites: list[SiteInfo]) -> int:
-    """The devices registered at the run's sites, as they last reported them."""
+    """The devices connected (not offline) at the run's sites that its device selector takes, as the sites last
+    reported them (counted per label set; a site that reports no label sets, by its connected devices)."""
     edges = set(config.edge_ids())
-    return sum(s.devices or 0 for s in sites if s.edge_id in edges)
+    selector = config.selection.device_selector if config.selection is not None else None
+
+    def taken(site: SiteInfo) -> int:
+        if site.label_sets is not None:
+            return sum(s.devices for s in site.label_sets if matches(s.labels, selector))
+        return connected(site) if site.states else site.devices or 0
+
+    return sum(taken(s) for s in sites if s.edge_id in edges)
 
 
-async def _runs_with_sites(store: Store, run_ids: list[str], status: RunStatus) -> list[tuple[RunInfo, list[SiteInfo]]]:
-    """The runs of `run_ids` that are in `status` (those deleted meanwhile left out), each with the sites as they
-    are now (read once, if any run is)."""
+def _has_members(site: SiteInfo, tally: SiteRun | None) -> bool:
+    return site.status == "online" and tally is not None and bool(tally.members)
+
+
+def untrainable(run_id: str, config: RunConfig, sites: list[SiteInfo]) -> str | None:
+    """Why the run cannot make a version, as its sites last reported it: fewer of them online with a member than
+    a cloud update needs (its buffer), each refused device's reason given; None if enough have one."""
+    edges = set(config.edge_ids())
+    reported = {s.edge_id: (s, next((r for r in s.runs if r.run_id == run_id), None)) for s in sites}
+    able = [e for e in edges if e in reported and _has_members(*reported[e])]
+    if len(able) >= config.topology.buffer_size:
+        return None
+    refused = [f"device {f.client_id} at {site.name}: {f.error}" for site, tally in reported.values()
+               if site.edge_id in edges and tally is not None for f in tally.refused]
+    return (f"{len(able)} of its sites {sorted(edges)} have a member able to train it, and a version needs "
+            f"{config.topology.buffer_size}" + (f"; refused: {'; '.join(refused[:_REFUSALS_QUOTED])}" if refused
+                                                 else ""))
+
+
+async def _runs_with_sites(store: Store, run_ids: list[str],
+                           statuses: tuple[RunStatus, ...]) -> list[tuple[RunInfo, list[SiteInfo]]]:
+    """The runs of `run_ids` in one of `statuses` (those deleted meanwhile left out), each with the site registry
+    as it is now, online or offline (read once, if any run is)."""
     infos = []
     for run_id in run_ids:
         with contextlib.suppress(NotFound):
             infos.append(await store.info(run_id))
-    infos = [info for info in infos if info.status == status]
-    sites = await store.sites() if infos else []
+    infos = [info for info in infos if info.status in statuses]
+    sites = await site_registry(store=store) if infos else []
     return [(info, sites) for info in infos]
 
 
 async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
-    """Admits each waiting run whose sites have min_devices registered; stops, saying why, one that waited past its
-    start_timeout_s."""
-    for info, sites in await _runs_with_sites(store, await store.run_ids(), RunStatus.waiting):
+    """Admits each waiting run whose sites have min_devices connected; stops, saying why, one that waited past its
+    start_timeout_s, and an admitted one still at version 0 past it whose sites have no member able to train."""
+    for info, sites in await _runs_with_sites(store, await store.run_ids(), (RunStatus.waiting, RunStatus.running)):
         run_id, selection = info.run_id, info.config.selection
         if selection is None:
+            continue
+        timed_out = info.started_at is not None and \
+            now() - info.started_at > timedelta(seconds=selection.start_timeout_s)
+        if info.status == RunStatus.running:
+            why = untrainable(run_id, info.config, sites) if timed_out and info.version == 0 else None
+            if why is not None:
+                reason = f"no version after {selection.start_timeout_s:g} s: {why}"
+                with contextlib.suppress(Conflict):  # another replica (or an operator) moved it meanwhile
+                    await store.transition(run_id, "stop", reason)
+                    await audit("stop", run_id, reason)
+                    orchestrator.notify()
+                    await orchestrator.announce()
             continue
         found = devices_at(info.config, sites)
         try:
             if found >= selection.min_devices:
                 await store.transition(run_id, "admit")
                 await audit("admit", run_id, f"{found} devices registered at its sites")
-            elif info.started_at is not None and now() - info.started_at > timedelta(seconds=selection.start_timeout_s):
+            elif timed_out:
                 reason = (f"waited {selection.start_timeout_s:g} s for {selection.min_devices} devices at its sites "
                           f"{info.config.edge_ids()}; {found} registered")
                 await store.transition(run_id, "stop", reason)
@@ -163,7 +236,7 @@ async def stop_failed(*, store: Store, orchestrator: Orchestrator, audit: Audito
     """Stops each running run whose every edge reports that every device failed the run's current round (its
     sites' all_failed): its failed tasks are not handed out again, so it would otherwise stay `running` for good,
     training nothing."""
-    for info, sites in await _runs_with_sites(store, await store.active_runs(), RunStatus.running):
+    for info, sites in await _runs_with_sites(store, await store.active_runs(), (RunStatus.running,)):
         run_id = info.run_id
         seen = sites_of_run(info, sites)
         if not seen.all_failed:

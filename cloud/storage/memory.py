@@ -112,7 +112,7 @@ class MemoryStore(Store):
     async def transition(self, run_id: str, action: Action, reason: str | None = None) -> RunStatus:
         run = self._run(run_id)
         run.status = allowed(action, run.status)
-        if action in ("start", "wait"):
+        if action in ("start", "wait", "admit"):
             run.started_at = now()
         if action == "stop":
             run.finished_at, run.reason = now(), reason
@@ -276,6 +276,10 @@ class MemoryStore(Store):
 
     async def sites(self) -> list[SiteInfo]:
         return [SiteInfo.model_validate_json(self._sites[name]) for name in sorted(self._sites)]
+
+    async def remove_site(self, name: str) -> None:
+        if self._sites.pop(name, None) is None:
+            raise NotFound(f"no site named {name!r}")
 
     async def audit(self, record: AuditRecord, max_entries: int) -> None:
         self._audit.append(record.model_dump_json())

@@ -194,7 +194,8 @@ class Runs(Protocol):
         """The runs that are running or paused, sorted by id (a stable order for every replica)."""
     async def transition(self, run_id: str, action: Action, reason: str | None = None) -> RunStatus:
         """Applies a control action (TRANSITIONS); Conflict if the run's status does not allow it. A stop's
-        `reason` is kept (RunInfo.reason). Starting or waiting stamps started_at; it is active (active_runs)
+        `reason` is kept (RunInfo.reason). Starting, waiting or admission stamps started_at (a waiting run's
+        wait, then its training, is timed from it); it is active (active_runs)
         from its start or admission to its stop."""
     async def global_blob(self, run_id: str) -> bytes: ...
     async def versioned_global(self, run_id: str) -> tuple[int, bytes]:
@@ -211,7 +212,8 @@ class Runs(Protocol):
         """Replaces the history record of `record.round`, committed before its evaluation was in, by
         `record`; False if that record is evaluated already, is of another version, or the run is gone."""
     async def delete_run(self, run_id: str) -> None:
-        """Deletes everything of a run that is not active (created, stopped or finished); Conflict otherwise."""
+        """Deletes everything of a run that is not active (created, waiting, stopped or finished); Conflict
+        otherwise."""
     async def ended_runs(self) -> list[tuple[str, datetime]]:
         """The stopped and finished runs, each with when it ended, in creation order."""
 
@@ -256,6 +258,9 @@ class SiteRegistry(Protocol):
         that renamed itself leaves its old name."""
     async def sites(self) -> list[SiteInfo]:
         """Every site, by name."""
+    async def remove_site(self, name: str) -> None:
+        """Forgets the site `name` (NotFound if none): a site taken out of the federation. Its edge, if it reports
+        again, is registered anew."""
 
 
 def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
@@ -268,7 +273,7 @@ def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
     return SiteInfo(name=name, edge_id=reg.edge_id, labels=reg.labels, url=reg.url,
                     registered_at=earlier.registered_at if earlier is not None else at, last_seen=at,
                     devices=reg.devices, serving=reg.serving, report_s=reg.report_s, states=reg.states,
-                    device_page=reg.device_page, runs=reg.runs)
+                    device_page=reg.device_page, runs=reg.runs, label_sets=reg.label_sets)
 
 
 class UpdateLeases(Protocol):

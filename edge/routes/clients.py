@@ -31,10 +31,10 @@ router = guarded_router(Depends(client_auth), prefix="/api/v1/clients", tags=["c
 
 @router.post("", responses=error_responses(400, 408, 409, 413, 422, 429),
              openapi_extra=json_body_doc(ClientRegistration))
-async def register(request: Request, board: BoardDep, loop: RoundLoopDep) -> ClientRegistration:
+async def register(request: Request, board: BoardDep, loop: RoundLoopDep, auth: ClientAuthDep) -> ClientRegistration:
     reg = await read_json(request, ClientRegistration)  # after the token check
     await rate_limited(request, "registration", reg.client_id)
-    clients.register(board=board, loop=loop, registration=reg)
+    clients.register(board=board, loop=loop, registration=reg, token_id=auth.token_id(reg.client_id))
     return reg
 
 
@@ -84,11 +84,15 @@ async def result(client_id: int, request: Request, board: BoardDep, metrics: Met
 @router.post("/{client_id}/failures", status_code=status.HTTP_202_ACCEPTED,
              responses=error_responses(400, 404, 408, 409, 413, 422, 429),
              openapi_extra=json_body_doc(ClientFailureReport))
-async def failure(client_id: int, request: Request, board: BoardDep, metrics: MetricsDep) -> ResultReceipt:
-    """A task the client could not train: the round stops waiting for it and its record says why."""
+async def failure(client_id: int, request: Request, response: Response, board: BoardDep,
+                  metrics: MetricsDep) -> ResultReceipt:
+    """A task the client could not train: the round stops waiting for it and its record says why. A repeated
+    report of the same task is 200 with accepted false: the first reason stays recorded."""
     await rate_limited(request, "result", client_id)  # a failure answers a task as a result does
     report = await read_json(request, ClientFailureReport)  # after the token check
     same_as_url("report client_id", report.client_id, client_id)
-    await board.report_failure(client_id, report)
+    if not await board.report_failure(client_id, report):
+        response.status_code = status.HTTP_200_OK
+        return ResultReceipt(accepted=False)
     metrics.client_failures.labels(report.kind).inc()
     return ResultReceipt(accepted=True)

@@ -15,10 +15,12 @@ from fl_services.shared.wire.client_edge import ClientRegistration, ClientResult
 from fl_services.shared.wire.protocol import LIVE_RUNS, REFUSED_CLIENTS, UNKNOWN_CLIENTS
 
 
-def register(*, board: TaskBoard, loop: EdgeRoundLoop, registration: ClientRegistration) -> None:
-    """Registers a client of this edge (ForeignClient for one it serves in none of its runs)."""
+def register(*, board: TaskBoard, loop: EdgeRoundLoop, registration: ClientRegistration,
+             token_id: str | None = None) -> None:
+    """Registers a client of this edge (ForeignClient for one it serves in none of its runs), with the id of the
+    device token it registered with (None: the edge's client secret)."""
     loop.check_own_client(registration.client_id)
-    board.register(registration)
+    board.register(registration, token_id)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import datetime, timezone
 
 from fl_services.edge.config import EdgeSettings
+from fl_services.edge.membership import Membership
 from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.core.reports import FailureKind
 from fl_services.shared.wire.admin import DeviceInfo
@@ -16,10 +17,14 @@ from fl_services.shared.wire.edge_cloud import (
     DEVICE_STATES,
     FAILURE_SHOWN,
     MAX_DEVICE_RUNS,
+    MAX_LABEL_SETS,
+    MAX_REFUSALS_SHOWN,
     MAX_REPORTED_DEVICES,
     MAX_SITE_RUNS,
     DeviceBrief,
     DeviceState,
+    LabelSetCount,
+    SiteRefusal,
     SiteRun,
 )
 
@@ -75,11 +80,13 @@ def family(reg: ClientRegistration) -> str | None:
     return str(declared)[:64] if declared is not None else None
 
 
-def site_devices(*, board: TaskBoard, offline_after_s: float
-                 ) -> tuple[dict[DeviceState, int], list[DeviceBrief], list[SiteRun]]:
+def site_devices(*, board: TaskBoard, offline_after_s: float, memberships: dict[str, Membership] | None = None
+                 ) -> tuple[dict[DeviceState, int], list[DeviceBrief], list[SiteRun], list[LabelSetCount]]:
     """What a site report says of the devices: every one counted per state, the first MAX_REPORTED_DEVICES of them
-    by state (failed, uploading, training, idle, offline) then id, and each run's current round here. The
-    report stays the same size whatever the number of devices."""
+    by state (failed, uploading, training, idle, offline) then id, and each run's current round here, with its
+    members and refusals (`memberships`, by run) for a run over registered devices, even before it has a task
+    here, and the connected devices per label set (the MAX_LABEL_SETS most common). The report stays the same
+    size whatever the number of devices."""
     read = _States(board, offline_after_s)
     now = read.now
     states = {k: read.of(k) for k in board.clients}
@@ -96,9 +103,20 @@ def site_devices(*, board: TaskBoard, offline_after_s: float
             failure=_shortened(failure[1]) if failure else None, failure_kind=failure[2] if failure else None,
             failed_run=failure[0] if failure else None))
     counts = Counter(state for state, _, _ in states.values())
-    tallies = [SiteRun(run_id=run_id, version=version, tasks=tasks, answered=answered, failed=failed)
-               for run_id, version, tasks, answered, failed in board.tallies()[:MAX_SITE_RUNS]]
-    return {s: counts[s] for s in DEVICE_STATES if counts[s]}, page, tallies
+    label_sets = Counter(tuple(sorted(board.clients[k].labels.items())) for k, (state, _, _) in states.items()
+                         if state != "offline")
+    memberships = memberships or {}
+    counted = {run_id: (version, tasks, answered, failed)
+               for run_id, version, tasks, answered, failed in board.tallies()}
+    tallies = [SiteRun(run_id=run_id, version=version, tasks=tasks, answered=answered, failed=failed,
+                       members=len(memberships[run_id].ids) if run_id in memberships else None,
+                       refused=[SiteRefusal(client_id=f.client_id, error=_shortened(f.error))
+                                for f in memberships[run_id].refused[:MAX_REFUSALS_SHOWN]]
+                       if run_id in memberships else [])
+               for run_id, (version, tasks, answered, failed) in sorted({**dict.fromkeys(memberships, (0, 0, 0, 0)),
+                                                                **counted}.items())[:MAX_SITE_RUNS]]
+    return ({s: counts[s] for s in DEVICE_STATES if counts[s]}, page, tallies,
+            [LabelSetCount(labels=dict(labels), devices=n) for labels, n in label_sets.most_common(MAX_LABEL_SETS)])
 
 
 def _shortened(text: str) -> str:

@@ -354,7 +354,9 @@ class Selection(Strict):
     min_devices: Int = Field(1, ge=1, le=10**7, description="devices registered at the selected sites for the run "
                              "to leave `waiting`")
     start_timeout_s: Float = Field(600.0, gt=0, le=7 * 86400, description="how long the run may wait for them "
-                                   "before it fails")
+                                   "before it stops; and, once admitted, how long it may stay at version 0 without "
+                                   "a member able to train at enough of its sites (each refused device's reason "
+                                   "given)")
     # The selected sites' edge ids, resolved by the cloud from its site registry when the run is created.
     edge_ids: list[Annotated[Int, Field(ge=0, le=2**31 - 1)]] | None = Field(None, max_length=10_000)
 

@@ -10,7 +10,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataSummary
 from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.reports import FailureKind, Labels, Message, RoundRecord, RunStatus
-from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, SiteRun
+from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, LabelSetCount, SiteRefusal, SiteRun
 from fl_services.shared.wire.protocol import TOKEN_ID
 
 
@@ -75,6 +75,7 @@ class SiteInfo(Message):
     states: dict[DeviceState, Int] = Field(default_factory=dict)  # its devices counted per state
     device_page: list[DeviceBrief] = Field(default_factory=list)  # the first of them, failed ones first
     runs: list[SiteRun] = Field(default_factory=list)  # the current round of each run it serves
+    label_sets: list[LabelSetCount] | None = None  # its connected devices per label set (the most common)
 
 
 class DeviceInfo(Message):
@@ -152,6 +153,8 @@ class RunSite(Message):
     answered: Int = 0
     failed: Int = 0
     devices: list[DeviceBrief] = Field(default_factory=list)  # listed devices with a task of the run, or failing it
+    members: Int | None = None  # a run over registered devices: its members here, as the site last tried a round
+    refused: list[SiteRefusal] = Field(default_factory=list)  # devices its selection takes that cannot train it
 
 
 class SampleOutlier(Message):

@@ -23,6 +23,18 @@ MAX_REPORTED_DEVICES = 50
 FAILURE_SHOWN = 300
 MAX_DEVICE_RUNS = 16
 MAX_SITE_RUNS = 64
+# A run's devices refused at a site (their data cannot train it) are reported up to this many, each reason shortened.
+MAX_REFUSALS_SHOWN = 16
+# The connected devices are counted per distinct label set, the most common this many sets: a run's device selector
+# is matched against them when it is admitted (min_devices).
+MAX_LABEL_SETS = 64
+
+
+class LabelSetCount(Message):
+    """How many connected devices registered with exactly these labels."""
+
+    labels: Labels = Field(default_factory=dict)
+    devices: Int = Field(ge=1, le=10**7)
 
 
 class DeviceBrief(Message):
@@ -39,6 +51,13 @@ class DeviceBrief(Message):
     failed_run: str | None = Field(None, max_length=64)  # the run of that task
 
 
+class SiteRefusal(Message):
+    """A device the run's device selection takes whose registration cannot train the run, and why."""
+
+    client_id: Int = Id
+    error: str = Field(min_length=1, max_length=FAILURE_SHOWN)
+
+
 class SiteRun(Message):
     """A run's current round at a site: its version, its devices' tasks, and how many answered or failed. Every
     task failed (tasks > 0, failed = tasks) is the site saying that every device failed the round: the cloud stops a
@@ -49,6 +68,8 @@ class SiteRun(Message):
     tasks: Int = Field(ge=0)
     answered: Int = Field(ge=0)
     failed: Int = Field(ge=0)
+    members: Int | None = Field(None, ge=0)  # None: not a run over registered devices, or no round yet
+    refused: list[SiteRefusal] = Field(default_factory=list, max_length=MAX_REFUSALS_SHOWN)
 
 
 class EdgeRegistration(Message):
@@ -68,6 +89,8 @@ class EdgeRegistration(Message):
     states: dict[DeviceState, Annotated[Int, Field(ge=0, le=10**7)]] = Field(default_factory=dict)
     device_page: list[DeviceBrief] = Field(default_factory=list, max_length=MAX_REPORTED_DEVICES)
     runs: list[SiteRun] = Field(default_factory=list, max_length=MAX_SITE_RUNS)
+    # The connected devices per label set (the MAX_LABEL_SETS most common); None: an edge that does not say.
+    label_sets: list[LabelSetCount] | None = Field(None, max_length=MAX_LABEL_SETS)
 
     @property
     def site_name(self) -> str:

@@ -29,6 +29,21 @@ def client_token(secret: str, client_id: int) -> str:
 # The header of the cloud's long-poll answer (both 200 and 204) that lists the live runs (running or paused)
 # the polling edge takes part in, comma-separated: the edge forgets the others and stops working on them.
 LIVE_RUNS = "X-FL-Live-Runs"
+# The header of the cloud's 409 to a contribution that declares devices another site holds in the run (a device is
+# one member of the federation), as device:edge pairs comma-separated: the edge leaves them out and re-runs the round.
+MEMBERS_ELSEWHERE = "X-FL-Members-Elsewhere"
+
+
+_ELSEWHERE_SHOWN = 500  # a header stays small: beyond, the edge hears of the rest at its next submission
+
+
+def members_elsewhere_text(holders: dict[int, int]) -> str:
+    return ",".join(f"{k}:{e}" for k, e in sorted(holders.items())[:_ELSEWHERE_SHOWN])
+
+
+def members_elsewhere(text: str) -> dict[int, int]:
+    """The header's device -> edge pairs (ValueError if malformed)."""
+    return {int(k): int(e) for k, _, e in (pair.partition(":") for pair in text.split(",") if pair)}
 
 
 def live_runs(headers: Mapping[str, str]) -> set[str] | None:

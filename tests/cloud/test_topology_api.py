@@ -4,14 +4,20 @@ failed; and the headers the pages are served with."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import re
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
+from fl_services.cloud.audit import Auditor
+from fl_services.cloud.routes.ui import STATIC
+from fl_services.cloud.services import sites as sites_service
 from fl_services.shared.wire.admin import RunSites, SiteInfo
 from fl_services.shared.wire.edge_cloud import MAX_REPORTED_DEVICES
-from tests.cloud.harness import UNKNOWN_RUN, Cloud, two_edge_config
+from tests.cloud.harness import UNKNOWN_RUN, Cloud, small_config, two_edge_config
 from tests.web import detail_of
 
 pytestmark = pytest.mark.anyio
@@ -99,6 +105,81 @@ async def test_a_runs_sites_say_which_devices_train_it_which_failed_and_whether_
     detail_of(await cloud.admin("GET", f"/api/v1/runs/{UNKNOWN_RUN}/sites"), 404, UNKNOWN_RUN)
 
 
+async def test_a_selection_of_all_or_by_label_takes_the_online_sites_only(cloud: Cloud):
+    """An offline site would never contribute: a synchronous run waiting for every site it has would not move."""
+    await report(cloud, 0, "lyon", labels={"region": "eu"}, report_s=60)
+    await report(cloud, 1, "paris", labels={"region": "eu"}, report_s=0.01)
+    await asyncio.sleep(0.1)  # paris: offline
+    for sites_ in ("all", {"region": "eu"}):
+        info = (await cloud.admin("POST", "/api/v1/runs", json=small_config(selection={"sites": sites_}))).json()
+        assert info["config"]["selection"]["edge_ids"] == [0], sites_
+        assert info["config"]["topology"]["buffer_size"] == 1
+    # Named one by one, a site is taken as named.
+    info = (await cloud.admin("POST", "/api/v1/runs", json=small_config(selection={"sites": ["lyon", "paris"]}))).json()
+    assert info["config"]["selection"]["edge_ids"] == [0, 1]
+    detail_of(await cloud.admin("POST", "/api/v1/runs", json=small_config(selection={"sites": {"region": "us"}})),
+              422, "no online site", "offline: ['paris']")
+
+
+async def test_admission_counts_the_connected_devices_only(cloud: Cloud):
+    """Devices gone offline would leave the admitted run without anyone to train it."""
+    app = cloud.app.state
+    await report(cloud, 0, "lyon", report_s=60, devices=3, states={"offline": 3})
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 2}))
+    await cloud.action(run_id, "start")
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "waiting"
+    await report(cloud, 0, "lyon", report_s=60, devices=3, states={"offline": 1, "idle": 1, "training": 1})
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "running"
+
+
+async def test_admission_counts_the_connected_devices_the_device_selector_takes(cloud: Cloud):
+    app = cloud.app.state
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {"kind": "csv"}, "devices": 3}, {"labels": {"kind": "npz"}, "devices": 1},
+                             {"labels": {}, "devices": 1}])
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 2, "devices": {"kind": "npz"}}))
+    await cloud.action(run_id, "start")
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "waiting"  # 1 of the 5 connected devices is of kind npz
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {"kind": "npz", "zone": "a"}, "devices": 2}])
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "running"
+
+
+def audit_of(state: Any) -> Auditor:
+    return Auditor(state.store, "admission", state.settings.audit_max_entries)
+
+
+async def test_a_waiting_run_says_start_as_asked_and_may_be_deleted(cloud: Cloud):
+    await report(cloud, 0, "lyon", report_s=60)
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 5}))
+    await cloud.action(run_id, "start")
+    assert (await cloud.info(run_id))["status"] == "waiting"
+    detail_of(await cloud.admin("POST", f"/api/v1/runs/{run_id}/start"), 409, "cannot start a run that is waiting")
+    assert (await cloud.admin("DELETE", f"/api/v1/runs/{run_id}")).status_code == 204
+    detail_of(await cloud.admin("GET", f"/api/v1/runs/{run_id}"), 404)
+
+
+async def test_an_admin_removes_a_site_no_live_run_uses(cloud: Cloud):
+    await report(cloud, 0, "lyon", report_s=60)
+    await report(cloud, 1, "paris", report_s=60)
+    run_id = await cloud.create_run(small_config(selection={"sites": ["paris"]}))
+    await cloud.action(run_id, "start")  # waiting for its devices: it uses paris
+    detail_of(await cloud.edge("DELETE", "/api/v1/sites/lyon"), 401)
+    detail_of(await cloud.admin("DELETE", "/api/v1/sites/paris"), 409, run_id)
+    detail_of(await cloud.admin("DELETE", "/api/v1/sites/rome"), 404, "rome")
+    assert (await cloud.admin("DELETE", "/api/v1/sites/lyon")).status_code == 204
+    assert [s.name for s in await sites(cloud)] == ["paris"]
+    await cloud.action(run_id, "stop")
+    assert (await cloud.admin("DELETE", "/api/v1/sites/paris")).status_code == 204
+    assert await sites(cloud) == []
+    audit = (await cloud.admin("GET", "/api/v1/audit")).json()
+    assert [a["target"] for a in audit if a["action"] == "remove_site"] == ["paris", "lyon"]
+
+
 @pytest.mark.parametrize("path", ["/ui/", "/ui/run.html", "/ui/topology.html", "/ui/js/api.js", "/ui/app.css"])
 async def test_the_pages_are_served_with_a_strict_content_security_policy(cloud: Cloud, path: str):
     r = await cloud.http.get(path)
@@ -114,3 +195,41 @@ async def test_the_pages_are_served_with_a_strict_content_security_policy(cloud:
 async def test_the_api_docs_link_back_to_the_dashboard(cloud: Cloud):
     description = (await cloud.http.get("/openapi.json")).json()["info"]["description"]
     assert "](/ui/)" in description and "](/ui/topology.html)" in description
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/ui", 307), ("GET", "/ui/missing.html", 404), ("GET", "/ui/js/missing.js", 404),
+    ("POST", "/ui/", 405), ("DELETE", "/ui/run.html", 405)])
+async def test_the_pages_errors_and_redirects_carry_the_security_headers_too(cloud: Cloud, method: str, path: str,
+                                                                             status: int):
+    r = await cloud.http.request(method, path)
+    assert r.status_code == status, path
+    assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+async def test_the_api_docs_are_served_with_a_policy_that_lets_their_own_scripts_run(cloud: Cloud, path: str):
+    r = await cloud.http.get(path)
+    assert r.status_code == 200
+    assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    policy = dict(part.strip().split(" ", 1) for part in r.headers["content-security-policy"].split(";"))
+    assert policy["default-src"] == "'none'" and policy["frame-ancestors"] == "'none'"
+    assert "unsafe" not in policy["script-src"] and policy["connect-src"] == "'self'"
+    # Every script the page holds inline is allowed by its hash, and every one it loads is the app's own.
+    for script in re.findall(r"<script>(.*?)</script>", r.text, re.DOTALL):
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in policy["script-src"].split()
+    assert all(src.startswith("/static/") for src in re.findall(r'<script src="([^"]+)"', r.text))
+    assert (await cloud.http.get(re.findall(r'<script src="([^"]+)"', r.text)[0])).status_code == 200
+
+
+def test_the_pages_build_a_runs_api_path_from_its_encoded_id_only():
+    """The run page's id comes from its address (?id=), anyone's to write: written raw into a path, "../sites"
+    would call another endpoint with the user's token. Every run path goes through api.js's runPath."""
+    scripts = {p.name: p.read_text() for p in (STATIC / "js").glob("*.js")}
+    assert 'encodeURIComponent(runId)' in scripts["api.js"].split("export const runPath", 1)[1].split("\n", 1)[0]
+    for name, text in scripts.items():
+        raw = re.findall(r"`/api/v1/runs/\$\{(?!encodeURIComponent\()", text)
+        assert not raw, f"{name} writes a run id into an API path unencoded"
+        assert "?id=${info" not in text.replace("?id=${encodeURIComponent(info", ""), name

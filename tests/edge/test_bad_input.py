@@ -178,6 +178,37 @@ async def test_client_api_refuses_bad_tokens(edge: Edge, method: str, path: str,
          "infinite-capability", "infinite-samples", "malformed-json", "array"],
 )
 async def test_register_client_bad_body(edge: Edge, body: Any, fragment: str) -> None:
+    await refused_with_nothing_stored(edge, body, fragment)
+
+
+GOOD_SUMMARY = {"samples": 3, "held_out_samples": 0, "input_shape": [1, 8, 8], "labels": [0, 1],
+                "histogram": {"0": 2, "1": 1}}
+
+
+@pytest.mark.parametrize(
+    ("summary", "fragment"),
+    [({"samples": 10**12 + 1, "histogram": {"0": 10**12 + 1}}, "less than or equal to 1000000000000"),
+     ({"held_out_samples": 10**12 + 1}, "less than or equal to 1000000000000"),
+     ({"input_shape": [-1, 0, 8]}, "greater than or equal to 1"), ({"input_shape": []}, "at least 1 item"),
+     ({"input_shape": [10**9, 10**9, 10**9]}, "less than or equal to 16777216"),
+     ({"input_shape": [1] * 9}, "at most 8 items"),
+     ({"histogram": {"-5": -3}}, "greater than or equal to 0"),
+     ({"labels": [-1, 0, 1]}, "greater than or equal to 0"), ({"labels": [0, 1, 10**20]}, "less than or equal"),
+     ({"labels": [1, 0]}, "ascending and distinct"), ({"labels": [0, 0, 1]}, "ascending and distinct"),
+     ({"labels": [0], "histogram": {"0": 2, "1": 1}}, "that labels does not list"),
+     ({"samples": 4}, "not samples=4")],
+    ids=["samples", "held-out", "negative-shape", "empty-shape", "huge-shape", "long-shape", "negative-histogram",
+         "negative-label", "huge-label", "descending", "repeated", "histogram-beyond-labels", "histogram-sum"],
+)
+async def test_register_refuses_a_summary_no_data_has(edge: Edge, summary: dict[str, Any], fragment: str) -> None:
+    """A device's data summary becomes its declared membership (its count a weight): every figure is checked where
+    it enters, so none stops a round later."""
+    assert (await edge.http.post("/api/v1/clients", json={"client_id": 2, "summary": GOOD_SUMMARY},
+                                 headers=auth())).status_code == 200
+    await refused_with_nothing_stored(edge, {"client_id": 1, "summary": {**GOOD_SUMMARY, **summary}}, fragment)
+
+
+async def refused_with_nothing_stored(edge: Edge, body: Any, fragment: str) -> None:
     await edge.open_tasks(0)
     before = await edge.snapshot(0)
     if isinstance(body, bytes):

@@ -75,6 +75,11 @@ async def test_a_failure_report_is_checked_like_a_result() -> None:
         r = await edge.http.post("/api/v1/clients/0/failures", json=report, headers=auth())
         assert r.status_code == 202, r.text
         assert [(f.client_id, f.error) for f in edge.board.failures()] == [(0, ERROR)]
+        # Reported again (a retry, or another reason): the first reason stays, and the answer says it was not taken.
+        r = await edge.http.post("/api/v1/clients/0/failures", json={**report, "error": "OSError: later"},
+                                 headers=auth())
+        assert (r.status_code, r.json()) == (200, {"accepted": False})
+        assert [(f.client_id, f.error) for f in edge.board.failures()] == [(0, ERROR)]
         # The client process restarted with what it lacked: its result still answers the task.
         header: ClientResultHeader = result_header(0)
         r = await edge.send_result(0, encode(zeros_like(task_tensors(0)), header))

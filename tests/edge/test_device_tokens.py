@@ -62,6 +62,18 @@ async def test_the_edge_refuses_a_revoked_device_token_only(edge: Edge) -> None:
     assert (await register(edge, 2, CLIENT_TOKEN)).status_code == 200  # the secret is not a device's
 
 
+async def test_a_device_whose_token_is_revoked_is_no_runs_member(edge: Edge) -> None:
+    """Its registration stays (its token is refused from then on), but no round selects it any more."""
+    tokens = {1: device_token(CLIENT_TOKEN, 1, "aaaabbbbcccc"), 2: client_token(CLIENT_TOKEN, 2), 3: CLIENT_TOKEN}
+    for client_id, token in tokens.items():
+        assert (await register(edge, client_id, token)).status_code == 200
+    assert sorted(edge.board.devices(frozenset())) == [1, 2, 3]
+    assert sorted(edge.board.devices(frozenset({"aaaabbbbcccc"}))) == [2, 3]
+    assert sorted(edge.board.devices(frozenset({"client-2", "aaaabbbbcccc"}))) == [3]
+    assert (await register(edge, 1, device_token(CLIENT_TOKEN, 1, "ddddeeeeffff"))).status_code == 200
+    assert sorted(edge.board.devices(frozenset({"aaaabbbbcccc"}))) == [1, 2, 3]  # registered again, with another
+
+
 def test_a_site_bound_token_names_its_site_and_cannot_be_moved() -> None:
     bound = device_token("s3cret", 4, "0123abcd4567", site="clinic-a.eu")
     assert bound.endswith("~clinic-a.eu")

@@ -9,7 +9,7 @@ TASK = RunTask(input_shape=(1, 8, 8), num_classes=10)
 
 
 def device(client_id: int, shape=(1, 8, 8), samples: int = 20, **labels: str) -> ClientRegistration:
-    summary = DataSummary(samples=samples, held_out_samples=5, input_shape=shape, labels=(0, 1), histogram={0: 10})
+    summary = DataSummary(samples=samples, held_out_samples=5, input_shape=shape, labels=(0, 1), histogram={0: samples})
     return ClientRegistration(client_id=client_id, labels=labels, summary=summary)
 
 
@@ -33,3 +33,16 @@ def test_with_a_selection_the_members_are_the_registered_devices_it_takes():
 def test_a_device_without_a_summary_is_a_member_whose_count_is_unknown():
     found = members(RunConfig(selection={}), 0, {3: ClientRegistration(client_id=3)}, TASK, None)
     assert found.ids == [3] and found.samples == {}
+
+
+def test_a_device_whose_registration_cannot_be_declared_is_refused_and_the_others_stay_members():
+    """Whatever let such a registration in (a summary built without validation), it is that device's refusal with
+    its reason, never an error of the round that would stop every other device's training."""
+    bad = DataSummary.model_construct(samples=10**12 + 1, held_out_samples=0, input_shape=(1, 8, 8), labels=(0,),
+                                      histogram={0: 10**12 + 1})
+    devices = {7: ClientRegistration.model_construct(client_id=7, labels={}, summary=bad, num_samples=0,
+                                                     capabilities={}), 8: device(8)}
+    found = members(RunConfig(selection={}), 0, devices, TASK, None)
+    assert found.ids == [8] and [m.client_id for m in found.declared()] == [8]
+    [refused] = found.refused
+    assert refused.client_id == 7 and "cannot be declared" in refused.error and "1000000000000" in refused.error

@@ -280,9 +280,10 @@ async def test_once_the_run_is_known_only_the_edges_own_clients_may_register() -
         assert sorted(edge.board.clients) == [5]  # 0 and 2, registered while no run was known, are forgotten
 
 
-async def test_a_round_nobody_can_answer_is_abandoned_when_the_cloud_moves_on() -> None:
+async def test_a_round_nobody_can_answer_is_abandoned_when_the_cloud_moves_on(caplog) -> None:
     """Every client fails (say, on a diverged model): past its retries the edge waits for a first answer,
-    but not for good: once the cloud offers another run, the round is dropped and the new one served."""
+    but not for good: once the cloud offers another run, the round is dropped and the new one served. With no
+    retries, the log announces none."""
     hopeless = RunConfig.model_validate({**FAST.model_dump(), "policy": {"deadline_s": 0.2, "max_retries": 0}})
     cloud = CloudDouble(hopeless)
     async with running_edge(cloud_transport=cloud.transport(), state_dir=None) as edge:
@@ -290,6 +291,7 @@ async def test_a_round_nobody_can_answer_is_abandoned_when_the_cloud_moves_on() 
         await until(lambda: loop.current is not None, what="the edge starts the round")
         await asyncio.sleep(0.6)  # past the deadline, waiting for a first answer
         assert cloud.contributions == [] and loop.current.run_id == RUN_ID
+        assert not [r.message for r in caplog.records if "again" in r.message or "re-running" in r.message]
         cloud.config, cloud.run_id = FAST, "the-next-run"
         await until(lambda: loop.current.run_id == "the-next-run", what="the edge serves the next run")
         clients = asyncio.create_task(answer_tasks(edge, range(FAST.data.num_clients)))

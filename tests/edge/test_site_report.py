@@ -10,7 +10,7 @@ import pytest
 from fl_services.edge.services.devices import site_devices
 from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.wire.client_edge import ClientRegistration
-from fl_services.shared.wire.edge_cloud import MAX_REPORTED_DEVICES, EdgeRegistration, SiteRun
+from fl_services.shared.wire.edge_cloud import MAX_LABEL_SETS, MAX_REPORTED_DEVICES, EdgeRegistration, SiteRun
 from tests.edge.harness import CONFIG, RUN_ID, CloudDouble, answer_tasks, running_edge, until
 from tests.edge.test_client_failures import ERROR, fail_tasks
 
@@ -60,17 +60,21 @@ async def test_a_round_whose_devices_answered_counts_them() -> None:
 def test_ten_thousand_devices_make_a_report_of_the_same_bounded_size() -> None:
     board = TaskBoard()
     for k in range(10_000):
-        board.register(ClientRegistration(client_id=10_000 + 7 * k, labels={"family": "cnn"}))
-    states, page, runs = site_devices(board=board, offline_after_s=60)
+        # 500 label sets, the first 100 twice as common as the others.
+        board.register(ClientRegistration(client_id=10_000 + 7 * k, labels={"family": "cnn",
+                                                                             "group": str(k % 600 % 500)}))
+    states, page, runs, label_sets = site_devices(board=board, offline_after_s=60)
     assert states == {"idle": 10_000} and runs == []
+    assert len(label_sets) == MAX_LABEL_SETS and {s.devices for s in label_sets} == {33}
+    assert {int(s.labels["group"]) for s in label_sets} <= set(range(100))
     assert len(page) == MAX_REPORTED_DEVICES
     assert [d.client_id for d in page] == [10_000 + 7 * k for k in range(MAX_REPORTED_DEVICES)]
     assert {d.family for d in page} == {"cnn"}
-    report = EdgeRegistration(edge_id=0, devices=10_000, states=states, device_page=page)
+    report = EdgeRegistration(edge_id=0, devices=10_000, states=states, device_page=page, label_sets=label_sets)
     assert len(report.model_dump_json()) < EdgeRegistration.max_body_bytes
     # Everyone offline (a clock far ahead): counted as such, none lost.
-    states, _, _ = site_devices(board=board, offline_after_s=-1)
-    assert states == {"offline": 10_000}
+    states, _, _, label_sets = site_devices(board=board, offline_after_s=-1)
+    assert states == {"offline": 10_000} and label_sets == []
 
 
 def test_a_device_whose_result_is_arriving_is_uploading() -> None:

@@ -109,10 +109,10 @@ def failing_for(monkeypatch, client_ids: set[int] | None) -> None:
     """Clients `client_ids` (None: every one) cannot train: their environment lacks the run's model package."""
     train = worker.compute
 
-    def compute(settings, header, task):
+    def compute(settings, header, task, models=None):
         if client_ids is None or header.client_id in client_ids:
             raise ModuleNotFoundError("No module named 'lab_models'")
-        return train(settings, header, task)
+        return train(settings, header, task, models)
 
     monkeypatch.setattr(worker, "compute", compute)
 

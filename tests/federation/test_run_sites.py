@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import Device
+from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.admin import RunSites, SiteInfo
 from tests.federation.harness import federation
 
@@ -54,3 +56,33 @@ async def test_a_run_whose_every_device_fails_says_so_with_the_reasons(cloud_sto
     assert "its samples have shape 3x2 but the run's model takes 2x3" in seen.reasons[0]
     assert [(s.name, s.states) for s in sites] == [("boston", {"failed": 2}), ("lyon", {"failed": 2})]
     assert history == []  # no edge had a result to send
+
+
+async def test_an_admitted_run_whose_devices_all_misfit_stops_past_its_start_timeout_saying_why(cloud_storage,
+                                                                                                tmp_path):
+    """Two devices are connected, so the run is admitted; each is refused (its samples are 3x2, the run's model
+    takes 2x3): the run's sites say so, and once start_timeout_s passed at version 0 the run stops, quoting them."""
+    path = tmp_path / "transposed.npz"
+    x = np.random.default_rng(1).normal(size=(30, 3, 2)).astype(np.float32)
+    np.savez(path, x=x, y=(x[:, 0, 0] > 0).astype(np.int64))
+    config = RunConfig.model_validate({**CONFIG.model_dump(exclude={"topology"}),
+                                       "selection": {"min_devices": 2, "start_timeout_s": 3.0}})
+    async with federation(cloud_storage, tmp_path, num_clients=0, cloud={"admission_interval_s": 0.05},
+                          edge={"site_report_s": 0.05}, devices=[Device(k, 0, f"npz:{path}") for k in (11, 12)]) as fed:
+        run_id = (await fed.admin.create_run(config)).run_id
+        await fed.admin.action(run_id, "start")
+        deadline = time.monotonic() + 120
+        while True:  # before the stop: the edge forgets an ended run, and its reports then leave it out
+            r = await fed.cloud_request("GET", f"/api/v1/runs/{run_id}/sites")
+            seen = RunSites.model_validate_json(r.content)
+            if seen.sites[0].refused:
+                break
+            assert time.monotonic() < deadline, seen
+            await asyncio.sleep(0.05)
+        final = await fed.admin.wait(run_id, timeout_s=120)
+    assert final.status == RunStatus.stopped and final.version == 0
+    assert final.reason is not None and "0 of its sites [0] have a member able to train it" in final.reason
+    assert "device 11 at edge-0" in final.reason and "its samples have shape 3x2" in final.reason
+    [site] = seen.sites
+    assert site.members == 0 and [f.client_id for f in site.refused] == [11, 12]
+    assert any("its samples have shape 3x2 but the run's model takes 2x3" in r for r in seen.reasons), seen.reasons

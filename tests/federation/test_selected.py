@@ -143,3 +143,21 @@ async def test_what_a_run_over_registered_devices_cannot_take_is_refused_saying_
         response = await fed.admin.http.post("/api/v1/runs", json=body)
     assert response.status_code == 422, response.text
     assert says in response.text
+
+
+async def test_a_device_registered_at_two_sites_is_one_member_held_by_the_first_site_to_declare_it(
+        cloud_storage, tmp_path):
+    """Device 7's token is taken at both sites, and both register it: the cloud refuses the second site's
+    contribution declaring it (409 naming the site that holds it), that site re-runs its round without it, and
+    every round trains 7 once, at one site, whose members alone list it: N counts it once."""
+    devices = [*TWO_SITES[:2], Device(7, 0, DATA.format(2)), Device(7, 1, DATA.format(2))]
+    config = selected("fedavg", {"rounds": 3, "fraction": 1.0}, min_devices=len(devices))
+    async with federation(cloud_storage, tmp_path, num_clients=0, num_edges=2, devices=devices, **FAST) as fed:
+        info = await fed.admin.create_run(config)
+        await fed.admin.action(info.run_id, "start")
+        history = await finished(fed.admin, info.run_id, config.rounds)
+    holders = {c.edge_id for h in history for c in h.contributions if 7 in (c.members or [])}
+    assert len(holders) == 1, holders
+    for h in history:
+        assert [c.client_id for c in h.clients].count(7) == 1, h.clients
+        assert sum((c.members or []).count(7) for c in h.contributions) == 1

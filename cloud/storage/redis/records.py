@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fl_services.cloud.storage.ports import now, site_record
+from fl_services.cloud.storage.ports import NotFound, now, site_record
 from fl_services.cloud.storage.redis.base import RedisBase, text
 from fl_services.shared.wire.admin import AuditRecord, RevokedToken, SiteInfo
 from fl_services.shared.wire.edge_cloud import EdgeRegistration
@@ -36,6 +36,10 @@ class RedisRecords(RedisBase):
     async def sites(self) -> list[SiteInfo]:
         records = [SiteInfo.model_validate_json(v) for v in (await self.r.hgetall(self.k.sites)).values()]
         return sorted(records, key=lambda site: site.name)
+
+    async def remove_site(self, name: str) -> None:
+        if not await self.r.hdel(self.k.sites, name):
+            raise NotFound(f"no site named {name!r}")
 
     async def audit(self, record: AuditRecord, max_entries: int) -> None:
         # Trimmed as Redis finds cheapest (whole nodes): about max_entries are kept, never fewer.

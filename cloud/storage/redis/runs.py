@@ -88,7 +88,7 @@ class RedisRuns(RedisBase):
             target = allowed(action, current)
             meta_key = self.k.meta(run_id)
             p.hset(meta_key, Meta.status, target.value)
-            if action in ("start", "wait"):
+            if action in ("start", "wait", "admit"):
                 p.hset(meta_key, Meta.started_at, now().isoformat())
             if action in ("start", "admit"):
                 p.sadd(self.k.active, run_id)

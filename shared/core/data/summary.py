@@ -2,16 +2,28 @@
 run trains."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from itertools import pairwise
+from typing import TYPE_CHECKING, Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fl_services.shared.core.numbers import Int
+from fl_services.shared.core.reports import MAX_SAMPLES
 
 if TYPE_CHECKING:
     from fl_services.shared.core.data.arrays import ArrayDataset
 
 _LABELS_SHOWN = 5
+
+# A summary arrives from a device and becomes the run's declared member (its sample count a weight, its labels and
+# shape compared with the run's task), so each figure is bounded where it enters: the counts as a member's are.
+MAX_DIMENSION = 2**24
+MAX_LABEL = 2**31 - 1
+MAX_LABELS = 100_000
+Count = Annotated[Int, Field(ge=0, le=MAX_SAMPLES)]
+Label = Annotated[Int, Field(ge=0, le=MAX_LABEL)]
+# A JSON object's keys are strings: a label as a histogram's key is read from one.
+LabelKey = Annotated[int, Field(ge=0, le=MAX_LABEL)]
 
 
 class DataSummary(BaseModel):
@@ -19,11 +31,26 @@ class DataSummary(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    samples: Int = Field(ge=0, description="training samples")
-    held_out_samples: Int = Field(ge=0, description="samples of the held-out split, kept for evaluation")
-    input_shape: tuple[Int, ...] = Field(description="one sample's shape")
-    labels: tuple[Int, ...] = Field(description="every label either split holds, ascending")
-    histogram: dict[int, Int] = Field(description="training samples per label")
+    samples: Count = Field(description="training samples")
+    held_out_samples: Count = Field(description="samples of the held-out split, kept for evaluation")
+    input_shape: tuple[Annotated[Int, Field(ge=1, le=MAX_DIMENSION)], ...] = Field(
+        min_length=1, max_length=8, description="one sample's shape")
+    labels: tuple[Label, ...] = Field(max_length=MAX_LABELS, description="every label either split holds, ascending")
+    histogram: dict[LabelKey, Count] = Field(max_length=MAX_LABELS, description="training samples per label")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DataSummary:
+        """The figures as `summarize` computes them: labels ascending and distinct, the histogram over some of them
+        (the held-out split may hold others), counting every training sample."""
+        if any(a >= b for a, b in pairwise(self.labels)):
+            raise ValueError("labels must be ascending and distinct")
+        stray = sorted(set(self.histogram) - set(self.labels))
+        if stray:
+            raise ValueError(f"the histogram counts labels {stray[:_LABELS_SHOWN]} that labels does not list")
+        if sum(self.histogram.values()) != self.samples:
+            raise ValueError(f"the histogram counts {sum(self.histogram.values())} samples, not samples="
+                             f"{self.samples}")
+        return self
 
 
 class RunTask(BaseModel):

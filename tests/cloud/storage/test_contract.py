@@ -159,6 +159,18 @@ async def test_a_control_action_moves_the_run(store: Store, start: str, action: 
     assert (await store.active_runs() == [run_id]) == (after in (RunStatus.running, RunStatus.paused))
 
 
+async def test_admission_stamps_started_at_again(store: Store) -> None:
+    """A run over registered devices is timed from its admission once admitted (its start timeout bounds a run
+    that cannot train), not from when it began to wait."""
+    run_id = await new_run(store, "created")
+    await store.transition(run_id, "wait")
+    waited = (await store.info(run_id)).started_at
+    await asyncio.sleep(0.01)
+    assert await store.transition(run_id, "admit") == RunStatus.running
+    admitted = (await store.info(run_id)).started_at
+    assert waited is not None and admitted is not None and admitted > waited
+
+
 @pytest.mark.parametrize(("start", "action"), [
     ("created", "pause"), ("created", "resume"), ("running", "start"), ("running", "resume"), ("paused", "pause"),
     ("paused", "start"), ("stopped", "start"), ("stopped", "resume"), ("stopped", "stop"),
@@ -568,6 +580,17 @@ async def test_a_renamed_edge_leaves_its_old_name(store: Store) -> None:
     await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
     await store.report_site(EdgeRegistration(edge_id=0, name="paris", labels={"tier": "gold"}))
     assert [(s.name, s.labels) for s in await store.sites()] == [("paris", {"tier": "gold"})]
+
+
+async def test_a_removed_site_is_gone_until_its_edge_reports_again(store: Store) -> None:
+    await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
+    await store.report_site(EdgeRegistration(edge_id=1, name="paris"))
+    await store.remove_site("lyon")
+    assert [s.name for s in await store.sites()] == ["paris"]
+    with pytest.raises(NotFound, match="lyon"):
+        await store.remove_site("lyon")
+    again = await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
+    assert [s.name for s in await store.sites()] == ["lyon", "paris"] and again.registered_at == again.last_seen
 
 
 async def test_a_sites_devices_and_runs_are_as_its_last_report_says(store: Store) -> None:

@@ -28,17 +28,21 @@ export async function api(path, { method = "GET", json } = {}) {
   return response.json();
 }
 
-export const control = (runId, action) => api(`/api/v1/runs/${runId}/${action}`, { method: "POST" });
+// A run's API path: its id (from a page's ?id=, anyone's to write) encoded, so that it names one run and no other
+// path ("../..", "x?y").
+export const runPath = (runId, rest = "") => `/api/v1/runs/${encodeURIComponent(runId)}${rest}`;
+
+export const control = (runId, action) => api(runPath(runId, `/${encodeURIComponent(action)}`), { method: "POST" });
 
 // Deletes a run that is not active (the cloud answers 409 for a running or paused one, 204 with no body).
 export async function remove(runId) {
-  const response = await fetch(`/api/v1/runs/${runId}`, { method: "DELETE", headers: auth() });
+  const response = await fetch(runPath(runId), { method: "DELETE", headers: auth() });
   if (!response.ok) throw await failure(response);
 }
 
 // The model as safetensors: fetched with the header (a plain link could not send it), saved from a blob.
 export async function downloadModel(runId) {
-  const response = await fetch(`/api/v1/runs/${runId}/model`, { headers: auth() });
+  const response = await fetch(runPath(runId, "/model"), { headers: auth() });
   if (!response.ok) throw await failure(response);
   const version = response.headers.get("X-FL-Version");
   const link = document.createElement("a");

@@ -1,7 +1,7 @@
 // The run page's sites and devices: which sites and devices the run uses in its current round (polled from the
 // site registry every 2 s), which devices failed a round and why (from the history run.js receives), and the
 // run's status line saying so when every device of its current round failed. The DVFS chart shows for DVFS runs.
-import { ApiError, api, element, when } from "./api.js";
+import { ApiError, api, element, runPath, when } from "./api.js";
 
 const REFRESH_MS = 2000;
 const runId = new URLSearchParams(location.search).get("id");
@@ -76,7 +76,7 @@ function drawOutliers(run) {
 async function refresh() {
   clearTimeout(timer);
   try {
-    drawSites(await api(`/api/v1/runs/${runId}/sites`));
+    drawSites(await api(runPath(runId, "/sites")));
   } catch (error) {
     if (error instanceof ApiError && [401, 404].includes(error.status)) return;  // run.js says why
   }

@@ -1,6 +1,6 @@
 // One run, live: its state, accuracy and loss curves, edges against the buffer, history and clients.
 // Everything arrives on the run's event stream; the page never reloads.
-import { ApiError, controls, element, fixed, follow, percent, when, withToken } from "./api.js";
+import { ApiError, controls, element, fixed, follow, percent, runPath, when, withToken } from "./api.js";
 
 const runId = new URLSearchParams(location.search).get("id");
 const history = [];
@@ -160,7 +160,7 @@ async function live() {
     let fresh = true, ended = false;
     try {
       state.textContent = "connected";
-      await follow(`/api/v1/runs/${runId}/events`, (name, data) => {
+      await follow(runPath(runId, "/events"), (name, data) => {
         if (name !== "update") return;
         const update = JSON.parse(data);
         onUpdate(update, fresh);

@@ -8,7 +8,7 @@ let timer = null;
 function row(info) {
   const b = info.config.topology.buffer_size;
   return element("tr", { "data-run": info.run_id, "data-status": info.status },
-    element("td", {}, element("a", { href: `run.html?id=${info.run_id}` }, info.run_id)),
+    element("td", {}, element("a", { href: `run.html?id=${encodeURIComponent(info.run_id)}` }, info.run_id)),
     element("td", {}, info.config.name),
     element("td", {}, info.config.algorithm),
     element("td", {}, element("span", { class: `status ${info.status}` }, info.status)),
