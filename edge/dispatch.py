@@ -42,13 +42,13 @@ class Dispatch:
         self.submissions = submissions  # by the cloud's answer's status
 
     def task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm, budget_s: float | None,
-             num_samples: int | None) -> Task:
+             num_samples: int | None, secure_round: str | None = None) -> Task:
         """Client k's task of this round; with its sample count known (`num_samples`), a result must claim it.
         Claims weigh at most the run's max_samples_per_device, else the edge's max_client_samples."""
         message = ClientTaskHeader(
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
-            budget_s=budget_s,
+            budget_s=budget_s, secure_round=secure_round,
         )
         cap = header.config.max_samples_per_device or self.max_client_samples
         return Task(message, task.tensors, partial(algorithm.check_result, task.tensors), num_samples=num_samples,

@@ -19,11 +19,12 @@ from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
+from fl_services.edge.secagg import SecureRound, collect_secure, round_name
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.data.summary import RunTask
-from fl_services.shared.core.edge_round import ClientTask, run_edge_round
+from fl_services.shared.core.edge_round import ClientTask, SecureSum, run_edge_round
 from fl_services.shared.core.federation import known_num_samples, run_task
 from fl_services.shared.core.records import Record, decode
 from fl_services.shared.core.reports import ClientFailure
@@ -57,6 +58,7 @@ class EdgeRoundLoop:
         self.edge_id = settings.edge_id
         self.current: GlobalStateHeader | None = None  # the last round started, of any run
         self.lanes: dict[str, Lane] = {}
+        self.secure_rounds: dict[str, SecureRound] = {}  # by run: the round whose protocol is under way
         self._lanes_changed = asyncio.Event()
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
         self.states = StateFiles(self.edge_id, settings.state_dir)
@@ -294,13 +296,20 @@ class EdgeRoundLoop:
         pacing = lane.pacing
         pacing.heard(header)
 
-        async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+        async def train(tasks: list[ClientTask]) -> list[ClientResult] | SecureSum:
             chosen = [t.client_id for t in tasks]
             budget = pacing.budget(header.config, chosen)
-            results = await self.dispatch.collect(
-                header, [self.dispatch.task(header, t, algorithm, budget, membership.samples.get(t.client_id))
-                         for t in tasks],
-                header.config.policy, failures, partial(self._moved_on, header))
+            secure = (round_name(header.run_id, header.version, tasks[0].round, self.edge_id)
+                      if header.config.secure_aggregation.edge and tasks else None)
+            posted = [self.dispatch.task(header, t, algorithm, budget, membership.samples.get(t.client_id), secure)
+                      for t in tasks]
+            if secure is not None:
+                summed = await collect_secure(self.board, self.secure_rounds, secure, posted, algorithm,
+                                              header.config.policy, failures)
+                pacing.observe(header.config, chosen, summed.results)
+                return summed
+            results = await self.dispatch.collect(header, posted, header.config.policy, failures,
+                                                  partial(self._moved_on, header))
             pacing.observe(header.config, chosen, results)
             return results
 

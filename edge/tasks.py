@@ -284,6 +284,15 @@ class TaskBoard:
                     return
             task = current  # posted again while the check ran: check against the task now open
 
+    async def accept_secure(self, client_id: int, header: ClientResultHeader) -> None:
+        """Records a device's result under secure aggregation: its header only (the update comes masked, to the
+        round's protocol, edge/secagg.py), which answers its task."""
+        async with self._answered:
+            task = self.task_for(client_id, header.task_id)
+            task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss, {},
+                                       header.metrics, header.device)
+            self._answered.notify_all()
+
     async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:
         """Records that the client could not train its open task (409 if stale or already answered)."""
         async with self._answered:

@@ -295,6 +295,34 @@ class PrivacyConfig(Strict):
         return self
 
 
+class SecureAggregationConfig(Strict):
+    """Secure aggregation (SecAgg, Bonawitz et al., CCS 2017; shared/core/secagg/): an edge learns only the sum of its
+    devices' updates. Each device clips every coordinate of its step to ±clip, encodes it in fixed point with
+    scale_bits fractional bits and sends its weight times that, masked, modulo 2^bits: the mean then errs by at
+    most 2^-(scale_bits+1) per coordinate (docs/explanation-security.md)."""
+
+    edge: bool = Field(False, description="mask each device's update so that its edge unmasks only their sum "
+                       "(fedavg, fedprox and fedsgd; DP-FedAvg with privacy.noise = 'client')")
+    threshold: float = Field(0.6, gt=0.5, le=1.0, description="t as a share of the devices that advertised keys: "
+                             "the shares needed to rebuild a secret, and the fewest devices that must stay to the "
+                             "end of the protocol (below it the round fails and is re-run)")
+    bits: int = Field(64, ge=16, le=64, description="k: updates are summed modulo 2^k")
+    scale_bits: int = Field(20, ge=0, le=52, description="f: fractional bits of the fixed-point encoding "
+                            "(a coordinate is round(value·2^f))")
+    clip: float = Field(1000.0, gt=0, le=1e6, description="each coordinate of a device's step is clipped to ±clip "
+                        "before it is encoded; weight·clip·2^f summed over an edge's devices must stay below "
+                        "2^(k-1), or the round fails saying so")
+    phase_timeout_s: float = Field(60.0, gt=0, le=86_400, description="how long the edge waits for each step of "
+                                   "the protocol after training (devices not heard from by then have dropped)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SecureAggregationConfig":
+        if self.clip * 2.0**self.scale_bits >= 2.0 ** (self.bits - 1):
+            raise ValueError(f"secure_aggregation: clip·2^scale_bits = {self.clip * 2.0**self.scale_bits:g} leaves "
+                             f"no room modulo 2^{self.bits}: lower clip or scale_bits, or raise bits")
+        return self
+
+
 LabelSelector = Annotated[dict[Annotated[str, Field(min_length=1, max_length=63)],
                                 Annotated[str, Field(max_length=63)]], Field(min_length=1, max_length=32)]
 SiteName = Annotated[str, Field(min_length=1, max_length=63)]
@@ -361,6 +389,8 @@ class RunConfig(Strict):
     aggregation: AggregationConfig = Field(AggregationConfig(), description="robust aggregation at the edge and "
                                            "the cloud")
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy: DP-FedAvg and DP-SGD")
+    secure_aggregation: SecureAggregationConfig = Field(SecureAggregationConfig(), description="secure "
+                                                        "aggregation: what each tier learns of the one below")
 
     selection: Selection | None = Field(None, description=(
         "which registered sites and devices train (unset: the simulated federation of data.num_clients clients "

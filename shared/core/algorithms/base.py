@@ -136,6 +136,9 @@ class Algorithm(Generic[P]):
     # Contribution groups that travel in the dtypes contribution_spec gives them. Every other float64 tensor of a
     # contribution travels as float32 (to_wire): see `wire_spec`.
     exact_wire_groups: ClassVar[frozenset[str]] = frozenset()
+    # Whether the edge's aggregate is the plain weighted sum of the results (the base edge_aggregate), the one
+    # thing secure aggregation lets an edge compute (RunConfig.secure_aggregation).
+    secure_aggregation: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -175,6 +178,18 @@ class Algorithm(Generic[P]):
             if config.privacy.dp_sgd_noise_multiplier is not None:
                 raise ValueError(f"{cls.name} does not support DP-SGD (privacy.dp_sgd_noise_multiplier must be "
                                  "unset); fedavg does")
+
+        sa = config.secure_aggregation
+        if sa.edge:
+            if not cls.secure_aggregation:
+                raise ValueError(f"{cls.name} needs each client's result at the edge, which secure aggregation "
+                                 "hides (secure_aggregation.edge); fedavg, fedprox and fedsgd take it")
+            if config.aggregation.edge != "mean":
+                raise ValueError(f"aggregation.edge = {config.aggregation.edge!r} needs every update at the edge, "
+                                 "which secure aggregation hides: use 'mean' with secure_aggregation.edge")
+            if config.privacy.noise == "edge":
+                raise ValueError("privacy.noise = 'edge' clips each update at the edge, which secure aggregation "
+                                 "hides: use privacy.noise = 'client' (each device noises its own update)")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Record:

@@ -32,6 +32,7 @@ class FedAvg(Algorithm[P]):
     name = "fedavg"
     edge_rounds = True
     robust_aggregation = True
+    secure_aggregation = True
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
