@@ -16,7 +16,7 @@ from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.core.secagg import shamir
 from fl_services.shared.core.secagg.protocol import DeviceSession
 from tests.federation import harness
-from tests.federation.checks import reference, run
+from tests.federation.checks import assert_within_fixed_point, reference, run
 from tests.federation.harness import federation
 
 pytestmark = pytest.mark.anyio
@@ -31,26 +31,6 @@ def secure_config(**overrides) -> RunConfig:
     return RunConfig(**fields)
 
 
-def fixed_point_bound(config: RunConfig, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each device's coordinate is rounded to the nearest multiple of 2^-f, an error of at most 2^-(f+1); the edge's
-    sum Σ w_k q_k / W is a weighted mean of them, so the step errs by at most 2^-(f+1) and the model by
-    η_s·2^-(f+1). Beyond that, both paths round the sum to float32 once on the wire and the model once: four
-    float32 roundings of the values involved at most."""
-    f = config.secure_aggregation.scale_bits
-    eps = torch.finfo(torch.float32).eps
-    return {name: config.server_lr * 2.0 ** -(f + 1) + 4 * eps * (t.abs() + 1) for name, t in expected.items()}
-
-
-def assert_within(model: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], config: RunConfig) -> float:
-    bound = fixed_point_bound(config, expected)
-    worst = 0.0
-    for name, t in expected.items():
-        diff = (model[name].to(torch.float64) - t.to(torch.float64)).abs()
-        assert bool((diff <= bound[name]).all()), (name, float(diff.max()), float(bound[name].max()))
-        worst = max(worst, float(diff.max()))
-    return worst
-
-
 @pytest.fixture
 async def fed(cloud_storage, tmp_path):
     async with federation(cloud_storage, tmp_path, num_clients=5) as fed:
@@ -62,7 +42,7 @@ async def test_the_model_equals_plain_fedavg_within_the_fixed_point_bound(fed):
     _, history, model = await run(fed.admin, config)
     expected = await reference(config)  # the reference runner aggregates in the clear
     assert [c.client_id for c in history[0].clients] == [0, 1, 2, 3, 4]
-    worst = assert_within(model, expected.global_state, config)
+    worst = assert_within_fixed_point(model, expected.global_state, config)
     # The error is there (the encoding is coarse), and within 2^-(f+1) per coordinate.
     assert 0 < worst <= 2.0 ** -(FRACTIONAL_BITS + 1)
 
@@ -93,7 +73,7 @@ async def test_a_device_dropping_after_key_sharing_is_recovered_and_the_round_eq
     assert shared.is_set()
     assert [c.client_id for c in history[0].clients] == [0, 1, 2, 3]
     expected = await reference(config, clients=WithoutDevice)
-    assert_within(model, expected.global_state, config)
+    assert_within_fixed_point(model, expected.global_state, config)
     everyone = await reference(config)
     assert any(not torch.allclose(model[n], t, atol=1e-3) for n, t in everyone.global_state.items())
 
@@ -185,7 +165,7 @@ async def test_malformed_shares_make_the_round_fail_never_a_wrong_sum(fed, monke
     monkeypatch.setattr(DeviceSession, "unmask", unmask)  # the device mends its ways: the re-run round completes
     final = await fed.admin.wait(info.run_id, timeout_s=120)
     assert final.status == RunStatus.finished
-    assert_within(await fed.admin.model(info.run_id), (await reference(config)).global_state, config)
+    assert_within_fixed_point(await fed.admin.model(info.run_id), (await reference(config)).global_state, config)
 
 
 @pytest.mark.parametrize(("overrides", "says"), [
