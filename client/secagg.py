@@ -14,11 +14,11 @@ from fl_services.client.feed import check
 from fl_services.shared.core.records import Record, encode
 from fl_services.shared.core.secagg import fixedpoint
 from fl_services.shared.core.secagg.protocol import DeviceSession, ProtocolViolation
+from fl_services.shared.core.secagg.sites import MASKED
 from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
 from fl_services.shared.wire.http import binary_body
 from fl_services.shared.wire.retry import DEDUPLICATED
 from fl_services.shared.wire.secagg import (
-    MASKED,
     SecAggKeys,
     SecAggMaskedHeader,
     SecAggShares,

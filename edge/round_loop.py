@@ -19,7 +19,7 @@ from fl_services.edge.lanes import Lane, StateFiles
 from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
-from fl_services.edge.secagg import SecureRound, collect_secure, round_name
+from fl_services.edge.secagg import SecureRound, collect_secure, round_name, site_key, site_public_key
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
@@ -28,6 +28,7 @@ from fl_services.shared.core.edge_round import ClientTask, SecureSum, run_edge_r
 from fl_services.shared.core.federation import known_num_samples, run_task
 from fl_services.shared.core.records import Record, decode
 from fl_services.shared.core.reports import ClientFailure
+from fl_services.shared.core.secagg import sites
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.wire.backoff import Backoff
 from fl_services.shared.wire.edge_cloud import EdgeRegistration, GlobalStateHeader, RunEnd
@@ -62,6 +63,7 @@ class EdgeRoundLoop:
         self._lanes_changed = asyncio.Event()
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
         self.states = StateFiles(self.edge_id, settings.state_dir)
+        self.site_key = site_key(self.edge_id, settings.state_dir)  # secure aggregation between sites
         self.dispatch = Dispatch(self.edge_id, board, cloud, settings.max_client_samples, self.metrics.submissions)
 
     async def run_forever(self) -> None:
@@ -227,7 +229,8 @@ class EdgeRoundLoop:
         serving = self.serving
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
-                                serving=f"{serving.run_id}:{serving.version}" if serving else None)
+                                serving=f"{serving.run_id}:{serving.version}" if serving else None,
+                                mask_key=site_public_key(self.site_key))
 
     async def register(self) -> None:
         # Re-sent through a passing fault: a registration repeated replaces itself.
@@ -322,7 +325,11 @@ class EdgeRoundLoop:
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
-            await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
+            tensors = outcome.aggregate.tensors
+            if header.config.secure_aggregation.cloud:  # the cloud sees only the sum over every site
+                tensors = await asyncio.to_thread(sites.mask, header.config, header.run_id, header.version,
+                                                  self.edge_id, self.site_key, tensors)
+            await self.dispatch.submit(header, tensors, outcome.aggregate.weight,
                                        outcome.results, failures, membership.declared())
             self.metrics.round_seconds.observe(time.monotonic() - started)
             log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))

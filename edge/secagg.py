@@ -9,7 +9,9 @@ round loop re-runs as any failed round."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+from pathlib import Path
 
 import numpy as np
 
@@ -18,15 +20,37 @@ from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RoundPolicy
 from fl_services.shared.core.edge_round import SecureSum
 from fl_services.shared.core.reports import ClientFailure
-from fl_services.shared.core.secagg import fixedpoint
+from fl_services.shared.core.secagg import fixedpoint, primitives
 from fl_services.shared.core.secagg.protocol import AggregatorSession, ProtocolViolation, SecAggAbort
 from fl_services.shared.core.tensors import InvalidContent
+from fl_services.shared.runtime.files import atomic_write
 from fl_services.shared.server.longpoll import wait_until
 from fl_services.shared.wire.secagg import SecAggKeys, SecAggShares, SecAggStep, SecAggUnmask, Step
 
 log = logging.getLogger(__name__)
 
 STEPS: tuple[Step, ...] = ("roster", "inbox", "remaining")
+
+
+def site_key(edge_id: int, directory: Path | None) -> bytes:
+    """This edge's X25519 private key for secure aggregation between sites (shared/core/secagg/sites.py), kept in
+    its state directory: a run takes its sites' public keys when it is created, so a restarted edge must keep its
+    key to go on contributing to it. Without a directory, a new key each start (and a restart strands such runs)."""
+    path = directory / f"edge{edge_id}.mask-key" if directory is not None else None
+    if path is not None and path.exists():
+        raw = path.read_bytes()
+        if len(raw) == primitives.KEY_BYTES:
+            return raw
+        log.error("edge %d: key file %s is unreadable; making a new key", edge_id, path)
+    raw = primitives.private_bytes(primitives.new_private_key())
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, raw)
+    return raw
+
+
+def site_public_key(private: bytes) -> str:
+    return base64.b64encode(primitives.public_bytes(primitives.private_key(private))).decode("ascii")
 
 
 def round_name(run_id: str, version: int, round: int, edge_id: int) -> str:

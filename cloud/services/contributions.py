@@ -17,6 +17,7 @@ from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import EdgeContributionHeader
+from fl_services.shared.core.secagg import sites
 from fl_services.shared.core.tensors import InvalidContent
 
 
@@ -62,7 +63,10 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
         raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
                              f"more often: {repeated}")
     _check_weight(algorithm, header)
-    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
+    if config.secure_aggregation.cloud:
+        sites.check_masked(algorithm, global_, ids, tensors)
+    else:
+        algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
 
 
 def _members(config: RunConfig, header: EdgeContributionHeader) -> dict[int, int | None]:

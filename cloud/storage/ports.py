@@ -263,7 +263,7 @@ def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
     at = now()
     return SiteInfo(name=name, edge_id=reg.edge_id, labels=reg.labels, url=reg.url,
                     registered_at=earlier.registered_at if earlier is not None else at, last_seen=at,
-                    devices=reg.devices, serving=reg.serving)
+                    devices=reg.devices, serving=reg.serving, mask_key=reg.mask_key)
 
 
 class UpdateLeases(Protocol):

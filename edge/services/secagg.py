@@ -9,8 +9,9 @@ from fl_services.edge.round_loop import EdgeRoundLoop
 from fl_services.edge.secagg import SecureRound
 from fl_services.edge.tasks import TaskBoard, TaskConflict
 from fl_services.shared.core.records import Record
+from fl_services.shared.core.secagg.sites import MASKED
 from fl_services.shared.core.tensors import InvalidContent
-from fl_services.shared.wire.secagg import MASKED, SecAggKeys, SecAggShares, SecAggStep, SecAggUnmask, Step
+from fl_services.shared.wire.secagg import SecAggKeys, SecAggShares, SecAggStep, SecAggUnmask, Step
 
 
 def round_of(loop: EdgeRoundLoop, task_id: str) -> SecureRound:

@@ -18,6 +18,7 @@ from fl_services.shared.core.algorithms.base import Algorithm, Contribution
 from fl_services.shared.core.federation import evaluate_global
 from fl_services.shared.core.records import Record, non_finite
 from fl_services.shared.core.reports import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
+from fl_services.shared.core.secagg import sites
 from fl_services.shared.core.training import Evaluation
 
 
@@ -52,6 +53,8 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
     dtypes); raises Diverged rather than return a non-finite global state. With `evaluate` false its
     evaluation is NOT_EVALUATED: the cloud evaluates the new state (`evaluate_outcome`) off its critical
     path, once the new version is published; what it then records is the same."""
+    if any(sites.is_masked(c.tensors) for c in contributions):  # secure aggregation between sites: their total
+        contributions = [sites.unmasked_total(algorithm, global_, contributions)]
     contributions = [algorithm.from_wire(global_, c) for c in contributions]
     new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
     broken = non_finite(new_global)

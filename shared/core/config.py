@@ -303,6 +303,9 @@ class SecureAggregationConfig(Strict):
 
     edge: bool = Field(False, description="mask each device's update so that its edge unmasks only their sum "
                        "(fedavg, fedprox and fedsgd; DP-FedAvg with privacy.noise = 'client')")
+    cloud: bool = Field(False, description="mask each site's sum pairwise with the other sites' (keys agreed through "
+                        "the cloud) so that the cloud unmasks only their total; needs every site in every update "
+                        "(topology.buffer_size = num_edges) and aggregation.cloud = 'mean'")
     threshold: float = Field(0.6, gt=0.5, le=1.0, description="t as a share of the devices that advertised keys: "
                              "the shares needed to rebuild a secret, and the fewest devices that must stay to the "
                              "end of the protocol (below it the round fails and is re-run)")
@@ -314,6 +317,10 @@ class SecureAggregationConfig(Strict):
                         "2^(k-1), or the round fails saying so")
     phase_timeout_s: float = Field(60.0, gt=0, le=86_400, description="how long the edge waits for each step of "
                                    "the protocol after training (devices not heard from by then have dropped)")
+    # With `cloud`: each site's X25519 public key (base64) by edge id, as the sites registered them, resolved by the
+    # cloud when the run is created (cloud/services/sites.py) and relayed to every edge with the run's config.
+    site_keys: dict[Annotated[int, Field(ge=0, le=2**31 - 1)], Annotated[str, Field(min_length=44, max_length=44)]] \
+        | None = Field(None, max_length=10_000)
 
     @model_validator(mode="after")
     def _check(self) -> "SecureAggregationConfig":
@@ -431,6 +438,7 @@ class RunConfig(Strict):
     def _check(self) -> "RunConfig":
         if self.selection is not None:
             self._check_selection()
+        self._check_secure_aggregation()
         _check_finite(self.params, "params")
         if self.model.name in ("cnn", "flower_cnn") and self.data.dataset in ("synthetic", "mnist1d"):
             raise ValueError(f"the {self.model.name} needs images; {self.data.dataset} has 1-D features "
@@ -441,6 +449,19 @@ class RunConfig(Strict):
         if strangers:
             raise ValueError(f"dvfs.clients names clients {strangers} outside 0..{self.data.num_clients - 1}")
         return self
+
+    def _check_secure_aggregation(self) -> None:
+        if not self.secure_aggregation.cloud:
+            return
+        if self.topology.buffer_size != self.topology.num_edges:
+            raise ValueError(
+                f"secure_aggregation.cloud needs every site's contribution in each cloud update (topology.buffer_size "
+                f"= num_edges = {self.topology.num_edges}, got {self.topology.buffer_size}): the sites' pairwise masks "
+                "cancel only in the sum over all of them, so an asynchronous buffer of fewer would leave the cloud "
+                "a masked, meaningless sum")
+        if self.aggregation.cloud != "mean":
+            raise ValueError(f"aggregation.cloud = {self.aggregation.cloud!r} needs each site's step, which "
+                             "secure_aggregation.cloud hides: use 'mean'")
 
     def _check_selection(self) -> None:
         if self.algorithm not in SELECTABLE_ALGORITHMS:

@@ -64,6 +64,7 @@ class SiteInfo(Message):
     last_seen: datetime
     devices: int | None = None  # registered at it, as it last reported
     serving: str | None = None  # its last round, "run_id:version"
+    mask_key: str | None = None  # its public key for secure aggregation between sites (base64 X25519)
 
 
 DeviceState = Literal["idle", "training", "failed", "offline"]

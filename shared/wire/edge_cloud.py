@@ -22,6 +22,9 @@ class EdgeRegistration(Message):
     # What the edge serves now: the devices registered at it, and its last round as "run_id:version".
     devices: int | None = Field(None, ge=0, le=10**7)
     serving: str | None = Field(None, max_length=200)
+    # The site's X25519 public key (base64) for secure aggregation between sites: a run with
+    # secure_aggregation.cloud takes its sites' keys when it is created, and each site masks its sum with them.
+    mask_key: str | None = Field(None, min_length=44, max_length=44)
 
     @property
     def site_name(self) -> str:

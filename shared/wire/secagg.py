@@ -70,4 +70,3 @@ class SecAggStep(Message):
     ciphertexts: dict[DeviceId, Blob] = Field(default_factory=dict, max_length=MAX_DEVICES)
     remaining: list[DeviceId] = Field(default_factory=list, max_length=MAX_DEVICES)
 
-MASKED = "masked"  # the masked input's group and tensor name

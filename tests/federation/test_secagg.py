@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import numpy as np
 import pytest
 import torch
 
 from fl_services.client.secagg import SecureUpload
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.records import decode
 from fl_services.shared.core.reference import InProcessClients
-from fl_services.shared.core.reports import RunStatus
-from fl_services.shared.core.secagg import shamir
+from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus
+from fl_services.shared.core.secagg import fixedpoint, shamir, sites
 from fl_services.shared.core.secagg.protocol import DeviceSession
 from tests.federation import harness
 from tests.federation.checks import assert_within_fixed_point, reference, run
@@ -104,12 +106,12 @@ def _windows(update: dict[str, torch.Tensor], config: RunConfig, weight: int) ->
 
 
 class Recorder(harness.Wire):
-    """The edge's side of the network, recording every request body it receives."""
+    """The network, recording every request's path and body."""
 
-    bodies: list[bytes] = []
+    bodies: list[tuple[str, bytes]] = []
 
     async def handle_async_request(self, request):
-        Recorder.bodies.append(await request.aread())
+        Recorder.bodies.append((request.url.path, await request.aread()))
         return await super().handle_async_request(request)
 
 
@@ -124,7 +126,7 @@ async def test_the_edge_stores_logs_and_receives_no_update_in_the_clear(cloud_st
     async with federation(cloud_storage, tmp_path, num_clients=5) as fed:
         await run(fed.admin, config)
     await reference(config, clients=Updates)
-    received = b"".join(Recorder.bodies)
+    received = b"".join(body for path, body in Recorder.bodies if path.startswith("/api/v1/clients"))
     stored = b"".join(p.read_bytes() for p in (tmp_path / "edge-state").rglob("*") if p.is_file())
     logged = caplog.text.encode()
     samples = {k: n for k, n in enumerate(InProcessClients(__import__(
@@ -168,15 +170,47 @@ async def test_malformed_shares_make_the_round_fail_never_a_wrong_sum(fed, monke
     assert_within_fixed_point(await fed.admin.model(info.run_id), (await reference(config)).global_state, config)
 
 
-@pytest.mark.parametrize(("overrides", "says"), [
-    ({"aggregation": {"edge": "krum"}}, "needs every update at the edge"),
-    ({"aggregation": {"edge": "median"}}, "needs every update at the edge"),
-    ({"privacy": {"noise": "edge"}}, "privacy.noise = 'client'"),
-    ({"algorithm": "scaffold"}, "needs each client's result at the edge"),
-    ({"algorithm": "fedvarp"}, "needs each client's result at the edge"),
+
+
+def cloud_config(**overrides) -> RunConfig:
+    return secure_config(**{"data": {"num_clients": 6}, "topology": {"num_edges": 2},
+                            "secure_aggregation": {"cloud": True, "scale_bits": FRACTIONAL_BITS}, **overrides})
+
+
+@pytest.mark.parametrize("edge", [False, True])
+async def test_the_cloud_sees_only_the_sum_over_the_sites(cloud_storage, tmp_path, monkeypatch, edge):
+    monkeypatch.setattr(harness, "Wire", Recorder)
+    Recorder.bodies = []
+    config = cloud_config(secure_aggregation={"cloud": True, "edge": edge, "scale_bits": FRACTIONAL_BITS})
+    async with federation(cloud_storage, tmp_path, num_clients=6, num_edges=2) as fed:
+        run_id, history, model = await run(fed.admin, config)
+        keys = (await fed.admin.run(run_id)).config.secure_aggregation.site_keys  # relayed: public keys only
+        assert keys is not None and sorted(keys) == [0, 1] and keys[0] != keys[1]
+    assert sorted(c.client_id for c in history[0].clients) == list(range(6)) and history[0].edges == [0, 1]
+    assert_within_fixed_point(model, (await reference(config)).global_state, config)
+    submitted = [decode(body, EdgeContributionHeader) for path, body in Recorder.bodies
+                 if path.endswith("/contributions")]
+    assert sorted(header.edge_id for _, header in submitted) == [0, 1]
+    for tensors, _ in submitted:  # one site's sum alone: words spread over the ring, nothing like a model step
+        assert sites.is_masked(tensors)
+        alone = fixedpoint.decode(tensors[sites.MASKED][sites.MASKED].numpy().view(np.uint64),
+                                  [("model", "all", (tensors[sites.MASKED][sites.MASKED].numel(),))],
+                                  FRACTIONAL_BITS, 64)
+        assert float(alone["model"]["all"].abs().median()) > 1e12
+
+
+@pytest.mark.parametrize(("tier", "overrides", "says"), [
+    ("edge", {"aggregation": {"edge": "krum"}}, "needs every update at the edge"),
+    ("edge", {"aggregation": {"edge": "median"}}, "needs every update at the edge"),
+    ("edge", {"privacy": {"noise": "edge"}}, "privacy.noise = 'client'"),
+    ("edge", {"algorithm": "scaffold"}, "needs each client's result at the edge"),
+    ("edge", {"algorithm": "fedvarp"}, "needs each client's result at the edge"),
+    ("cloud", {"topology": {"num_edges": 2, "buffer_size": 1}}, "an asynchronous buffer of fewer"),
+    ("cloud", {"aggregation": {"cloud": "median"}}, "needs each site's step"),
+    ("cloud", {"algorithm": "fedvarp"}, "each site's at the cloud"),
 ])
-async def test_a_run_that_needs_individual_updates_is_refused_with_422(fed, overrides, says):
-    body = {**secure_config().model_dump(mode="json"), **overrides}
-    response = await fed.cloud_request("POST", "/api/v1/runs", json=body)
+async def test_what_secure_aggregation_cannot_protect_is_refused_with_422(fed, tier, overrides, says):
+    config = secure_config() if tier == "edge" else cloud_config()
+    response = await fed.cloud_request("POST", "/api/v1/runs", json={**config.model_dump(mode="json"), **overrides})
     assert response.status_code == 422, response.text
     assert says in response.text

@@ -155,6 +155,17 @@ class Algorithm(Generic[P]):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         """Raises ValueError for configs this algorithm cannot run."""
+        sa = config.secure_aggregation
+        if (sa.edge or sa.cloud) and not cls.secure_aggregation:
+            raise ValueError(f"{cls.name} needs each client's result at the edge (or each site's at the cloud), which "
+                             "secure aggregation hides; fedavg, fedprox and fedsgd take it")
+        if sa.edge:
+            if config.aggregation.edge != "mean":
+                raise ValueError(f"aggregation.edge = {config.aggregation.edge!r} needs every update at the edge, "
+                                 "which secure aggregation hides: use 'mean' with secure_aggregation.edge")
+            if config.privacy.noise == "edge":
+                raise ValueError("privacy.noise = 'edge' clips each update at the edge, which secure aggregation "
+                                 "hides: use privacy.noise = 'client' (each device noises its own update)")
         if cls.synchronous and config.topology.buffer_size != config.topology.num_edges:
             raise ValueError(
                 f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
@@ -178,18 +189,6 @@ class Algorithm(Generic[P]):
             if config.privacy.dp_sgd_noise_multiplier is not None:
                 raise ValueError(f"{cls.name} does not support DP-SGD (privacy.dp_sgd_noise_multiplier must be "
                                  "unset); fedavg does")
-
-        sa = config.secure_aggregation
-        if sa.edge:
-            if not cls.secure_aggregation:
-                raise ValueError(f"{cls.name} needs each client's result at the edge, which secure aggregation "
-                                 "hides (secure_aggregation.edge); fedavg, fedprox and fedsgd take it")
-            if config.aggregation.edge != "mean":
-                raise ValueError(f"aggregation.edge = {config.aggregation.edge!r} needs every update at the edge, "
-                                 "which secure aggregation hides: use 'mean' with secure_aggregation.edge")
-            if config.privacy.noise == "edge":
-                raise ValueError("privacy.noise = 'edge' clips each update at the edge, which secure aggregation "
-                                 "hides: use privacy.noise = 'client' (each device noises its own update)")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Record:
