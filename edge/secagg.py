@@ -44,8 +44,13 @@ def site_key(edge_id: int, directory: Path | None) -> bytes:
         log.error("edge %d: key file %s is unreadable; making a new key", edge_id, path)
     raw = primitives.private_bytes(primitives.new_private_key())
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, raw)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, raw)
+        except OSError as exc:  # the edge serves all the same; only a restart would strand its runs
+            log.error("edge %d: cannot keep its key for secure aggregation between sites in %s (%s): a restart will "
+                      "make another, and the runs created with this one will not take its contributions",
+                      edge_id, path, exc)
     return raw
 
 

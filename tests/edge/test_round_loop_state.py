@@ -16,13 +16,14 @@ def test_state_round_trips_per_run(tmp_path):
     again = loop(tmp_path)  # a restarted edge
     assert torch.equal(again.states.load("run-a")["prototypes"]["means"], state["prototypes"]["means"])
     assert again.states.load("run-b") == {}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors"]  # no temporary left
+    # No temporary left; beside the run's state, the edge's key for secure aggregation between sites.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors", "edge2.mask-key"]
 
 
 def test_an_unreadable_state_file_starts_afresh_and_is_kept_aside(tmp_path):
     (tmp_path / "edge2-run-a.safetensors").write_bytes(b"\x00\x01 torn write")
     assert loop(tmp_path).states.load("run-a") == {}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.corrupt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.corrupt", "edge2.mask-key"]
 
 
 def test_the_state_is_kept_on_disk_by_default():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_services.client.secagg import SecureUpload
+from fl_services.client.secagg import RoundOver, SecureUpload
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import decode
 from fl_services.shared.core.reference import InProcessClients
@@ -78,6 +78,29 @@ async def test_a_device_dropping_after_key_sharing_is_recovered_and_the_round_eq
     assert_within_fixed_point(model, expected.global_state, config)
     everyone = await reference(config)
     assert any(not torch.allclose(model[n], t, atol=1e-3) for n, t in everyone.global_state.items())
+
+
+async def test_a_round_below_the_threshold_fails_and_is_run_again(fed, monkeypatch, caplog):
+    """Three of five devices drop after sharing in the first attempt: two masked inputs are fewer than t = 3, so the
+    round fails (no sum is submitted) and the edge runs it again, where everyone stays."""
+    post = SecureUpload._post
+    first: set[str] = set()
+
+    async def three_drop_once(self, step, **body):
+        if step == "masked" and self.task.client_id >= 2 and self.task.client_id not in first:
+            first.add(self.task.client_id)
+            await asyncio.sleep(self.task.config.secure_aggregation.phase_timeout_s + 1)
+            raise RoundOver("gone for this attempt")
+        await post(self, step, **body)
+
+    monkeypatch.setattr(SecureUpload, "_post", three_drop_once)
+    caplog.set_level(logging.WARNING)
+    config = secure_config()
+    _, history, model = await run(fed.admin, config)
+    assert first == {2, 3, 4}
+    assert "only 2 devices sent masked inputs; secure aggregation needs 3" in caplog.text
+    assert [c.client_id for c in history[0].clients] == [0, 1, 2, 3, 4]
+    assert_within_fixed_point(model, (await reference(config)).global_state, config)
 
 
 class Updates(InProcessClients):
