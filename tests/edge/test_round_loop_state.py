@@ -39,5 +39,7 @@ def test_the_state_files_of_runs_that_ended_are_deleted(tmp_path):
         edge.states.save(run_id, state)
     (tmp_path / "edge3-run-a.safetensors").write_bytes(b"edge 3's")
     edge._forget_ended({"run-b"})  # what a long-poll answer names live
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-b.safetensors", "edge3-run-a.safetensors"]
+    # The edge's key for secure aggregation between sites is no run's: it stays.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-b.safetensors", "edge2.mask-key",
+                                                          "edge3-run-a.safetensors"]
     assert torch.equal(edge.states.load("run-b")["prototypes"]["means"], torch.zeros(2))
