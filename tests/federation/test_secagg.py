@@ -39,8 +39,14 @@ async def fed(cloud_storage, tmp_path):
         yield fed
 
 
-async def test_the_model_equals_plain_fedavg_within_the_fixed_point_bound(fed):
-    config = secure_config()
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"algorithm": "fedprox", "params": {"mu": 0.1}},
+    # DP-FedAvg with each device noising its own step: the edge never holds an unnoised update, nor a single one.
+    {"privacy": {"noise": "client", "clip_norm": 1.0, "noise_multiplier": 0.5}, "weighting": "uniform"},
+])
+async def test_the_model_equals_plain_fedavg_within_the_fixed_point_bound(fed, overrides):
+    config = secure_config(**overrides)
     _, history, model = await run(fed.admin, config)
     expected = await reference(config)  # the reference runner aggregates in the clear
     assert [c.client_id for c in history[0].clients] == [0, 1, 2, 3, 4]
