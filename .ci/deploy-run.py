@@ -2,12 +2,15 @@
 
 Standard library only, so that it runs with any Python 3 (.ci/deploy runs it inside the cloud image, on the
 host network). It creates the run from a RunConfig file, starts it, waits for `finished`, then checks the
-run's history (every round numbered in turn, both edges and every client in each round, no failed client),
+run's history (every round numbered in turn, every edge of the run and every client in each round, no failed
+client; for a run over registered devices, its selected sites and exactly the devices FL_DEVICES names; with
+federated evaluation, each round's figures from every device and site),
 the model download's version and the final accuracy against a floor. It prints one line per round and, last,
 one line of JSON with what it measured; its exit status is 0 only if every check held.
 
 Environment: FL_CLOUD_URL (http[s]://127.0.0.1:8000), FL_ADMIN_TOKEN_FILE, FL_RUN_CONFIG (a JSON RunConfig),
-FL_ROUNDS (overrides the config's rounds), FL_MIN_ACCURACY (0.9), FL_RUN_TIMEOUT_S (900); over TLS also
+FL_ROUNDS (overrides the config's rounds), FL_MIN_ACCURACY (0.9), FL_RUN_TIMEOUT_S (900), FL_DEVICES (the ids of the
+devices a run with a selection must train in every round, e.g. "1001,1002"); over TLS also
 FL_CA_FILE, FL_CERT_FILE and FL_KEY_FILE (the admin's certificate: the cloud requires one).
 """
 from __future__ import annotations
@@ -67,8 +70,19 @@ def main() -> int:
     run = cloud.json("POST", "/api/v1/runs", config)
     create_s = time.monotonic() - began
     run_id = run["run_id"]
+    # As the cloud made it: a selection's sites resolved to edge ids, the topology sized to them.
+    selection = run["config"].get("selection")
+    num_edges = run["config"]["topology"]["num_edges"]
+    if selection:
+        edges = set(selection["edge_ids"])
+        expected = {int(k) for k in env["FL_DEVICES"].split(",")}
+        members = f"devices {sorted(expected)}"
+    else:
+        edges = set(range(num_edges))
+        expected = None
+        members = f"{run['config']['data']['num_clients']} clients"
     print(f"deploy-run: created {run_id} in {create_s:.1f} s ({config['algorithm']}, {rounds} rounds, "
-          f"{config['topology']['num_edges']} edges, {config['data']['num_clients']} clients)", flush=True)
+          f"{num_edges} edges, {members})", flush=True)
     cloud.call("POST", f"/api/v1/runs/{run_id}/start")
     started = time.monotonic()
     seen = 0
@@ -103,13 +117,21 @@ def main() -> int:
         failures.append(f"rounds not numbered in turn: {numbers}")
     if [r["version"] for r in history] != list(range(1, len(history) + 1)):
         failures.append(f"versions {[r['version'] for r in history]}")
-    edges = set(range(config["topology"]["num_edges"]))
-    clients = config["data"]["num_clients"]
+    clients = run["config"]["data"]["num_clients"]
     for r in history:
         if set(r["edges"]) != edges:
             failures.append(f"round {r['round']}: edges {r['edges']}, not {sorted(edges)}")
-        if config.get("fraction", 1.0) == 1.0 and len(r["clients"]) != clients:
+        trained = {c["client_id"] for c in r["clients"]}
+        if expected is not None and trained != expected:
+            failures.append(f"round {r['round']}: devices {sorted(trained)}, not {sorted(expected)}")
+        if expected is None and config.get("fraction", 1.0) == 1.0 and len(r["clients"]) != clients:
             failures.append(f"round {r['round']}: {len(r['clients'])} clients, not {clients}")
+        if run["config"].get("evaluation", "cloud") != "cloud":
+            # The devices evaluated the version the round started from on their held-out splits, each site its own.
+            evaluated = [f for f in r.get("federated", []) if f["version"] == r["round"]]
+            if not evaluated or {s["edge_id"] for s in evaluated[0]["sites"]} != edges \
+                    or any(c.get("evaluation") is None for c in r["clients"]):
+                failures.append(f"round {r['round']}: federated evaluation {r.get('federated')}")
         if r.get("failed_clients"):
             failures.append(f"round {r['round']}: failed clients {r['failed_clients']}")
     version = {k.lower(): v for k, v in headers.items()}.get("x-fl-version")
@@ -117,7 +139,9 @@ def main() -> int:
         failures.append(f"model download at version {version}, not {rounds}")
     if not accuracy >= floor:
         failures.append(f"accuracy {accuracy:.4f} below the floor {floor}")
+    federated = history[-1].get("federated") if history else None
     summary = {"run_id": run_id, "status": info["status"], "rounds": len(history), "accuracy": accuracy,
+               **({"federated_accuracy": federated[0]["accuracy"]} if federated else {}),
                "floor": floor, "create_s": round(create_s, 2), "train_s": round(train_s, 1),
                "model_bytes": len(model), "ok": not failures}
     for failure in failures:

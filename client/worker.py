@@ -29,7 +29,7 @@ from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ClientData, DataSource, PartitionSource, check_fits, open_source
 from fl_services.shared.core.device import local_update
-from fl_services.shared.core.federation import local_job, run_task
+from fl_services.shared.core.federation import evaluate_held_out, local_job, run_task
 from fl_services.shared.core.records import Record, decode, encode
 from fl_services.shared.core.tensors import PayloadError, message_of
 from fl_services.shared.runtime.log import bind
@@ -54,11 +54,14 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record) ->
     started = time.perf_counter()
     pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
                   backend_for(settings.dvfs_backend, settings.cpufreq_root))
+    job = local_job(config, header.client_id, header.round, data)
+    # Before training: the device evaluates the global model it received, the task's version (federated evaluation).
+    evaluation = evaluate_held_out(algorithm, job, task, settings.compute_device)
     with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
-        update = local_update(algorithm, local_job(config, header.client_id, header.round, data), task, store.load(),
-                              settings.compute_device)
+        update = local_update(algorithm, job, task, store.load(), settings.compute_device)
     result = ClientResultHeader(task_id=header.task_id, client_id=header.client_id,
                                 num_samples=update.num_samples, loss=update.loss, metrics=update.metrics,
+                                evaluation=evaluation,
                                 train_seconds=time.perf_counter() - started,
                                 device=pacer.finish(record_bytes(update.tensors)))
     blob = encode(update.tensors, result)

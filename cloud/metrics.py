@@ -8,6 +8,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
+from fl_services.shared.wire.admin import SiteInfo
 
 CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
 # Refusals of a contribution: the buffer's own (the storage's Conflict reasons) and those of the request.
@@ -15,6 +16,11 @@ REFUSALS = ("not_running", "future", "stale", "conflict", "key_reused", "pending
             "unreadable", "unauthorized", "not_found", "too_large", "invalid")
 # Gauges per run: the active runs and the newest runs (a finished run's last values stay visible).
 RUNS_SHOWN = 10
+
+
+def connected(site: SiteInfo) -> int:
+    """The site's devices not offline, from its report's count per state."""
+    return sum(n for state, n in site.states.items() if state != "offline")
 
 
 class CloudMetrics(ServiceMetrics):
@@ -28,9 +34,16 @@ class CloudMetrics(ServiceMetrics):
         self.update_seconds = Histogram("fl_cloud_update_duration_seconds",
                                         "cloud_update with its evaluation, per computed update",
                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
+        self.stale_dropped = Counter("fl_cloud_stale_dropped", "Contributions consumed but dropped as staler than "
+                                     "their run's topology.staleness.max (every run's; each update's record lists "
+                                     "its own)", registry=r)
         self.version = Gauge("fl_cloud_global_version", "Version of the run's global state", ["run_id"], registry=r)
         self.buffered = Gauge("fl_cloud_buffer_depth", "Contributions waiting in the run's buffer", ["run_id"],
                               registry=r)
+        self.site_devices = Gauge("fl_cloud_site_devices_registered", "Devices registered at each site, as its last "
+                                  "site report said", ["site"], registry=r)
+        self.site_connected = Gauge("fl_cloud_site_devices_connected", "Devices connected (not offline) at each "
+                                    "site, as its last site report said", ["site"], registry=r)
         self.observe_route("POST", CONTRIBUTIONS_ROUTE, self._contribution)
 
     def _contribution(self, status: int, outcome: str | None, path_params: dict) -> None:
@@ -45,10 +58,17 @@ class CloudMetrics(ServiceMetrics):
             runs = (await store.run_ids())[-RUNS_SHOWN:]
             runs += [run_id for run_id in await store.active_runs() if run_id not in runs]
             infos = await store.infos(runs)  # all read before any gauge changes
+            sites = await store.sites()
             self.version.clear()
             self.buffered.clear()
             for info in infos:
                 self.version.labels(info.run_id).set(info.version)
                 self.buffered.labels(info.run_id).set(info.buffered)
+            self.site_devices.clear()
+            self.site_connected.clear()
+            for site in sites:  # an edge that reports no count has no series
+                if site.devices is not None:
+                    self.site_devices.labels(site.name).set(site.devices)
+                    self.site_connected.labels(site.name).set(connected(site))
 
         self.before_scrape(refresh)

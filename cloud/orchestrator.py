@@ -42,7 +42,7 @@ from fl_services.shared.core.cloud_round import (
 )
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.device import CPU, computing_on
-from fl_services.shared.core.federation import contribution, evaluate_global
+from fl_services.shared.core.federation import cloud_evaluates, contribution, evaluate_global
 from fl_services.shared.core.records import decode, decode_state, encode
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.runtime.log import bind
@@ -281,9 +281,12 @@ class Orchestrator:
             return await self._stop(run_id)
         if committed:
             self.globals.keep(run_id, info.version + 1, new_global)
+            dropped = sum(c.dropped for c in record.contributions)
+            if dropped:
+                self.metrics.stale_dropped.inc(dropped)
             if finished:
                 log.info("run %s version %d: acc %.4f", run_id, info.version + 1, record.test_accuracy)
-            else:
+            elif cloud_evaluates(config):
                 self._evaluations[run_id] = asyncio.create_task(
                     self._evaluate_later(run_id, algorithm, outcome, record))
             if finished and info.version + 1 < config.rounds:
@@ -323,7 +326,8 @@ class Orchestrator:
                 await running
         info = await self.store.info(run_id)
         record = info.last_round
-        if record is None or not math.isnan(record.test_accuracy) or record.version != info.version:
+        if (record is None or not math.isnan(record.test_accuracy) or record.version != info.version
+                or not cloud_evaluates(info.config)):
             return
         algorithm = self.algorithm(run_id, info.config)
         global_blob = await self.store.global_blob(run_id)
@@ -339,7 +343,7 @@ class Orchestrator:
                 evaluate: bool) -> tuple[list[Contribution], CloudRoundOutcome]:
         global_, _ = decode(global_blob, GlobalStateHeader)
         cloud_state = decode_state(state_blob) if state_blob else {}
-        contributions = [contribution(e.header, decode_state(e.blob)) for e in entries]
+        contributions = [contribution(algorithm.config, e.header, decode_state(e.blob)) for e in entries]
         return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version, evaluate)
 
 

@@ -159,6 +159,9 @@ def run_config_page() -> str:
             lines += [f"## `{name}`", "", cell(intro), "", *TABLE_HEAD,
                       *field_rows(section, lambda key, name=name: f"{name}.{key}"), ""]
             for key, inner in section.model_fields.items():
+                if isinstance(inner.annotation, type) and issubclass(inner.annotation, BaseModel):  # a sub-section
+                    lines += [f"### `{name}.{key}`", "", cell(inner.annotation.__doc__ or ""), "", *TABLE_HEAD,
+                              *field_rows(inner.annotation, lambda k, name=name, key=key: f"{name}.{key}.{k}"), ""]
                 nested = [a for a in typing.get_args(inner.annotation) if isinstance(a, type)
                           and issubclass(a, BaseModel)]
                 for model in nested:

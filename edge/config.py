@@ -8,6 +8,7 @@ from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.reports import Labels, parse_labels
 from fl_services.shared.server.settings import ServerSettings
+from fl_services.shared.wire.edge_cloud import site_name
 
 
 class EdgeSettings(ServerSettings):
@@ -27,7 +28,9 @@ class EdgeSettings(ServerSettings):
         'The site\'s labels, e.g. "region=eu,tier=gold", registered with the cloud: a run\'s selection may name '
         "them."))
     site_report_s: float = Field(10.0, gt=0, description=(
-        "How often the edge reports to the cloud's site registry (its devices, its last round): its last seen."))
+        "How often the edge reports to the cloud's site registry (its devices per state and the first 50 of them, "
+        "each run's current round, its last round): its last seen; the cloud calls it offline after three "
+        "intervals without a report."))
     host: str = Field("127.0.0.1", description=(
         "The address to listen on. Beyond loopback (0.0.0.0, a LAN address) the development client token is "
         "refused."))
@@ -65,6 +68,11 @@ class EdgeSettings(ServerSettings):
     slowdown: float = Field(1.0, ge=1.0, le=100.0, description=(
         "≥ 1: the edge waits (slowdown − 1) × each round's duration before it submits, to emulate a slow "
         "site (asynchronous-buffer experiments); 1 means no delay."))
+
+    @property
+    def site_name(self) -> str:
+        """The site this edge is, as the cloud's site registry and a site-bound device token name it."""
+        return site_name(self.name, self.edge_id)
 
     @property
     def label_map(self) -> dict[str, str]:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request, status
+from prometheus_client import Counter
 
 from fl_services.edge.config import EdgeSettings
 from fl_services.edge.metrics import EdgeMetrics
@@ -15,7 +16,7 @@ from fl_services.shared.server.app import app_state
 from fl_services.shared.server.auth import bearer_token, same_token, unauthorized
 from fl_services.shared.server.bodies import read_body
 from fl_services.shared.wire.client_edge import ClientRegistration, TaskPoll
-from fl_services.shared.wire.protocol import device_token_id
+from fl_services.shared.wire.protocol import device_token_grant
 
 SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
 BoardDep = Annotated[TaskBoard, Depends(app_state("board"))]
@@ -24,39 +25,76 @@ MetricsDep = Annotated[EdgeMetrics, Depends(app_state("metrics"))]
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """Why a token may not act as a client: `reason` is the metric's label (fl_edge_device_tokens_refused)."""
+
+    reason: Literal["invalid", "revoked", "other_site"]
+    detail: str
+
+    def error(self) -> HTTPException:
+        """401 for a token that is not the client's (or revoked); 403 for the client's own, bound to another site:
+        genuine, but not to be used here."""
+        if self.reason == "other_site":
+            return HTTPException(status.HTTP_403_FORBIDDEN, self.detail)
+        return unauthorized(self.detail)
+
+
+INVALID = Refusal("invalid", "invalid bearer token")
+
+
+@dataclass(frozen=True)
 class ClientAuth:
     """What the caller's token allows: every client (the edge's client secret, held by an operator's
     simulation worker) or one client (a device token: issued with an id by `fedctl issue-token`, or derived
-    by `fedctl client-token`), unless the cloud lists that token's id as revoked."""
+    by `fedctl client-token`), unless the cloud lists that token's id as revoked, or the token is bound to a site
+    other than this edge's (`fedctl issue-token --site`)."""
 
     token: str
     secret: str
     revoked: frozenset[str] = frozenset()
+    site: str | None = None  # this edge's site name; None: site-bound tokens are taken anywhere
+    refusals: Counter | None = None  # counts each refusal by reason
 
     def check(self, client_id: int | None) -> None:
-        """401 unless the token may act as `client_id` (None: a malformed id, left to the route's 422)."""
-        reason = self.refusal(client_id)
-        if reason is not None:
-            raise unauthorized(reason)
+        """401 unless the token may act as `client_id` (None: a malformed id, left to the route's 422); 403 for the
+        client's token bound to another site."""
+        refusal = self.refusal(client_id)
+        if refusal is not None:
+            raise self.refuse(refusal)
 
-    def refusal(self, client_id: int | None, token: str | None = None) -> str | None:
+    def refuse(self, refusal: Refusal) -> HTTPException:
+        """The refusal, counted, as the error to raise."""
+        self.count(refusal)
+        return refusal.error()
+
+    def count(self, refusal: Refusal) -> None:
+        if self.refusals is not None:
+            self.refusals.labels(refusal.reason).inc()
+
+    def refusal(self, client_id: int | None, token: str | None = None) -> Refusal | None:
         """Why `token` (default: the bearer token) may not act as `client_id`, or None if it may."""
         token = self.token if token is None else token
         if same_token(token, self.secret):
             return None
-        token_id = None if client_id is None else device_token_id(self.secret, token, client_id)
-        if token_id is None:
-            return "invalid bearer token"
+        grant = None if client_id is None else device_token_grant(self.secret, token, client_id)
+        if grant is None:
+            return INVALID
+        token_id, site = grant
         if token_id in self.revoked:
-            return f"this device token ({token_id}) was revoked"
+            return Refusal("revoked", f"this device token ({token_id}) was revoked")
+        if site is not None and self.site is not None and site != self.site:
+            return Refusal("other_site", f"this device token ({token_id}) may join site {site!r} only; this edge is "
+                                         f"site {self.site!r}")
         return None
 
     def refused(self, poll: TaskPoll) -> list[int]:
-        """The polled clients this token (or the poll's own token of each) may not act as; 401 if it may act as
-        none of them."""
+        """The polled clients this token (or the poll's own token of each) may not act as, each refusal counted;
+        401 (403: every one's token bound to another site) if it may act as none of them."""
         refused = {k: reason for k in poll.client_ids if (reason := self.refusal(k, poll.tokens.get(k))) is not None}
         if len(refused) == len(poll.client_ids):
-            raise unauthorized(next(iter(refused.values())))
+            raise self.refuse(next(iter(refused.values())))
+        for refusal in refused.values():
+            self.count(refusal)
         return list(refused)
 
 
@@ -64,7 +102,8 @@ async def client_auth(request: Request) -> ClientAuth:
     """401 without a valid token, before anything else is looked at: the client a route names (in its
     path, or a registration's body) may use its own token."""
     state = request.app.state
-    auth = ClientAuth(await bearer_token(request), state.settings.client_token, state.revocations.ids)
+    auth = ClientAuth(await bearer_token(request), state.settings.client_token, state.revocations.ids,
+                      state.settings.site_name, state.metrics.device_tokens_refused)
     if "client_id" in request.path_params:
         auth.check(_client_id(request.path_params["client_id"]))
     elif not same_token(auth.token, auth.secret):
@@ -83,7 +122,7 @@ async def client_auth(request: Request) -> ClientAuth:
         reasons = [auth.refusal(k if isinstance(k, int) and not isinstance(k, bool) else None,
                                 t if isinstance(t := tokens.get(str(k)), str) else None) for k in claimed]
         if None not in reasons:
-            raise unauthorized(reasons[0] or "invalid bearer token")
+            raise auth.refuse(reasons[0] or INVALID)
     return auth
 
 

@@ -15,7 +15,7 @@ from fl_services.edge.tasks import Task, TaskBoard
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult
 from fl_services.shared.core.config import RoundPolicy
 from fl_services.shared.core.edge_round import ClientTask
-from fl_services.shared.core.federation import participation
+from fl_services.shared.core.federation import participation, site_evaluation
 from fl_services.shared.core.records import Record, encode
 from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader, Member
 from fl_services.shared.wire.client_edge import ClientTaskHeader
@@ -61,12 +61,15 @@ class Dispatch:
         A client's reported failure ends the wait for it; the failures left unanswered join `failures`.
         (A run that ends meanwhile cancels the whole round: see EdgeRoundLoop._forget_ended.)"""
         run_id = header.run_id
-        quorum = max(1, math.ceil(policy.min_fraction * len(tasks)))
+        # With policy.answers = K, the round closes at the K-th answer; the tasks still open are withdrawn
+        # below, so a later answer is refused (409) and dropped.
+        enough = policy.enough(len(tasks))
+        quorum = enough or max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
         log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)
         try:
             for attempt in range(policy.max_retries + 1):
-                results = await self.board.wait_results(run_id, policy.deadline_s)
+                results = await self.board.wait_results(run_id, policy.deadline_s, enough=enough)
                 if len(results) >= quorum:
                     return results
                 log.warning("edge %d: %d/%d answered (quorum %d); re-running the round (attempt %d)",
@@ -86,6 +89,7 @@ class Dispatch:
 
     async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
                      results: list[ClientResult], failures: list[ClientFailure], members: list[Member]) -> None:
+        clients = participation(results)
         message = EdgeContributionHeader(
             run_id=header.run_id,
             edge_id=self.edge_id,
@@ -93,9 +97,10 @@ class Dispatch:
             # Deterministic, so a retry after a lost answer (or an edge restart) is counted once.
             idempotency_key=f"{header.run_id}:{self.edge_id}:{header.version}",
             weight=weight,
-            clients=participation(results),
+            clients=clients,
             failures=failures,
             members=members,
+            evaluation=site_evaluation(clients),
         )
         blob = await asyncio.to_thread(encode, tensors, message)
         # Re-sent through a passing fault: the cloud counts an idempotency key once.

@@ -14,6 +14,7 @@ from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.revocations import Revocations
 from fl_services.edge.round_loop import EdgeRoundLoop
 from fl_services.edge.routes import clients, devices, health, secagg
+from fl_services.edge.services.devices import connected_devices, offline_after_s
 from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import answer_help, load_settings
@@ -39,7 +40,8 @@ def create_app(settings: EdgeSettings | None = None,
         board = TaskBoard()
         round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
         metrics.watch(clients=lambda: len(board.clients), outstanding=board.outstanding,
-                      version=round_loop.version)
+                      version=round_loop.version, site=settings.site_name,
+                      connected=lambda: connected_devices(board=board, offline_after_s=offline_after_s(settings)))
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
         app.state.revocations = revocations = Revocations()
         tasks = [asyncio.create_task(round_loop.run_forever()), asyncio.create_task(round_loop.report_forever()),

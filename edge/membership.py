@@ -22,9 +22,10 @@ class Membership:
     ids: list[int]  # ascending
     samples: dict[int, int]  # the training sample counts known (a device's summary, a partition's size)
     refused: list[ClientFailure]  # devices the selection takes whose data cannot train the run
+    labels: dict[int, dict[str, str]]  # those the members registered with (a run over registered devices)
 
     def declared(self) -> list[Member]:
-        return [Member(client_id=k, num_samples=self.samples.get(k)) for k in self.ids]
+        return [Member(client_id=k, num_samples=self.samples.get(k), labels=self.labels.get(k, {})) for k in self.ids]
 
 
 def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistration], task: RunTask | None,
@@ -35,8 +36,8 @@ def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistrati
     if selection is None:
         ids = config.clients_of_edge(edge_id)
         known = {k: roster_samples[k] for k in ids} if roster_samples is not None else {}
-        return Membership(ids, known, [])
-    ids, samples, refused = [], {}, []
+        return Membership(ids, known, [], {})
+    ids, samples, refused, labels = [], {}, [], {}
     for client_id in sorted(devices):
         reg = devices[client_id]
         if not matches(reg.labels, selection.device_selector):
@@ -47,6 +48,7 @@ def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistrati
                                          f"does not fit: {'; '.join(misfit)}"))
             continue
         ids.append(client_id)
+        labels[client_id] = dict(reg.labels)
         if reg.summary is not None:
             samples[client_id] = reg.summary.samples
-    return Membership(ids, samples, refused)
+    return Membership(ids, samples, refused, labels)

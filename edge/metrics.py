@@ -35,7 +35,14 @@ class EdgeMetrics(ServiceMetrics):
                                        registry=r)
         self.samples = Counter("fl_client_samples", "Training samples clients report with their accepted results",
                                registry=r)
+        self.device_tokens_refused = self.refusals(
+            "fl_edge_device_tokens_refused", "Requests refused for their device token, by reason: invalid, revoked, "
+            "other_site (a token bound to another site)", ("invalid", "revoked", "other_site"))
         self.clients = Gauge("fl_edge_clients_connected", "Logical clients registered with this edge", registry=r)
+        self.devices_registered = Gauge("fl_edge_devices_registered", "Devices registered at this edge, by its site",
+                                        ["site"], registry=r)
+        self.devices_connected = Gauge("fl_edge_devices_connected", "Devices registered at this edge and heard from "
+                                       "lately (not offline), by its site", ["site"], registry=r)
         self.outstanding = Gauge("fl_edge_tasks_outstanding", "Tasks of the current round not answered yet",
                                  registry=r)
         self.version = Gauge("fl_edge_global_version", "Version of the last global state received (-1: none)",
@@ -55,9 +62,11 @@ class EdgeMetrics(ServiceMetrics):
             self.train_seconds.observe(header.train_seconds)
 
     def watch(self, clients: Callable[[], float], outstanding: Callable[[], float],
-              version: Callable[[], float]) -> None:
-        """The gauges' sources, read at scrape time: the registered clients, the tasks not answered yet, and
-        the version of the last global state received (-1: none)."""
+              version: Callable[[], float], site: str, connected: Callable[[], float]) -> None:
+        """The gauges' sources, read at scrape time: the registered clients (the site's devices), those connected,
+        the tasks not answered yet, and the version of the last global state received (-1: none)."""
         self.clients.set_function(clients)
+        self.devices_registered.labels(site).set_function(clients)
+        self.devices_connected.labels(site).set_function(connected)
         self.outstanding.set_function(outstanding)
         self.version.set_function(version)

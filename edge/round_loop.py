@@ -20,6 +20,7 @@ from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
 from fl_services.edge.secagg import SecureRound, collect_secure, round_name, site_key, site_public_key
+from fl_services.edge.services import devices
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
@@ -227,15 +228,18 @@ class EdgeRoundLoop:
     def site_report(self) -> EdgeRegistration:
         """This edge as a site: its name, labels and URL, and what it serves now."""
         serving = self.serving
+        states, page, runs = devices.site_devices(board=self.board,
+                                                  offline_after_s=devices.offline_after_s(self.settings))
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,
                                 labels=self.settings.label_map, devices=len(self.board.clients),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None,
+                                report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs,
                                 mask_key=site_public_key(self.site_key))
 
     async def register(self) -> None:
         # Re-sent through a passing fault: a registration repeated replaces itself.
-        response = await self.cloud.post("/api/v1/edges", json=self.site_report().model_dump(exclude_none=True),
-                                         extensions=DEDUPLICATED)
+        report = self.site_report().model_dump(mode="json", exclude_none=True)
+        response = await self.cloud.post("/api/v1/edges", json=report, extensions=DEDUPLICATED)
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
 
@@ -320,7 +324,8 @@ class EdgeRoundLoop:
         before = lane.edge_state  # algorithms return new dicts: this one stays as it is
         try:
             outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
-                                           offload=asyncio.to_thread, members=membership.ids)
+                                           offload=asyncio.to_thread,
+                                           members=None if header.config.selection is None else membership.declared())
             lane.edge_state = outcome.edge_state
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:

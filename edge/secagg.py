@@ -98,6 +98,7 @@ class SecureRound:
         self._open(client_id, task_id, 0)
         if keys.result.client_id != client_id or keys.result.task_id != task_id:
             raise InvalidContent("the result header names another client or task")
+        board.admissible(client_id, keys.result)  # its claims checked before its keys join the roster
         try:
             self.session.add_keys(client_id, keys.c_pk, keys.s_pk)
         except ProtocolViolation as exc:
@@ -169,7 +170,11 @@ class SecureRound:
 
     async def _run(self, board: TaskBoard, run_id: str, policy: RoundPolicy) -> SecureSum:
         s, timeout = self.session, self.config.phase_timeout_s
-        results = {r.client_id: r for r in await board.wait_results(run_id, policy.deadline_s)}
+        # With policy.answers = K, step 0 closes at the K-th device's keys, as a round without secure aggregation
+        # closes at its K-th answer: those devices are the roster U1 (t is a share of them), and a later device's
+        # keys are refused (409) and its update dropped, never masked into the sum.
+        results = {r.client_id: r for r in await board.wait_results(run_id, policy.deadline_s,
+                                                                     enough=policy.enough(len(self.tasks)))}
         roster = s.close_keys()
         self.weights = {k: int(self.algorithm.client_weight(results[k].num_samples)) for k in roster}
         try:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 from fl_services.shared.core.algorithms.base import ClientResult
+from fl_services.shared.core.federation import device_evaluates
 from fl_services.shared.core.records import Record, flatten
-from fl_services.shared.core.reports import ClientFailure
+from fl_services.shared.core.reports import ClientFailure, HeldOut
 from fl_services.shared.core.tensors import InvalidContent, SharedEncoding
 from fl_services.shared.server.longpoll import wait_until
 from fl_services.shared.wire.client_edge import (
@@ -65,6 +67,13 @@ class Task:
                                  f"{self.num_samples} training samples")
         return claimed if self.max_samples is None else min(claimed, self.max_samples)
 
+    def check_evaluation(self, evaluation: HeldOut | None) -> None:
+        """Raises InvalidContent (422) for an evaluation the task did not ask for: the run evaluates on the cloud
+        only, or the task is of a later edge round, whose model is the edge's, not the global one."""
+        if evaluation is not None and not device_evaluates(self.header.config, self.header.round):
+            raise InvalidContent(f"task {self.header.task_id!r} asks for no evaluation: run evaluation is "
+                                 f"{self.header.config.evaluation!r}, client round {self.header.round}")
+
     def blob(self) -> bytes:
         """The task message."""
         return b"".join(self.parts())
@@ -96,6 +105,7 @@ class TaskBoard:
         self.clients: dict[int, ClientRegistration] = {}
         self.registered_at: dict[int, float] = {}
         self.last_seen: dict[int, float] = {}
+        self._receiving: dict[int, int] = {}  # client_id -> its result uploads arriving now
         self._tasks: dict[str, dict[int, Task]] = {}  # run_id -> client_id -> task
         self._posted: dict[tuple[str, int], int] = {}  # (run_id, client_id) -> when its task was posted
         self._posts = 0
@@ -123,15 +133,39 @@ class TaskBoard:
         self.registered_at = {k: t for k, t in self.registered_at.items() if k in client_ids}
         self.last_seen = {k: t for k, t in self.last_seen.items() if k in client_ids}
 
-    def open_runs(self, client_id: int) -> list[str]:
-        """The runs whose task for the client is open (posted, neither answered nor reported failed)."""
-        return [run_id for run_id, tasks in self._tasks.items()
-                if (t := tasks.get(client_id)) is not None and t.result is None and t.failure is None]
+    def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str]]]:
+        """Per client: the runs whose task for it is open (posted, neither answered nor reported failed), and the
+        run and reason of a failure it reported among the tasks still on the board. One pass over the board, so
+        that a registry of 10,000 devices is read without a look per device."""
+        open_runs: dict[int, list[str]] = {}
+        failures: dict[int, tuple[str, str]] = {}
+        for run_id, tasks in self._tasks.items():
+            for client_id, t in tasks.items():
+                if t.failure is not None:
+                    failures.setdefault(client_id, (run_id, t.failure))
+                elif t.result is None:
+                    open_runs.setdefault(client_id, []).append(run_id)
+        return open_runs, failures
 
-    def last_failure(self, client_id: int) -> str | None:
-        """What the client last reported it could not train, among the tasks still on the board."""
-        return next((t.failure for tasks in self._tasks.values()
-                     if (t := tasks.get(client_id)) is not None and t.failure is not None), None)
+    @contextmanager
+    def receiving(self, client_id: int) -> Iterator[None]:
+        """Marks the client as uploading while its result's body arrives (a large model takes a while)."""
+        self._receiving[client_id] = self._receiving.get(client_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._receiving.pop(client_id) - 1
+            if left:
+                self._receiving[client_id] = left
+
+    def uploading(self, client_id: int) -> bool:
+        return client_id in self._receiving
+
+    def tallies(self) -> list[tuple[str, int, int, int]]:
+        """Per run on the board: (run_id, its tasks, answered, reported failed and not answered)."""
+        return [(run_id, len(tasks), sum(t.result is not None for t in tasks.values()),
+                 sum(t.result is None and t.failure is not None for t in tasks.values()))
+                for run_id, tasks in sorted(self._tasks.items())]
 
     def _known(self, client_id: int) -> None:
         if client_id not in self.clients:
@@ -190,11 +224,16 @@ class TaskBoard:
         return [ClientFailure(client_id=k, error=t.failure) for k, t in sorted(self._of(run_id), key=lambda x: x[0])
                 if t.result is None and t.failure is not None]
 
-    async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True) -> list[ClientResult]:
+    async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True,
+                           enough: int | None = None) -> list[ClientResult]:
         """Returns when every task of the run is answered (or, if `failures_settle`, reported failed: no point
-        waiting for those) or at the deadline, with what has arrived."""
-        await wait_until(self._answered, lambda: all(
-            t.result is not None or (failures_settle and t.failure is not None) for _, t in self._of(run_id)), timeout)
+        waiting for those), or `enough` of them are, or at the deadline, with what has arrived."""
+        def done() -> bool:
+            tasks = self._of(run_id)
+            return (enough is not None and sum(t.result is not None for _, t in tasks) >= enough) or all(
+                t.result is not None or (failures_settle and t.failure is not None) for _, t in tasks)
+
+        await wait_until(self._answered, done, timeout)
         return self.results(run_id)
 
     # ---- client side ---------------------------------------------------------------------------
@@ -269,8 +308,7 @@ class TaskBoard:
     async def accept(self, client_id: int, header: ClientResultHeader, tensors: Record) -> None:
         """Checks a result on a worker thread (CPU-bound: it reads every value), then records it on the loop,
         which alone touches the board, if its task is still the open one."""
-        task = self.task_for(client_id, header.task_id)
-        task.counted_samples(header.num_samples)  # a wrong claim is refused before the tensors are read
+        task = self.admissible(client_id, header)  # a wrong claim is refused before the tensors are read
         while True:
             await asyncio.to_thread(task.check, tensors)
             async with self._answered:
@@ -279,18 +317,27 @@ class TaskBoard:
                 current = self.task_for(client_id, header.task_id)
                 if current is task:
                     task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss,
-                                               tensors, header.metrics, header.device)
+                                               tensors, header.metrics, header.device, header.evaluation)
                     self._answered.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open
 
+    def admissible(self, client_id: int, header: ClientResultHeader) -> Task:
+        """The open task a result answers, its header's claims checked (sample count, evaluation); raises as
+        task_for does, or InvalidContent."""
+        task = self.task_for(client_id, header.task_id)
+        task.counted_samples(header.num_samples)
+        task.check_evaluation(header.evaluation)
+        return task
+
     async def accept_secure(self, client_id: int, header: ClientResultHeader) -> None:
         """Records a device's result under secure aggregation: its header only (the update comes masked, to the
-        round's protocol, edge/secagg.py), which answers its task."""
+        round's protocol, edge/secagg.py), which answers its task. Its evaluation (federated evaluation) comes in
+        clear with it: a figure of the global model on the device's held-out split, not its update."""
         async with self._answered:
-            task = self.task_for(client_id, header.task_id)
+            task = self.admissible(client_id, header)
             task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss, {},
-                                       header.metrics, header.device)
+                                       header.metrics, header.device, header.evaluation)
             self._answered.notify_all()
 
     async def report_failure(self, client_id: int, report: ClientFailureReport) -> None:

@@ -302,24 +302,34 @@ def issue_token(client_ids: str = typer.Argument(..., help='the client id the de
                 out: Optional[Path] = typer.Option(None, help="write the tokens to this file (created readable by "
                                                               "its owner only; an existing one is kept) as a client "
                                                               "process's FL_CLIENT_CLIENT_TOKENS_FILE reads them"),
+                site: Optional[str] = typer.Option(None, help="the site (edge name, FL_EDGE_NAME) the device may join: "
+                                                              "another site's edge refuses the token (403)"),
                 secret: str = SECRET) -> None:
     """Issue a device a token of its own with a new id (printed on stderr): with it, the device can act as
     that client only, and `fedctl revoke-token <id>` revokes this device alone. With several clients, one
-    token each (a JSON map from client id to token, as the client setting client_tokens takes)."""
+    token each (a JSON map from client id to token, as the client setting client_tokens takes). With --site, the
+    token is taken at that site's edge only."""
+    from pydantic import ValidationError
+
     from fl_services.client.config import parse_ids
     from fl_services.shared.runtime.files import write_private
+    from fl_services.shared.wire.edge_cloud import EdgeRegistration
     from fl_services.shared.wire.protocol import issue_device_tokens, tokens_file_text
 
     try:
         ids = parse_ids(client_ids)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="CLIENT_IDS") from None
+    try:  # a name an edge could have: the token names the site as the edge's FL_EDGE_NAME does
+        EdgeRegistration(edge_id=0, name=site)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--site") from None
     if out is not None and out.exists():
         # Overwriting would lose tokens that stay valid until revoked: the operator removes the file.
         raise typer.BadParameter(f"{out} exists: it may hold tokens still in use; remove it first", param_hint="--out")
-    tokens = issue_device_tokens(secret, ids)
+    tokens = issue_device_tokens(secret, ids, site)
     for client_id, issued in tokens.items():
-        token_id = issued.split(".")[2]  # fl1.<client id>.<token id>.<mac>
+        token_id = issued.split(".")[2]  # fl1.<client id>.<token id>.<mac>[~<site>]
         typer.echo(f"token id: {token_id} (client {client_id}; revoke: fedctl revoke-token {token_id})", err=True)
     as_json = tokens_file_text(tokens)
     if out is not None:

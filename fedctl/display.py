@@ -85,6 +85,10 @@ def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:
     if history:
         console.print(f"[bold]final test accuracy: {_figure(100 * history[-1].test_accuracy, '.2f')}%[/] after "
                       f"{len(history)} rounds ({history[-1].elapsed_s:.1f}s)")
+        if history[-1].federated:  # the devices' figures on their held-out splits (RunConfig.evaluation)
+            newest = history[-1].federated[-1]
+            console.print(f"[bold]federated accuracy: {100 * newest.accuracy:.2f}%[/] of version {newest.version} on "
+                          f"{newest.num_samples} held-out samples at {len(newest.sites)} sites")
     else:
         console.print("no rounds completed")
     for line in failures(history):

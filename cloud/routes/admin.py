@@ -4,6 +4,7 @@ from __future__ import annotations
 from fastapi import Query, Request, status
 
 from fl_services.cloud.deps import AuditDep, StoreDep, require_admin
+from fl_services.cloud.services import sites as sites_service
 from fl_services.cloud.services import tokens
 from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import read_json
@@ -37,5 +38,7 @@ async def revoked_tokens(store: StoreDep) -> list[RevokedToken]:
 @router.get("/sites")
 async def sites(store: StoreDep) -> list[SiteInfo]:
     """The site registry: every edge that registered, by its name, with its labels, URL, when it was last seen
-    (it reports every FL_EDGE_SITE_REPORT_S), the devices registered at it and its last round."""
-    return await store.sites()
+    (it reports every FL_EDGE_SITE_REPORT_S; offline after three intervals without a report), the devices
+    registered at it (counted per state: idle, training, uploading, failed, offline; the first 50 listed, failed
+    ones first), the current round of each run it serves, and its last round."""
+    return await sites_service.site_registry(store=store)

@@ -6,7 +6,7 @@ from fastapi import Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from fl_services.cloud.deps import AuditDep, OrchestratorDep, SettingsDep, StoppingDep, StoreDep, require_admin
-from fl_services.cloud.services import runs
+from fl_services.cloud.services import runs, sites
 from fl_services.cloud.ui.view import LiveRun, read_edges
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
@@ -15,7 +15,7 @@ from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json
 from fl_services.shared.server.docs import json_body_doc
 from fl_services.shared.server.errors import error_responses
-from fl_services.shared.wire.admin import RunEdges, RunInfo
+from fl_services.shared.wire.admin import RunEdges, RunInfo, RunSites
 
 router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 
@@ -68,6 +68,14 @@ async def edges(run_id: str, store: StoreDep) -> RunEdges:
     """The buffer against B, and per edge its last contribution: the version it was computed on, its
     staleness, and whether it still waits in the buffer."""
     return await read_edges(store, await store.info(run_id), await store.history(run_id))
+
+
+@router.get("/{run_id}/sites", responses=error_responses(404))
+async def run_sites(run_id: str, store: StoreDep) -> RunSites:
+    """The sites the run uses and their devices in its current round, as the sites last reported: how many have
+    its task, answered it or failed it (with the listed devices' reasons); `all_failed` when every device given
+    a task of the current round reported it could not train it."""
+    return await sites.run_sites(store=store, run_id=run_id)
 
 
 @router.get("/{run_id}/events", response_class=StreamingResponse, responses={200: {

@@ -15,6 +15,7 @@ from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import Store, SubmitOutcome
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.federation import site_evaluation
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import EdgeContributionHeader
 from fl_services.shared.core.secagg import sites
@@ -39,7 +40,7 @@ async def submit(*, store: Store, orchestrator: Orchestrator, contribution: Edge
     # worker thread, so long-polls are answered meanwhile.
     global_ = await orchestrator.globals.layout(header.run_id)
     await asyncio.to_thread(check_contribution, algorithm, global_, header, contribution.tensors)
-    outcome = await store.submit(header, contribution.blob, algorithm.synchronous)
+    outcome = await store.submit(header, contribution.blob, not algorithm.asynchronous(algorithm.config))
     orchestrator.notify()
     return outcome
 
@@ -63,10 +64,23 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
         raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
                              f"more often: {repeated}")
     _check_weight(algorithm, header)
+    _check_evaluation(config, header)
     if config.secure_aggregation.cloud:
         sites.check_masked(algorithm, global_, ids, tensors)
     else:
-        algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id)
+        algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id,
+                                     None if config.selection is None else len(members))
+
+
+def _check_evaluation(config: RunConfig, header: EdgeContributionHeader) -> None:
+    """A site's evaluation is its clients' weighted by samples, in a run that evaluates on its devices."""
+    if config.evaluation == "cloud" and (header.evaluation is not None
+                                         or any(c.evaluation is not None for c in header.clients)):
+        raise InvalidContent("this run is evaluated on the cloud's test set only (evaluation 'cloud'): a "
+                             "contribution carries no evaluation")
+    if header.evaluation != site_evaluation(header.clients):
+        raise InvalidContent(f"the site's evaluation {header.evaluation} is not the sample-weighted mean of its "
+                             "clients' evaluations")
 
 
 def _members(config: RunConfig, header: EdgeContributionHeader) -> dict[int, int | None]:

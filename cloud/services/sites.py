@@ -1,10 +1,11 @@
 """Runs over the federation that exists: a run's selection resolved against the site registry when it is created,
-and a started run's wait for the devices it needs."""
+a started run's wait for the devices it needs, and the registry as an operator reads it (each site online or
+not, a run's sites and devices)."""
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import ValidationError
 
@@ -15,9 +16,46 @@ from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
-from fl_services.shared.wire.admin import SiteInfo
+from fl_services.shared.wire.admin import RunSite, RunSites, SiteInfo
 
 log = logging.getLogger(__name__)
+
+# A site is offline once this many of its report intervals passed without a report (one lost report, or a
+# slow one, is not an outage); an edge that does not say its interval is taken to report every 10 s.
+MISSED_REPORTS = 3
+DEFAULT_REPORT_S = 10.0
+
+
+def with_status(site: SiteInfo, at: datetime) -> SiteInfo:
+    late = at - site.last_seen > timedelta(seconds=MISSED_REPORTS * (site.report_s or DEFAULT_REPORT_S))
+    return site.model_copy(update={"status": "offline" if late else "online"})
+
+
+async def site_registry(*, store: Store) -> list[SiteInfo]:
+    """Every site, by name, online or offline as its reports arrive."""
+    at = now()
+    return [with_status(site, at) for site in await store.sites()]
+
+
+async def run_sites(*, store: Store, run_id: str) -> RunSites:
+    """The sites a run uses (its edges), each with the run's current round there and the listed devices taking
+    part in it or failing it, as their last reports say; NotFound for an unknown run."""
+    config = await store.config(run_id)
+    by_edge = {site.edge_id: site for site in await site_registry(store=store)}
+    sites = []
+    for edge_id in config.edge_ids():
+        site = by_edge.get(edge_id)
+        if site is None:
+            sites.append(RunSite(edge_id=edge_id))
+            continue
+        tally = next((r for r in site.runs if r.run_id == run_id), None)
+        devices = [d for d in site.device_page if run_id in d.runs or d.failed_run == run_id]
+        sites.append(RunSite(name=site.name, edge_id=edge_id, status=site.status, devices=devices,
+                             **(tally.model_dump(include={"tasks", "answered", "failed"}) if tally else {})))
+    tasks = sum(s.tasks for s in sites)
+    reasons = sorted({d.failure for s in sites for d in s.devices if d.failed_run == run_id and d.failure})
+    return RunSites(run_id=run_id, sites=sites, all_failed=tasks > 0 and sum(s.failed for s in sites) == tasks,
+                    reasons=reasons)
 
 
 async def resolve(*, store: Store, config: RunConfig) -> RunConfig:

@@ -248,8 +248,9 @@ class SiteRegistry(Protocol):
     """The sites (edges) that exist: each by its stable name, from its registrations, repeated as reports."""
 
     async def report_site(self, reg: EdgeRegistration) -> SiteInfo:
-        """Records the edge's registration under its site name (first seen kept, last seen now); Conflict if
-        another edge id holds that name. An edge that renamed itself leaves its old name."""
+        """Records the edge's registration under its site name (first seen kept, last seen now; its devices and
+        runs as this report says, replacing the last's); Conflict if another edge id holds that name. An edge
+        that renamed itself leaves its old name."""
     async def sites(self) -> list[SiteInfo]:
         """Every site, by name."""
 
@@ -263,7 +264,8 @@ def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
     at = now()
     return SiteInfo(name=name, edge_id=reg.edge_id, labels=reg.labels, url=reg.url,
                     registered_at=earlier.registered_at if earlier is not None else at, last_seen=at,
-                    devices=reg.devices, serving=reg.serving, mask_key=reg.mask_key)
+                    devices=reg.devices, serving=reg.serving, report_s=reg.report_s, states=reg.states,
+                    device_page=reg.device_page, runs=reg.runs, mask_key=reg.mask_key)
 
 
 class UpdateLeases(Protocol):

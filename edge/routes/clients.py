@@ -70,7 +70,8 @@ async def tasks(request: Request, board: BoardDep, loop: RoundLoopDep, auth: Cli
 async def result(client_id: int, request: Request, board: BoardDep, metrics: MetricsDep) -> ResultReceipt:
     await rate_limited(request, "result", client_id)  # before its body is read
     async with open_request(request, "result", client_id):  # each upload may hold max_payload_bytes in memory
-        tensors, header, _ = await read_message(request, ClientResultHeader)
+        with board.receiving(client_id):  # the device registry shows it uploading meanwhile
+            tensors, header, _ = await read_message(request, ClientResultHeader)
         same_as_url("header client_id", header.client_id, client_id)
         try:
             await clients.accept_result(board=board, metrics=metrics, header=header, tensors=tensors)

@@ -14,5 +14,4 @@ router = guarded_router(Depends(operator_auth), prefix="/api/v1", tags=["devices
 @router.get("/devices")
 async def list_devices(board: BoardDep, settings: SettingsDep) -> list[DeviceInfo]:
     """Every device registered at this edge: its labels, data summary, state and when it was last heard from."""
-    # Two long-polls without a word: a polling device asks again at the latest when one ends.
-    return devices.list_devices(board=board, offline_after_s=2 * settings.long_poll_max_s + 5)
+    return devices.list_devices(board=board, offline_after_s=devices.offline_after_s(settings))

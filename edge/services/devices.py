@@ -1,28 +1,105 @@
-"""The edge's device registry as an operator sees it: every device registered here, with its state."""
+"""The edge's device registry as an operator sees it: every device registered here, with its state, and the
+bounded view of it the site report carries to the cloud."""
 from __future__ import annotations
 
+import heapq
 import time
+from collections import Counter
 from datetime import datetime, timezone
 
+from fl_services.edge.config import EdgeSettings
 from fl_services.edge.tasks import TaskBoard
-from fl_services.shared.wire.admin import DeviceInfo, DeviceState
+from fl_services.shared.wire.admin import DeviceInfo
+from fl_services.shared.wire.client_edge import ClientRegistration
+from fl_services.shared.wire.edge_cloud import (
+    DEVICE_STATES,
+    FAILURE_SHOWN,
+    MAX_DEVICE_RUNS,
+    MAX_REPORTED_DEVICES,
+    MAX_SITE_RUNS,
+    DeviceBrief,
+    DeviceState,
+    SiteRun,
+)
+
+
+def offline_after_s(settings: EdgeSettings) -> float:
+    """Two long-polls without a word: a polling device asks again at the latest when one ends."""
+    return 2 * settings.long_poll_max_s + 5
+
+
+class _States:
+    """Each device's state, from one read of the board."""
+
+    def __init__(self, board: TaskBoard, offline_after_s: float):
+        self.board, self.offline_after_s, self.now = board, offline_after_s, time.time()
+        self.open_runs, self.failures = board.activity()
+
+    def of(self, client_id: int) -> tuple[DeviceState, list[str], tuple[str, str] | None]:
+        """The device's state, the runs whose task for it is open, and its last failure (run, reason)."""
+        runs, failure = self.open_runs.get(client_id, []), self.failures.get(client_id)
+        silent_s = self.now - self.board.last_seen.get(client_id, self.now)
+        state: DeviceState = ("offline" if silent_s > self.offline_after_s
+                              else "uploading" if self.board.uploading(client_id) else "training" if runs
+                              else "failed" if failure is not None else "idle")
+        return state, runs, failure
+
+
+def connected_devices(*, board: TaskBoard, offline_after_s: float) -> int:
+    """The registered devices not offline: heard from (registration, task poll, result) within `offline_after_s`."""
+    read = _States(board, offline_after_s)
+    return sum(1 for k in board.clients if read.of(k)[0] != "offline")
 
 
 def list_devices(*, board: TaskBoard, offline_after_s: float) -> list[DeviceInfo]:
     """Every registered device, by id; one not heard from (registration, task poll, result) for `offline_after_s`
-    is offline: a polling device is heard from at least once per long-poll."""
-    now = time.time()
+    is offline."""
+    states = _States(board, offline_after_s)
+    now = states.now
     devices = []
     for client_id in sorted(board.clients):
         reg = board.clients[client_id]
-        runs, failure = board.open_runs(client_id), board.last_failure(client_id)
-        last_seen = board.last_seen.get(client_id, now)
-        state: DeviceState = ("offline" if now - last_seen > offline_after_s else "training" if runs
-                              else "failed" if failure is not None else "idle")
+        state, runs, failure = states.of(client_id)
         devices.append(DeviceInfo(client_id=client_id, state=state, labels=reg.labels, summary=reg.summary,
                                   registered_at=_utc(board.registered_at.get(client_id, now)),
-                                  last_seen=_utc(last_seen), runs=runs, failure=failure))
+                                  last_seen=_utc(board.last_seen.get(client_id, now)), runs=runs,
+                                  failure=failure[1] if failure else None))
     return devices
+
+
+def family(reg: ClientRegistration) -> str | None:
+    """The model family a device declares: its label "family", else its capability "family"."""
+    declared = reg.labels.get("family", reg.capabilities.get("family"))
+    return str(declared)[:64] if declared is not None else None
+
+
+def site_devices(*, board: TaskBoard, offline_after_s: float
+                 ) -> tuple[dict[DeviceState, int], list[DeviceBrief], list[SiteRun]]:
+    """What a site report says of the devices: every one counted per state, the first MAX_REPORTED_DEVICES of them
+    by state (failed, uploading, training, idle, offline) then id, and each run's current round here. The
+    report stays the same size whatever the number of devices."""
+    read = _States(board, offline_after_s)
+    now = read.now
+    states = {k: read.of(k) for k in board.clients}
+    order = {state: i for i, state in enumerate(DEVICE_STATES)}
+    listed = heapq.nsmallest(MAX_REPORTED_DEVICES, states, key=lambda k: (order[states[k][0]], k))
+    page = []
+    for client_id in listed:
+        state, runs, failure = states[client_id]
+        reg = board.clients[client_id]
+        page.append(DeviceBrief(
+            client_id=client_id, state=state, last_seen=_utc(board.last_seen.get(client_id, now)),
+            samples=reg.summary.samples if reg.summary is not None else None, family=family(reg),
+            runs=runs[:MAX_DEVICE_RUNS],
+            failure=_shortened(failure[1]) if failure else None, failed_run=failure[0] if failure else None))
+    counts = Counter(state for state, _, _ in states.values())
+    tallies = [SiteRun(run_id=run_id, tasks=tasks, answered=answered, failed=failed)
+               for run_id, tasks, answered, failed in board.tallies()[:MAX_SITE_RUNS]]
+    return {s: counts[s] for s in DEVICE_STATES if counts[s]}, page, tallies
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= FAILURE_SHOWN else text[:FAILURE_SHOWN - 1] + "…"
 
 
 def _utc(seconds: float) -> datetime:

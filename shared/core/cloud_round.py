@@ -13,9 +13,10 @@ import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from fl_services.shared.core.algorithms import privacy
+from fl_services.shared.core import roster
+from fl_services.shared.core.algorithms import privacy, staleness
 from fl_services.shared.core.algorithms.base import Algorithm, Contribution
-from fl_services.shared.core.federation import evaluate_global
+from fl_services.shared.core.federation import cloud_evaluates, evaluate_global, federated_evaluations
 from fl_services.shared.core.records import Record, non_finite
 from fl_services.shared.core.reports import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
 from fl_services.shared.core.secagg import sites
@@ -41,6 +42,9 @@ class CloudRoundOutcome:
     server_metrics: dict[str, float]
     epsilon: float | None = None  # ε spent once this update is published (None: no privacy noise)
     dp_sgd_epsilon: float | None = None  # DP-SGD's ε per training example (None: no DP-SGD)
+    # Per contribution, in their order, the staleness weight s(τ) it counted with; None: dropped as too stale
+    # (RunConfig.topology.staleness). Empty: every one counted as it came (an asynchronous algorithm's own rule).
+    staleness_weights: tuple[float | None, ...] = ()
 
 
 # A record's figures before its evaluation is in (NaN reads back from JSON: "nobody evaluated it").
@@ -52,19 +56,33 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
     """The update of global state `version` with `contributions` as they arrived (Algorithm.to_wire's
     dtypes); raises Diverged rather than return a non-finite global state. With `evaluate` false its
     evaluation is NOT_EVALUATED: the cloud evaluates the new state (`evaluate_outcome`) off its critical
-    path, once the new version is published; what it then records is the same."""
-    if any(sites.is_masked(c.tensors) for c in contributions):  # secure aggregation between sites: their total
-        contributions = [sites.unmasked_total(algorithm, global_, contributions)]
-    contributions = [algorithm.from_wire(global_, c) for c in contributions]
-    new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
+    path, once the new version is published; what it then records is the same. A run evaluated only on its
+    devices (RunConfig.evaluation "federated") is never evaluated here: its figures stay NOT_EVALUATED. Under
+    secure aggregation between sites, the update takes their unmasked total alone (shared/core/secagg/sites.py)."""
+    # The devices its contributions declare are registered for the run from this update on (N grows).
+    cloud_state = roster.joined(algorithm.config, cloud_state, contributions)
+    scales: tuple[float | None, ...] = ()
+    if algorithm.synchronous:  # buffered averaging (B < L) weighs the steps by staleness; B = L: every s is 1
+        scales = staleness.weights(algorithm.config.topology.staleness, contributions, version)
+    if any(sites.is_masked(c.tensors) for c in contributions):  # one total: no s(τ) can weigh a site's share
+        contributions = [algorithm.from_wire(global_, sites.unmasked_total(algorithm, global_, contributions, scales))]
+    else:
+        contributions = [algorithm.from_wire(global_, c) for c in contributions]
+        if algorithm.synchronous:
+            contributions = staleness.weighted(contributions, scales)
+    if contributions:
+        new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
+        new_state = roster.kept(algorithm.config, cloud_state, new_state)
+    else:  # every one was too stale: the version moves on with the model as it was, and its record says why
+        new_global, new_state = global_, cloud_state
     broken = non_finite(new_global)
     if broken:
         raise Diverged(version + 1, broken)
     metrics = {name: float(value) for name, value in algorithm.server_metrics(new_global, new_state).items()}
     outcome = CloudRoundOutcome(new_global, new_state, NOT_EVALUATED, metrics,
                                 privacy.epsilon(algorithm.config, version + 1),
-                                privacy.dp_sgd_epsilon(algorithm.config, version + 1))
-    return evaluate_outcome(algorithm, outcome) if evaluate else outcome
+                                privacy.dp_sgd_epsilon(algorithm.config, version + 1), scales)
+    return evaluate_outcome(algorithm, outcome) if evaluate and cloud_evaluates(algorithm.config) else outcome
 
 
 def evaluate_outcome(algorithm: Algorithm, outcome: CloudRoundOutcome) -> CloudRoundOutcome:
@@ -80,11 +98,14 @@ def with_evaluation(record: RoundRecord, evaluation: Evaluation) -> RoundRecord:
 
 def round_record(version: int, contributions: list[Contribution], outcome: CloudRoundOutcome,
                  started: datetime, run_started: datetime, finished: datetime) -> RoundRecord:
-    """The history entry of the cloud update that consumed `contributions` at `version`."""
+    """The history entry of the cloud update that consumed `contributions` at `version`: the clients of those
+    that counted (a contribution dropped as too stale is listed as such, its clients are not)."""
+    scales = outcome.staleness_weights or (1.0,) * len(contributions)
+    counted = [c for c, s in zip(contributions, scales, strict=True) if s is not None]
     clients = sorted(
         (ClientRecord(client_id=c.client_id, edge_id=contribution.edge_id, num_samples=c.num_samples, loss=c.loss,
-                      metrics=c.metrics, device=c.device)
-         for contribution in contributions for c in contribution.participation),
+                      metrics=c.metrics, device=c.device, evaluation=c.evaluation)
+         for contribution in counted for c in contribution.participation),
         key=lambda c: (c.client_id, c.edge_id),
     )
     samples = max(sum(c.num_samples for c in clients), 1)
@@ -101,12 +122,14 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         ),
         contributions=[
             ContributionRecord(edge_id=c.edge_id, base_version=c.base_version, staleness=version - c.base_version,
-                               weight=c.weight)
-            for c in contributions
+                               weight=c.weight, staleness_weight=1.0 if s is None else s, dropped=s is None,
+                               members=None if c.members is None else sorted(m.client_id for m in c.members))
+            for c, s in zip(contributions, scales, strict=True)
         ],
         train_loss=sum(c.loss * c.num_samples for c in clients) / samples,
         test_loss=outcome.evaluation.loss,
         test_accuracy=outcome.evaluation.accuracy,
+        federated=federated_evaluations(contributions),
         client_metrics={
             name: sum(c.metrics[name] * c.num_samples for c in clients if name in c.metrics)
             / max(sum(c.num_samples for c in clients if name in c.metrics), 1)

@@ -69,7 +69,8 @@ class DataConfig(_HashableOptions):
         "an imported loader's client_train) | natural: the synthetic generator's own devices")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (partition='dirichlet')")
     shards_per_client: int = Field(2, ge=1, description="McMahan's shards each client gets (partition='shards')")
-    num_clients: int = Field(10, ge=1, le=100_000, description="N: clients 0 … N − 1; client k belongs to edge k mod L")
+    num_clients: int = Field(10, ge=1, le=100_000, description=(
+        "N of a simulated federation (a run without a selection): clients 0 … N − 1, client k at edge k mod L"))
     synthetic_alpha: float = Field(1.0, ge=0, le=100, description="α of FedProx's Synthetic(α, β): how much local "
                                    "models differ")
     synthetic_beta: float = Field(1.0, ge=0, le=100, description="β of FedProx's Synthetic(α, β): how much local "
@@ -148,12 +149,36 @@ class LocalTrainingConfig(Strict):
     momentum: float = Field(0.9, ge=0, lt=1, description="used by the nesterov optimiser")
 
 
+class StalenessConfig(Strict):
+    """How much a contribution computed on global version v counts in the update of version t (τ = t − v ≥ 0)
+    when the cloud's buffer is smaller than the edges (topology.buffer_size < num_edges): its step is scaled
+    by s(τ), and one staler than `max` is dropped. Every contribution of a synchronous run has τ = 0, s = 1."""
+
+    function: Literal["fedbuff", "constant", "polynomial"] = Field(
+        "fedbuff", description="s(τ): fedbuff 1/√(1 + τ) (FedBuff, Nguyen et al. 2022), constant 1, or polynomial "
+        "(1 + τ)^−exponent")
+    exponent: float | None = Field(None, gt=0, le=10, description="a in polynomial's (1 + τ)^−a (left out: 0.5); "
+                                   "only with function 'polynomial'")
+    max: int | None = Field(None, ge=0, le=100_000, description="a contribution more than this many versions "
+                            "stale is dropped and counted in its update's record (left out: none is dropped)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "StalenessConfig":
+        if self.exponent is not None and self.function != "polynomial":
+            raise ValueError(f"staleness.exponent is the polynomial's; function {self.function!r} takes none")
+        return self
+
+
 class TopologyConfig(Strict):
     num_edges: int = Field(1, ge=1, le=1000, description="L: edges 0 … L − 1 take part; 1 with buffer_size 1 is "
                            "a flat topology")
     buffer_size: int = Field(1, ge=1, description="B: edge contributions per cloud update (left out: num_edges for "
-                             "a synchronous algorithm, 1 for an asynchronous one)")
+                             "a synchronous algorithm, 1 for an asynchronous one); B < num_edges with a model-"
+                             "averaging algorithm (fedavg, fedprox, fedsgd) is buffered asynchronous averaging, "
+                             "each contribution weighted by its staleness")
     edge_rounds: int = Field(1, ge=1, le=1000, description="κ: rounds an edge runs with its clients per global round")
+    staleness: StalenessConfig = Field(StalenessConfig(), description="how the cloud weighs a contribution "
+                                       "computed on an older global version (buffer_size < num_edges)")
 
 
 class RoundPolicy(Strict):
@@ -162,6 +187,16 @@ class RoundPolicy(Strict):
         0.8, gt=0, le=1, description="share of selected clients that must answer before the deadline"
     )
     max_retries: int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
+    answers: int | None = Field(None, ge=1, le=100_000, description=(
+        "K: an edge round closes as soon as K of its selected devices answered (buffered averaging at the "
+        "edge), the later answers dropped; more than an edge selects means all of them. Unset: it waits for "
+        "every one (or the deadline, with min_fraction). The reference runner takes the K devices of least "
+        "modelled time (dvfs), which the services match where the devices are emulated (dvfs.time_scale)"))
+
+    def enough(self, selected: int) -> int | None:
+        """The answers that close a round of `selected` tasks (policy.answers, at most all of them); None: every
+        one is waited for."""
+        return None if self.answers is None else min(self.answers, selected)
 
 
 # 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
@@ -333,11 +368,6 @@ class SecureAggregationConfig(Strict):
 LabelSelector = Annotated[dict[Annotated[str, Field(min_length=1, max_length=63)],
                                 Annotated[str, Field(max_length=63)]], Field(min_length=1, max_length=32)]
 SiteName = Annotated[str, Field(min_length=1, max_length=63)]
-# Algorithms whose rounds need no roster of the run's clients (per-client server memory, per-edge client
-# counts, client indices into a partition): the ones a run over registered devices may use.
-SELECTABLE_ALGORITHMS = frozenset({"fedavg", "fedprox", "fedsgd"})
-
-
 def matches(labels: dict[str, str], selector: dict[str, str] | None) -> bool:
     """Whether `labels` carry every key=value of `selector` (None: everything matches)."""
     return selector is None or all(labels.get(key) == value for key, value in selector.items())
@@ -398,6 +428,11 @@ class RunConfig(Strict):
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy: DP-FedAvg and DP-SGD")
     secure_aggregation: SecureAggregationConfig = Field(SecureAggregationConfig(), description="secure "
                                                         "aggregation: what each tier learns of the one below")
+    evaluation: Literal["cloud", "federated", "both"] = Field("cloud", description=(
+        "where the global model is evaluated: 'cloud', on the test set of data.dataset the cloud loads (the "
+        "history's test_loss, test_accuracy); 'federated', by the devices that receive a version, on their own "
+        "held-out splits before they train on it, weighted by samples at their edge and over the edges at the "
+        "cloud (the history's `federated`); 'both'"))
 
     selection: Selection | None = Field(None, description=(
         "which registered sites and devices train (unset: the simulated federation of data.num_clients clients "
@@ -445,32 +480,36 @@ class RunConfig(Strict):
                              "(use logreg or mlp)")
         if self.selection is None and self.data.num_clients < self.topology.num_edges:
             raise ValueError("every edge needs at least one client")
+        # A run over registered devices names its devices' dvfs by device id, whatever the ids.
         strangers = sorted(k for k in self.dvfs.clients if not 0 <= k < self.data.num_clients)
-        if strangers:
+        if strangers and self.selection is None:
             raise ValueError(f"dvfs.clients names clients {strangers} outside 0..{self.data.num_clients - 1}")
         return self
 
     def _check_secure_aggregation(self) -> None:
+        if self.secure_aggregation.edge and self.policy.answers == 1:
+            # K ≥ 2 is coherent: the protocol's roster is the devices whose answers closed the round (edge/secagg.py).
+            raise ValueError("secure_aggregation.edge with policy.answers = 1: each edge round would close at its "
+                             "first answer, and a sum of one device's update is that update, which secure "
+                             "aggregation hides (it needs at least 2 devices): set policy.answers ≥ 2, or leave it "
+                             "unset")
         if not self.secure_aggregation.cloud:
             return
         if self.topology.buffer_size != self.topology.num_edges:
             raise ValueError(
-                f"secure_aggregation.cloud needs every site's contribution in each cloud update (topology.buffer_size "
-                f"= num_edges = {self.topology.num_edges}, got {self.topology.buffer_size}): the sites' pairwise masks "
-                "cancel only in the sum over all of them, so an asynchronous buffer of fewer would leave the cloud "
-                "a masked, meaningless sum")
+                f"secure_aggregation.cloud needs topology.buffer_size = num_edges ({self.topology.num_edges}, got "
+                f"{self.topology.buffer_size}): buffered averaging would weigh each site by its staleness s(τ), and "
+                "the sites' pairwise masks cancel only in the sum over all of them, each counted once; a buffer of "
+                "fewer would leave the cloud a masked, meaningless sum")
         if self.aggregation.cloud != "mean":
             raise ValueError(f"aggregation.cloud = {self.aggregation.cloud!r} needs each site's step, which "
                              "secure_aggregation.cloud hides: use 'mean'")
 
     def _check_selection(self) -> None:
-        if self.algorithm not in SELECTABLE_ALGORITHMS:
-            takes = ", ".join(sorted(SELECTABLE_ALGORITHMS))
-            raise ValueError(f"a run over registered devices (selection) takes {takes}; {self.algorithm} keeps a "
-                             "memory per client of a simulated roster")
-        if self.privacy.noise != "off" or self.aggregation.edge != "mean" or self.dvfs.clients:
-            raise ValueError("a run over registered devices (selection) takes no privacy accounting, no edge-level "
-                             "robust aggregation and no per-client dvfs: each counts a simulated roster")
+        if self.privacy.dp_sgd_noise_multiplier is not None:
+            raise ValueError("a run over registered devices (selection) takes no DP-SGD: its ε per example is "
+                             "accounted from every client's sample count before the run, which devices holding "
+                             "their own data do not give until they register")
 
     def edge_ids(self) -> list[int]:
         """The run's edges: the sites its selection resolved to, or the simulated federation's 0 … L−1."""

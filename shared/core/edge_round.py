@@ -10,8 +10,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, EdgeAggregate
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.dvfs import epoch_seconds
 from fl_services.shared.core.federation import client_round
 from fl_services.shared.core.records import Record
+from fl_services.shared.core.reports import Member
 
 
 @dataclass(frozen=True)
@@ -47,16 +50,17 @@ class EdgeRoundOutcome:
     aggregate: EdgeAggregate
     edge_state: Record
     results: list[ClientResult]  # of every edge round, those its aggregate sums: for the history
+    members: tuple[Member, ...] | None = None  # the devices it selected from (None: the simulated roster)
 
 
 async def run_edge_round(
     algorithm: Algorithm, global_: Record, version: int, edge_id: int, edge_state: Record, train: Train,
-    offload: Offload = _inline, members: list[int] | None = None,
+    offload: Offload = _inline, members: list[Member] | None = None,
 ) -> EdgeRoundOutcome:
-    """`members`: the run's devices at this edge for this round, which it selects from (the edge service: those
-    registered there; None: the simulated federation's, RunConfig.clients_of_edge, as the reference runner has)."""
+    """`members`: the run's devices at this edge for this round, which it selects from (those registered there
+    for a run over registered devices; None: the simulated federation's, RunConfig.clients_of_edge)."""
     config = algorithm.config
-    pool = config.clients_of_edge(edge_id) if members is None else members
+    pool = config.clients_of_edge(edge_id) if members is None else sorted(m.client_id for m in members)
     kappa = config.topology.edge_rounds
     edge_global, all_results = global_, list[ClientResult]()
     for e in range(kappa):
@@ -67,7 +71,7 @@ async def run_edge_round(
             results, aggregate = trained.results, EdgeAggregate(trained.sums, trained.weight)
         else:
             results = trained
-            aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r)
+            aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r, edge_id)
         all_results.extend(x for x in results if aggregate.clients is None or x.client_id in aggregate.clients)
         if e < kappa - 1:
             edge_global = await offload(algorithm.edge_round_update, edge_global, aggregate)
@@ -75,7 +79,26 @@ async def run_edge_round(
         aggregate = await offload(algorithm.edge_contribution, global_, edge_global, aggregate)
     # As it travels to the cloud (float32 sums, Algorithm.wire_spec): in the reference runner too.
     aggregate = replace(aggregate, tensors=algorithm.to_wire(aggregate.tensors))
-    return EdgeRoundOutcome(aggregate, edge_state, all_results)
+    return EdgeRoundOutcome(aggregate, edge_state, all_results, None if members is None else tuple(members))
+
+
+def device_seconds(config: RunConfig, client_id: int, num_samples: int) -> float:
+    """Client `client_id`'s modelled time for its local training at full speed: E epochs of its samples on its
+    device (RunConfig.dvfs), in device seconds (an emulated device's wall time over dvfs.time_scale)."""
+    _, profile, _ = config.dvfs.device(client_id)
+    return config.local.epochs * epoch_seconds(profile, num_samples, profile.f_max)
+
+
+def first_answers(config: RunConfig, results: list[ClientResult]) -> list[ClientResult]:
+    """The answers an edge round closes with when every selected device answers in its modelled time: all of
+    them, or with policy.answers = K the K of least modelled time (ties: the lower client id), the others
+    late and dropped."""
+    k = config.policy.answers
+    if k is None or k >= len(results):
+        return results
+    fastest = sorted(results, key=lambda r: (device_seconds(config, r.client_id, r.num_samples), r.client_id))[:k]
+    kept = {r.client_id for r in fastest}
+    return [r for r in results if r.client_id in kept]
 
 
 def _tasks(algorithm: Algorithm, global_: Record, chosen: list[int], round: int) -> list[ClientTask]:

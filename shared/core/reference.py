@@ -7,11 +7,19 @@ and the same history records, except that a record lists its contributions in th
 received them, which in a service run is the order the edges happened to submit.
 
 Which edge triples each cloud update consumes is the one thing timing decides. Synchronous algorithms
-(B = L) consume every edge's triple each time. With B < L the runner either replays a `schedule` (the
-(edge, base_version) pairs of each update, e.g. read from a service run's history) or simulates
-virtual time: an edge round of edge l takes `edge_slowdown[l]` units (1 by default), triples enter the
-buffer in order of completion (ties by edge id), and an edge restarts on the version its triple
-produced, as the services' edges do.
+(B = L) consume every edge's triple each time. With B < L (an asynchronous algorithm, or FedAvg's buffered
+averaging) the runner either replays a `schedule` (the (edge, base_version) pairs of each update, e.g. read
+from a service run's history) or simulates virtual time: an edge round of edge l takes `edge_slowdown[l]`
+units (1 by default), or, with `device_time`, `edge_slowdown[l]` times its slowest client's modelled time at
+full speed (the DVFS device model, shared/core/dvfs.py: the emulated devices' wall time over
+dvfs.time_scale); triples enter the buffer in order of completion (ties by edge id), and an edge restarts
+on the version its triple produced, as the services' edges do.
+
+A run over registered devices (RunConfig.selection) is replayed given its `devices`: each with its id, the edge
+(site) it registered at, its data source, its labels and the version from which it is registered (its join, in
+rounds: a device registering during round v is a member from round v + 1, so it joins at v + 1). An edge's members
+in the round on version v are its devices joined by v whose labels the selection's device selector takes, which is
+what the edge service selects from and declares; `joins_of` reads the joins back from a service run's history.
 """
 from __future__ import annotations
 
@@ -22,16 +30,39 @@ from datetime import datetime, timezone
 from fl_services.shared.core.algorithms import privacy, registry
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Contribution
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
-from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.data import load_federated
-from fl_services.shared.core.edge_round import ClientTask, EdgeRoundOutcome, run_edge_round
-from fl_services.shared.core.federation import initial_model, local_job, participation
+from fl_services.shared.core.config import RunConfig, matches
+from fl_services.shared.core.data import ClientData, load_federated, open_source
+from fl_services.shared.core.edge_round import (
+    ClientTask,
+    EdgeRoundOutcome,
+    device_seconds,
+    first_answers,
+    run_edge_round,
+)
+from fl_services.shared.core.federation import (
+    evaluate_held_out,
+    initial_model,
+    local_job,
+    participation,
+    site_evaluation,
+)
 from fl_services.shared.core.records import Record
-from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.core.reports import Member, RoundRecord
 from fl_services.shared.core.tensors import Tensors
 
 # One cloud update's buffer: (edge_id, base_version) per triple.
 Schedule = list[list[tuple[int, int]]]
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device registered for a run over registered devices, as the reference runner replays it."""
+
+    client_id: int
+    edge_id: int  # the edge (site) it registered at
+    data: str  # its data source spec (shared/core/data/specs.py), e.g. "partition:digits?clients=6&index=2"
+    labels: dict[str, str] = field(default_factory=dict)
+    joins: int = 0  # the first version whose edge round has it as a member
 
 
 @dataclass
@@ -41,24 +72,40 @@ class ReferenceResult:
     history: list[RoundRecord] = field(default_factory=list)
     client_states: dict[int, Record] = field(default_factory=dict)
     cloud_state: Record = field(default_factory=dict)
+    # Per update, in virtual time: when it happened (the last of its contributions in), and how many client tasks
+    # the edges had set by then, answered or not (what a benchmark counts as client work).
+    virtual_times: list[float] = field(default_factory=list)
+    client_tasks: list[int] = field(default_factory=list)
 
 
 class InProcessClients:
     """Trains tasks by calling local_update directly, keeping each client's state in a dict. A benchmark may
     pass a subclass to `run_reference` (e.g. bench/robust.py's clients that poison their updates)."""
 
-    def __init__(self, algorithm: Algorithm):
+    def __init__(self, algorithm: Algorithm, devices: list[Device] | None = None):
         self.algorithm = algorithm
         self.data = load_federated(algorithm.config.data, algorithm.config.seed)
         self.states: dict[int, Record] = {}
+        self.sources = {d.client_id: d.data for d in devices or []}
+        self._own: dict[int, ClientData] = {}
+
+    def client_data(self, client_id: int) -> ClientData:
+        """What client `client_id` trains on: its device's own source, else its partition of the run's data."""
+        if client_id not in self.sources:
+            return self.data.clients[client_id]
+        if client_id not in self._own:
+            self._own[client_id] = ClientData(*open_source(self.sources[client_id]).load())
+        return self._own[client_id]
 
     async def train(self, tasks: list[ClientTask]) -> list[ClientResult]:
         results = []
         for t in tasks:
-            job = local_job(self.algorithm.config, t.client_id, t.round, self.data.clients[t.client_id])
+            job = local_job(self.algorithm.config, t.client_id, t.round, self.client_data(t.client_id))
+            evaluation = evaluate_held_out(self.algorithm, job, t.tensors)
             update = self.algorithm.local_update(job, t.tensors, self.states.get(t.client_id, {}))
             self.states[t.client_id] = update.state
-            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics))
+            results.append(ClientResult(t.client_id, update.num_samples, update.loss, update.tensors, update.metrics,
+                                        evaluation=evaluation))
         return results
 
 
@@ -70,12 +117,39 @@ class _Pending:
 
 
 def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Schedule | None = None,
-                  edge_slowdown: dict[int, float] | None = None,
-                  clients: type[InProcessClients] = InProcessClients) -> ReferenceResult:
+                  edge_slowdown: dict[int, float] | None = None, device_time: bool = False,
+                  clients: type[InProcessClients] = InProcessClients,
+                  devices: list[Device] | None = None) -> ReferenceResult:
+    """`devices`: a run over registered devices' devices (config.selection), which it needs and only it takes."""
     rounds = privacy.rounds_to_run(config) if rounds is None else rounds
     if schedule is not None and len(schedule) < rounds:
         raise ValueError(f"the schedule covers {len(schedule)} updates, not {rounds}")
-    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, clients))
+    if (devices is None) != (config.selection is None):
+        raise ValueError("a run over registered devices (selection) is replayed given its devices, and only it")
+    strangers = sorted({d.edge_id for d in devices or []} - set(config.edge_ids()))
+    if strangers:
+        raise ValueError(f"devices registered at edges {strangers}, which are not the run's {config.edge_ids()}")
+    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, device_time, clients, devices))
+
+
+def members_at(config: RunConfig, devices: list[Device], edge_id: int, version: int) -> list[Member]:
+    """The run's members at edge `edge_id` in its round on `version`: its devices joined by then that the device
+    selector takes, by id (edge/membership.py's, for devices whose data fits)."""
+    assert config.selection is not None
+    return [Member(client_id=d.client_id, labels=d.labels)
+            for d in sorted(devices, key=lambda d: d.client_id)
+            if d.edge_id == edge_id and d.joins <= version and matches(d.labels, config.selection.device_selector)]
+
+
+def joins_of(history: list[RoundRecord]) -> dict[int, int]:
+    """Each device's join (the first base version whose contribution declares it a member) in a run over
+    registered devices' history."""
+    joins: dict[int, int] = {}
+    for record in history:
+        for c in record.contributions:
+            for k in c.members or []:
+                joins[k] = min(joins.get(k, c.base_version), c.base_version)
+    return joins
 
 
 def schedule_of(history: list[RoundRecord]) -> Schedule:
@@ -83,25 +157,34 @@ def schedule_of(history: list[RoundRecord]) -> Schedule:
     return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
 
 
-async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
-               slowdown: dict[int, float], clients_type: type[InProcessClients]) -> ReferenceResult:
+async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdown: dict[int, float],
+               device_time: bool, clients_type: type[InProcessClients],
+               devices: list[Device] | None) -> ReferenceResult:
     algorithm = registry.create(config)
-    clients = clients_type(algorithm)
+    clients = clients_type(algorithm) if devices is None else clients_type(algorithm, devices)
     globals_ = [algorithm.init_global(initial_model(config))]
-    edge_states: dict[int, Record] = {e: {} for e in range(config.topology.num_edges)}
+    edge_states: dict[int, Record] = {e: {} for e in config.edge_ids()}
     pending: dict[int, _Pending] = {}
+    tasks_set = [0]  # client tasks the edges have set so far
+
+    async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+        tasks_set[0] += len(tasks)
+        return first_answers(config, await clients.train(tasks))
 
     async def start(edge_id: int, version: int, now: float) -> None:
+        members = None if devices is None else members_at(config, devices, edge_id, version)
         outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
-                                       clients.train)
+                                       train, members=members)
         edge_states[edge_id] = outcome.edge_state
-        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0))
+        took = max((device_seconds(config, r.client_id, r.num_samples) for r in outcome.results), default=0.0) \
+            if device_time else 1.0
+        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0) * took)
 
     result = ReferenceResult(algorithm.model_parameters(globals_[0]), globals_[0], client_states=clients.states)
     run_started = started = datetime.now(timezone.utc)
     now = 0.0
     if schedule is None:
-        for edge_id in range(config.topology.num_edges):
+        for edge_id in config.edge_ids():
             await start(edge_id, 0, now)
     for version in range(rounds):
         if schedule is None:
@@ -116,13 +199,16 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None,
         consumed = [pending.pop(e) for e in arrived]
         now = max([now, *(p.done_at for p in consumed)])
         contributions = [
-            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight,
-                         tuple(participation(p.outcome.results)))
+            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight, clients,
+                         members=p.outcome.members, evaluation=site_evaluation(clients))
             for e, p in zip(arrived, consumed, strict=True)
+            for clients in [tuple(participation(p.outcome.results))]
         ]
         outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)
         result.history.append(round_record(version, contributions, outcome, started, run_started, finished))
+        result.virtual_times.append(now)
+        result.client_tasks.append(tasks_set[0])
         globals_.append(outcome.global_)
         result.global_state, result.global_record = algorithm.model_parameters(outcome.global_), outcome.global_
         result.cloud_state, started = outcome.cloud_state, finished

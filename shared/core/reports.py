@@ -98,12 +98,38 @@ class DeviceReport(Message):
     budget_s: Seconds | None = None  # the modelled seconds the edge gave the task (deadline, slack)
 
 
+class HeldOut(Message):
+    """A model's figures on devices' own held-out splits, weighted by their samples: one device's, one site's
+    (its devices'), or a version's (its sites') (RunConfig.evaluation "federated" or "both")."""
+
+    loss: Scalar
+    accuracy: float = Field(ge=0, le=1, allow_inf_nan=False)
+    num_samples: int = Field(ge=1, le=MAX_SAMPLES)
+
+
+class SiteHeldOut(HeldOut):
+    """One site's (edge's) evaluation of a version on its devices' held-out splits."""
+
+    edge_id: int = Id
+
+
+class FederatedEvaluation(HeldOut):
+    """A global version evaluated by the devices that received it, on their held-out splits, before training on
+    it: the sample-weighted mean over its sites, each the sample-weighted mean over its devices."""
+
+    version: int = Field(ge=0, description="the global version the devices evaluated (the one their task carried)")
+    sites: list[SiteHeldOut] = Field(description="per site (edge id), what its devices evaluated")
+
+
 class ClientParticipation(Message):
     client_id: int = Id
     num_samples: int = Field(ge=1, le=MAX_SAMPLES)
     loss: Scalar
     metrics: Metrics = Field(default_factory=dict)
     device: DeviceReport | None = None  # None: the result came from outside a client process (reference runner)
+    # The device's evaluation of the global model its task carried, on its held-out split, before it trained: only
+    # in a run with federated evaluation, in the first edge round of a version, from a device with held-out samples.
+    evaluation: HeldOut | None = None
 
 
 # What a client reports about a task it could not train (e.g. its environment cannot import the run's model
@@ -121,6 +147,8 @@ class Member(Message):
 
     client_id: int = Id
     num_samples: int | None = Field(None, ge=0, le=MAX_SAMPLES)
+    # The labels it registered with: a cluster map may place devices by label (ClusterFedVARP's `clusters`).
+    labels: Labels = Field(default_factory=dict)
 
 
 class EdgeContributionHeader(Message):
@@ -135,6 +163,8 @@ class EdgeContributionHeader(Message):
     # The run's members at this edge for the round (the devices it selected from), with their sample counts
     # where the edge knows them: the cloud checks `clients` against these. None: an edge that declares none.
     members: list[Member] | None = Field(None, max_length=1_000_000)
+    # The site's evaluation of base_version: the sample-weighted mean of its clients' `evaluation`s (None: none).
+    evaluation: HeldOut | None = None
 
 
 # ---- control API (admin <-> cloud) ------------------------------------------------------------
@@ -145,6 +175,7 @@ class ClientRecord(Message):
     loss: float
     metrics: dict[str, float] = Field(default_factory=dict)
     device: DeviceReport | None = None
+    evaluation: HeldOut | None = None  # of the version its task carried, on its held-out split
 
 
 class ClientFailureRecord(Message):
@@ -158,6 +189,13 @@ class ContributionRecord(Message):
     base_version: int
     staleness: int
     weight: float
+    # The devices the edge selected from (a run over registered devices; None: the simulated roster): who was
+    # registered for the run at that edge in that round, from which the reference runner replays the joins.
+    members: list[int] | None = None
+    # s(τ) its step counted with (RunConfig.topology.staleness; 1 in a synchronous run), and whether it was
+    # dropped instead, staler than topology.staleness.max.
+    staleness_weight: float = 1.0
+    dropped: bool = False
 
 
 class RoundRecord(Message):
@@ -169,8 +207,14 @@ class RoundRecord(Message):
     failed_clients: list[ClientFailureRecord] = Field(default_factory=list)
     contributions: list[ContributionRecord]
     train_loss: Figure
-    test_loss: Figure = Field(description="null until the cloud has evaluated the round's model")
-    test_accuracy: Figure = Field(description="null until the cloud has evaluated the round's model")
+    test_loss: Figure = Field(description="on the test set the cloud loads (RunConfig.evaluation 'cloud' or "
+                              "'both'): null until the cloud has evaluated the round's model, and always with "
+                              "'federated'")
+    test_accuracy: Figure = Field(description="on the test set the cloud loads: null as test_loss")
+    federated: list[FederatedEvaluation] = Field(default_factory=list, description=(
+        "on the devices' held-out splits (RunConfig.evaluation 'federated' or 'both'): per global version the "
+        "contributions of this update were computed on (one for a synchronous run: `round`, the version this "
+        "update started from), what the devices that trained on it evaluated"))
     # Sample-weighted means of what clients reported (e.g. pFedMe's personalised accuracy).
     client_metrics: dict[str, Figure] = Field(default_factory=dict)
     # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).

@@ -9,6 +9,7 @@ from pydantic import Field
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataSummary
 from fl_services.shared.core.reports import Labels, Message, RoundRecord, RunStatus
+from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, SiteRun
 from fl_services.shared.wire.protocol import TOKEN_ID
 
 
@@ -64,17 +65,21 @@ class SiteInfo(Message):
     last_seen: datetime
     devices: int | None = None  # registered at it, as it last reported
     serving: str | None = None  # its last round, "run_id:version"
+    # Online while its reports arrive (cloud/services/sites.py says offline after a few intervals without one);
+    # None as stored: the registry keeps what was reported, the reader's clock decides.
+    status: Literal["online", "offline"] | None = None
+    report_s: float | None = None
+    states: dict[DeviceState, int] = Field(default_factory=dict)  # its devices counted per state
+    device_page: list[DeviceBrief] = Field(default_factory=list)  # the first of them, failed ones first
+    runs: list[SiteRun] = Field(default_factory=list)  # the current round of each run it serves
     mask_key: str | None = None  # its public key for secure aggregation between sites (base64 X25519)
-
-
-DeviceState = Literal["idle", "training", "failed", "offline"]
 
 
 class DeviceInfo(Message):
     """A device as its edge's device registry knows it."""
 
     client_id: int
-    state: DeviceState  # training: a task of it is open; failed: it reported it could not train one
+    state: DeviceState  # as edge_cloud.DeviceState says
     labels: Labels = Field(default_factory=dict)
     summary: DataSummary | None = None
     registered_at: datetime
@@ -131,3 +136,25 @@ class RunUpdate(Message):
     # Mean and spread (population std) over clients of their latest reports, per client group.
     groups: dict[str, dict[str, tuple[float, float]]]
     rounds: list[RoundRecord]  # history records this stream has not sent before
+
+
+class RunSite(Message):
+    """One site of a run as its last report says: the run's current round there, and its devices in it."""
+
+    name: str | None = None  # None: the run names an edge that never registered as a site
+    edge_id: int
+    status: Literal["online", "offline"] | None = None
+    tasks: int = 0
+    answered: int = 0
+    failed: int = 0
+    devices: list[DeviceBrief] = Field(default_factory=list)  # listed devices with a task of the run, or failing it
+
+
+class RunSites(Message):
+    """The sites and devices a run uses (`GET /api/v1/runs/{id}/sites`); all_failed: every device given a task of
+    its current round reported it could not train it (the run cannot progress until one can)."""
+
+    run_id: str
+    sites: list[RunSite]
+    all_failed: bool
+    reasons: list[str] = Field(default_factory=list)  # the distinct reasons of the listed failed devices

@@ -53,15 +53,23 @@ def derived_token_id(client_id: int) -> str:
     return f"client-{client_id}"
 
 
-def device_token(secret: str, client_id: int, token_id: str) -> str:
-    mac = hmac.new(secret.encode(), f"fl-device:{client_id}:{token_id}".encode(), hashlib.sha256).hexdigest()
-    return f"{DEVICE_TOKEN}.{client_id}.{token_id}.{mac}"
+# A device token may name the one site (edge name) it may join: "<token>~<site>", its mac taken over the site too,
+# so that a token stolen from a device serves at no other site. "~" is in no site name, token id or mac, and is a
+# bearer token's character (RFC 6750).
+SITE_SEPARATOR = "~"
 
 
-def issue_device_tokens(secret: str, client_ids: list[int]) -> dict[int, str]:
+def device_token(secret: str, client_id: int, token_id: str, site: str | None = None) -> str:
+    # A token id holds no ":": the site's part of the mac's input cannot be read as another token's id.
+    bound = "" if site is None else f":{site}"
+    mac = hmac.new(secret.encode(), f"fl-device:{client_id}:{token_id}{bound}".encode(), hashlib.sha256).hexdigest()
+    return f"{DEVICE_TOKEN}.{client_id}.{token_id}.{mac}" + ("" if site is None else f"{SITE_SEPARATOR}{site}")
+
+
+def issue_device_tokens(secret: str, client_ids: list[int], site: str | None = None) -> dict[int, str]:
     """A new device token, each with a new random id, for every client in `client_ids` (`fedctl issue-token`;
-    a client process holds them in its client_tokens setting)."""
-    return {k: device_token(secret, k, secrets.token_hex(8)) for k in client_ids}
+    a client process holds them in its client_tokens setting), bound to `site` if given."""
+    return {k: device_token(secret, k, secrets.token_hex(8), site) for k in client_ids}
 
 
 def tokens_file_text(tokens: dict[int, str]) -> str:
@@ -72,7 +80,7 @@ def tokens_file_text(tokens: dict[int, str]) -> str:
 def issued_token_parts(token: str) -> tuple[int, str] | None:
     """The client id and token id an issued device token names, or None for any other token. Read without the
     secret: the edge, which holds it, decides whether the token is genuine."""
-    parts = token.split(".")
+    parts = token.partition(SITE_SEPARATOR)[0].split(".")
     if len(parts) != 4 or parts[0] != DEVICE_TOKEN or not parts[1].isdecimal():
         return None
     return int(parts[1]), parts[2]
@@ -80,10 +88,20 @@ def issued_token_parts(token: str) -> tuple[int, str] | None:
 
 def device_token_id(secret: str, token: str, client_id: int) -> str | None:
     """The id of `token` if it is client `client_id`'s own token (issued or derived), else None."""
+    grant = device_token_grant(secret, token, client_id)
+    return None if grant is None else grant[0]
+
+
+def device_token_grant(secret: str, token: str, client_id: int) -> tuple[str, str | None] | None:
+    """The id of `token` and the site it is bound to (None: any) if it is client `client_id`'s own token (issued or
+    derived), else None."""
     if hmac.compare_digest(token.encode(), client_token(secret, client_id).encode()):
-        return derived_token_id(client_id)
-    parts = token.split(".")
+        return derived_token_id(client_id), None
+    issued, separator, site = token.partition(SITE_SEPARATOR)
+    parts = issued.split(".")
     if len(parts) != 4 or parts[0] != DEVICE_TOKEN or parts[1] != str(client_id) or not TOKEN_ID.fullmatch(parts[2]):
         return None
-    expected = device_token(secret, client_id, parts[2])
-    return parts[2] if hmac.compare_digest(token.encode(), expected.encode()) else None
+    if separator and not site:
+        return None
+    expected = device_token(secret, client_id, parts[2], site if separator else None)
+    return (parts[2], site if separator else None) if hmac.compare_digest(token.encode(), expected.encode()) else None

@@ -174,7 +174,7 @@ async def test_create_run_bad_rounds(cloud: Cloud, rounds: Any) -> None:
     ("overrides", "fragment"),
     [({"params": {"mu": 0.1}}, "mu"),
      ({"topology": {"num_edges": 5, "buffer_size": 5}}, "every edge needs at least one client"),
-     ({"topology": {"num_edges": 2, "buffer_size": 1}}, "buffer_size must equal num_edges"),
+     ({"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}}, "buffer_size must equal num_edges"),
      ({"fraction": 0}, "greater than 0"),
      ({"data": {"dataset": "npz"}}, "needs a path"),
      ({"dvfs": {"profile": "pentium"}}, "unknown device profile 'pentium'; known: rpi4"),

@@ -120,7 +120,7 @@ async def test_a_live_run_updates_only_on_change_and_sends_each_round_once(cloud
 async def test_root_redirects_to_the_dashboard_whose_pages_and_assets_are_served_here(cloud: Cloud):
     r = await cloud.http.get("/")
     assert r.status_code == 307 and r.headers["location"] == "/ui/"
-    for page in ("/ui/", "/ui/run.html"):
+    for page in ("/ui/", "/ui/run.html", "/ui/topology.html"):
         r = await cloud.http.get(page)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         for ref in re.findall(r'(?:src|href)="([^"]+)"', r.text):

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import torch
 
+from fl_services.shared.core.reports import HeldOut
 from fl_services.shared.core.tensors import Tensors, encode
 from fl_services.shared.wire.client_edge import ClientRegistration
 from fl_services.shared.wire.protocol import SAFETENSORS, client_token
@@ -211,6 +212,8 @@ INVALID_HEADERS = {
     "negative-client-id": ({"client_id": -1}, "client_id"),
     "extra-field": ({"round": 0}, "round"),
     "string-samples": ({"num_samples": "many"}, "num_samples"),
+    "accuracy-above-one": ({"evaluation": {"loss": 0.5, "accuracy": 1.5, "num_samples": 3}}, "accuracy"),
+    "evaluation-of-no-samples": ({"evaluation": {"loss": 0.5, "accuracy": 0.5, "num_samples": 0}}, "num_samples"),
 }
 
 
@@ -229,6 +232,16 @@ async def test_result_invalid_header(edge: Edge, case: str) -> None:
     detail_of(r, 422, "invalid ClientResultHeader", fragment)
     assert await edge.snapshot(0) == before
     assert before["open"] == {0: task_id(0)}
+
+
+async def test_result_with_an_evaluation_its_task_did_not_ask_for(edge: Edge) -> None:
+    """The harness's run is evaluated on the cloud's test set only: a device evaluation is refused, the task open."""
+    await edge.open_tasks(0)
+    before = await edge.snapshot(0)
+    header = result_header(0).model_copy(update={"evaluation": HeldOut(loss=0.5, accuracy=0.5, num_samples=3)})
+    r = await edge.send_result(0, encode(zeros_like(task_tensors(0)), header))
+    detail_of(r, 422, "asks for no evaluation", "run evaluation is 'cloud'")
+    assert await edge.snapshot(0) == before
 
 
 async def test_result_num_samples_beyond_float_range(edge: Edge) -> None:

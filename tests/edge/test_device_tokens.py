@@ -7,8 +7,16 @@ import httpx
 import pytest
 
 from fl_services.edge.revocations import Revocations
-from fl_services.shared.wire.protocol import client_token, device_token, device_token_id
-from tests.edge.harness import CLIENT_TOKEN, Edge, auth
+from fl_services.shared.wire.protocol import (
+    client_token,
+    device_token,
+    device_token_grant,
+    device_token_id,
+    issue_device_tokens,
+    issued_token_parts,
+)
+from tests.edge.harness import CLIENT_TOKEN, Edge, auth, running_edge
+from tests.prometheus import samples, value
 from tests.web import detail_of
 
 pytestmark = pytest.mark.anyio
@@ -52,3 +60,34 @@ async def test_the_edge_refuses_a_revoked_device_token_only(edge: Edge) -> None:
     detail_of(r, 401, "revoked")
     assert (await register(edge, 1, yours)).status_code == 200
     assert (await register(edge, 2, CLIENT_TOKEN)).status_code == 200  # the secret is not a device's
+
+
+def test_a_site_bound_token_names_its_site_and_cannot_be_moved() -> None:
+    bound = device_token("s3cret", 4, "0123abcd4567", site="clinic-a.eu")
+    assert bound.endswith("~clinic-a.eu")
+    assert device_token_grant("s3cret", bound, 4) == ("0123abcd4567", "clinic-a.eu")
+    assert device_token_id("s3cret", bound, 4) == "0123abcd4567"
+    assert issued_token_parts(bound) == (4, "0123abcd4567")
+    # The site is under the mac: renamed, dropped or emptied, the token is no token.
+    for moved in (bound.replace("clinic-a.eu", "clinic-b"), bound.partition("~")[0], bound.partition("~")[0] + "~"):
+        assert device_token_grant("s3cret", moved, 4) is None, moved
+    unbound = device_token("s3cret", 4, "0123abcd4567")
+    assert device_token_grant("s3cret", unbound, 4) == ("0123abcd4567", None)
+    assert device_token_grant("s3cret", unbound + "~clinic-a.eu", 4) is None
+    assert all(t.endswith("~x") for t in issue_device_tokens("s3cret", [1, 2], site="x").values())
+
+
+async def test_a_token_bound_to_another_site_is_refused_with_403_and_counted() -> None:
+    async with running_edge(name="clinic-b") as edge:
+        here, there = (device_token(CLIENT_TOKEN, 1, "aaaabbbbcccc", site="clinic-b"),
+                       device_token(CLIENT_TOKEN, 2, "ddddeeeeffff", site="clinic-a"))
+        assert (await register(edge, 1, here)).status_code == 200
+        detail_of(await register(edge, 2, there), 403, "may join site 'clinic-a' only", "this edge is site 'clinic-b'")
+        assert 2 not in edge.board.clients
+        r = await edge.http.get("/api/v1/clients/2/task", params={"timeout": 0}, headers=auth(there))
+        detail_of(r, 403, "clinic-a")
+        detail_of(await register(edge, 1, there), 401)  # client 2's token, whatever its site
+        scraped = samples((await edge.http.get("/metrics")).text)
+        assert value(scraped, "fl_edge_device_tokens_refused_total", reason="other_site") == 2
+        assert value(scraped, "fl_edge_device_tokens_refused_total", reason="invalid") == 1
+        assert value(scraped, "fl_edge_device_tokens_refused_total", reason="revoked") == 0

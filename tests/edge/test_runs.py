@@ -2,6 +2,7 @@
 and each run's results, failures and clearing are its own."""
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 
 import pytest
@@ -64,3 +65,18 @@ async def test_a_task_reported_failed_does_not_keep_the_clients_other_runs_waiti
     assert await board.fetch(1, timeout=0) is None
     assert [f.client_id for f in board.failures("a")] == [1]  # the round still hears of the failure
     assert await board.fetch_many([1], set(), timeout=0) == []  # nor by the batch poll of a restarted process
+
+
+async def test_a_round_waiting_for_k_answers_returns_at_the_kth() -> None:
+    board = TaskBoard()
+    for k in (0, 1, 2):
+        board.register(ClientRegistration(client_id=k))
+    await board.post([task("a", k) for k in (0, 1, 2)])
+    waiting = asyncio.create_task(board.wait_results("a", timeout=60, enough=2))
+    await answer(board, 2)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await answer(board, 0)
+    assert [r.client_id for r in await asyncio.wait_for(waiting, 10)] == [0, 2]
+    await board.clear("a")  # the round closed: client 1's answer is no longer taken
+    assert await board.fetch(1, timeout=0) is None

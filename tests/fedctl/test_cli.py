@@ -39,3 +39,14 @@ def test_issue_token_for_several_clients_writes_one_each_to_a_private_file(tmp_p
     assert again.exit_code != 0 and "exists" in again.output  # tokens still in use are not overwritten
     several = CliRunner().invoke(app, ["issue-token", "4-5", "--secret", "s3cret"])
     assert sorted(json.loads(several.stdout)) == ["4", "5"]
+
+
+def test_issue_token_with_a_site_binds_the_token_to_it():
+    from fl_services.shared.wire.protocol import device_token_grant
+
+    result = CliRunner().invoke(app, ["issue-token", "7", "--site", "clinic-a", "--secret", "s3cret"])
+    assert result.exit_code == 0, result.output
+    token_id = result.stderr.split()[2]
+    assert device_token_grant("s3cret", result.stdout.strip(), 7) == (token_id, "clinic-a")
+    refused = CliRunner().invoke(app, ["issue-token", "7", "--site", "clinic~a", "--secret", "s3cret"])
+    assert refused.exit_code == 2 and "--site" in refused.output

@@ -42,8 +42,9 @@ def one_error_line(done: subprocess.CompletedProcess) -> str:
     ("bad.toml", 'rounds = 3\nseed = \n', ["bad.toml: not valid TOML", "line 2"]),
     ("bad.yaml", "rounds: 3\nseed: [1,\n", ["bad.yaml:", "not valid YAML"]),
     ("ok.yaml", "rounds: 0\n", ["ok.yaml: rounds: Input should be greater than or equal to 1"]),
-    ("bad.json", '{"topology": {"num_edges": 2, "buffer_size": 1}, "data": {"num_clients": 4}}',
-     ["bad.json: fedavg is synchronous: topology.buffer_size must equal num_edges (2), got 1"]),
+    ("bad.json", '{"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}, '
+                 '"data": {"num_clients": 4}}',
+     ["bad.json: scaffold is synchronous: topology.buffer_size must equal num_edges (2), got 1"]),
     ("missing.json", None, ["missing.json: cannot read it: No such file or directory"]),
 ], ids=["invalid-field", "a-list", "a-string", "json-syntax", "toml-syntax", "yaml-syntax", "yaml-field",
         "algorithm-refuses", "missing-file"])

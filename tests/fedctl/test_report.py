@@ -15,7 +15,7 @@ from fl_services.shared.core.algorithms.base import Contribution
 from fl_services.shared.core.client_reports import client_reports, group_summary
 from fl_services.shared.core.cloud_round import CloudRoundOutcome, round_record
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reports import ClientFailure, ClientParticipation, RunStatus
+from fl_services.shared.core.reports import ClientFailure, ClientParticipation, HeldOut, RunStatus
 from fl_services.shared.core.training import Evaluation
 from fl_services.shared.wire.admin import RunInfo
 
@@ -110,3 +110,29 @@ def test_results_show_failures_and_number_rounds_from_zero():
     rows = [line.split() for line in console.export_text().splitlines() if line.strip()[:1].isdigit()]
     assert [(r[0], r[2]) for r in rows] == [("0", "1"), ("1", "1")]  # round, failed
     assert "75.00%" in rows[0] and "–" in rows[1]
+
+
+def test_the_exports_say_which_evaluation_each_figure_comes_from(tmp_path):
+    """test_*: the cloud's test set; federated_*: the devices' held-out splits, with each site's figures."""
+    def site(edge_id, accuracy, n):
+        clients = (ClientParticipation(client_id=edge_id, num_samples=5, loss=0.1,
+                                       evaluation=HeldOut(loss=0.5, accuracy=accuracy, num_samples=n)),)
+        return Contribution(edge_id, 0, {}, 1.0, clients, evaluation=HeldOut(loss=0.5, accuracy=accuracy,
+                                                                            num_samples=n))
+
+    record = round_record(0, [site(1, 0.5, 30), site(0, 1.0, 10)],
+                          CloudRoundOutcome({}, {}, Evaluation(math.nan, math.nan, 0), {}), AT, AT, AT)
+    out = io.StringIO()
+    write_history_csv(out, [record])
+    [row] = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert (row["test_accuracy"], row["federated_version"], row["federated_accuracy"], row["federated_samples"]) ==\
+        ("", "0", "0.625000", "40")
+    assert row["federated_sites"] == "v0 edge 0: 1.000000 (10) | v0 edge 1: 0.500000 (30)"
+    path = tmp_path / "history.json"
+    write_history_json(path, [record])
+    [saved] = json.loads(path.read_text())
+    assert saved["test_accuracy"] is None
+    assert saved["federated"] == [{"loss": 0.5, "accuracy": 0.625, "num_samples": 40, "version": 0, "sites": [
+        {"loss": 0.5, "accuracy": 1.0, "num_samples": 10, "edge_id": 0},
+        {"loss": 0.5, "accuracy": 0.5, "num_samples": 30, "edge_id": 1}]}]
+    assert [c["evaluation"]["num_samples"] for c in saved["clients"]] == [10, 30]

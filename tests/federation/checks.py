@@ -47,8 +47,9 @@ async def assert_equals_reference(admin: Admin, run_id: str, config: RunConfig,
         [[(c.client_id, c.edge_id) for c in h.clients] for h in want.history]
     assert_same_model(model, want.global_state)  # the model as the REST API serves it (model_parameters)
     for got, ref in zip(history, want.history, strict=True):
-        assert got.test_accuracy == pytest.approx(ref.test_accuracy, abs=3e-3)
+        assert got.test_accuracy == pytest.approx(ref.test_accuracy, abs=3e-3, nan_ok=True)  # NaN: "federated"
         assert got.client_metrics == pytest.approx(ref.client_metrics, abs=1e-6)
+        assert_same_federated(got, ref)
     return history
 
 
@@ -70,3 +71,19 @@ def assert_within_fixed_point(model: Tensors, expected: Tensors, config: RunConf
         assert bool((diff <= bound[name]).all()), (name, float(diff.max()), float(bound[name].max()))
         worst = max(worst, float(diff.max()))
     return worst
+
+
+def assert_same_federated(got: RoundRecord, ref: RoundRecord) -> None:
+    """The record's federated evaluation is the reference's: the same versions, sites, devices and sample counts, and
+    figures up to the models' float summation order (as test_accuracy)."""
+    def shape(record: RoundRecord) -> list:
+        return [(f.version, f.num_samples, [(s.edge_id, s.num_samples) for s in f.sites]) for f in record.federated]
+
+    def figures(record: RoundRecord) -> list[float]:
+        return [x for f in record.federated for e in [f, *f.sites] for x in (e.loss, e.accuracy)] + \
+            [x for c in record.clients if c.evaluation for x in (c.evaluation.loss, c.evaluation.accuracy)]
+
+    assert shape(got) == shape(ref)
+    assert [(c.client_id, c.evaluation and c.evaluation.num_samples) for c in got.clients] == \
+        [(c.client_id, c.evaluation and c.evaluation.num_samples) for c in ref.clients]
+    assert figures(got) == pytest.approx(figures(ref), abs=3e-3)

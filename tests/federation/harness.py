@@ -7,7 +7,9 @@ The cloud's storage is what the `storage` settings name (the `cloud_storage` fix
 place that decides which backend the tier runs on.
 
 Layout as in fedctl/launch.LocalTopology: client k is served by edge k mod L, each edge's clients split over
-`procs_per_edge` workers (a worker is what a client process runs), every worker with its own httpx client.
+`procs_per_edge` workers (a worker is what a client process runs), every worker with its own httpx client. Or, for
+runs over registered devices, `devices`: one process a device, at the edge it names, with its own data and labels
+(and `Federation.join` starts one more while a run goes on).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from fl_services.edge.config import EdgeSettings
 from fl_services.edge.main import create_app as create_edge
 from fl_services.fedctl.launch import ids_spec, split
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.reference import Device
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.core.tensors import Tensors, decode_tensors
 from fl_services.shared.wire.admin import EdgeHealth, RunInfo
@@ -208,6 +211,15 @@ class ClientProcess:
         return self.task is not None and not self.task.done()
 
 
+def device_process(device: Device, workdir: Path, extra: dict[str, Any] | None = None) -> ClientProcess:
+    """The `fl-client` process of one device: its id, its own data source and labels, at its edge."""
+    settings = ClientSettings(**{"edge_url": f"http://edge{device.edge_id}", "clients": str(device.client_id),
+                                 "client_token": CLIENT_TOKEN, "state_dir": workdir / "client-state",
+                                 "data": device.data, "labels": ",".join(f"{k}={v}" for k, v in device.labels.items()),
+                                 **(extra or {})})
+    return ClientProcess(f"device{device.client_id}", device.edge_id, settings.hosted_ids(), settings)
+
+
 @dataclass
 class Federation:
     cloud: FastAPI
@@ -218,6 +230,13 @@ class Federation:
     workdir: Path
     cloud_settings: CloudSettings
     _cloud_http: httpx.AsyncClient
+
+    async def join(self, device: Device) -> None:
+        """Starts a device's process (it registers at its edge) and waits until its edge sees it."""
+        process = device_process(device, self.workdir)
+        self.clients.append(process)
+        process.start(self.edges[device.edge_id])
+        await self.wait_registered()
 
     def cloud_bridge(self) -> ThreadBridge:
         """A synchronous transport to the cloud, for a thread (asyncio.to_thread) beside this loop."""
@@ -249,14 +268,14 @@ class Federation:
 async def federation(storage: dict[str, Any], workdir: Path, num_clients: int, num_edges: int = 1,
                      procs_per_edge: int = 2, cloud: dict[str, Any] | None = None,
                      edge: Callable[[int], dict[str, Any]] | dict[str, Any] | None = None,
-                     client: Callable[[list[int]], dict[str, Any]] | dict[str, Any] | None = None
-                     ) -> AsyncIterator[Federation]:
+                     client: Callable[[list[int]], dict[str, Any]] | dict[str, Any] | None = None,
+                     devices: list[Device] | None = None) -> AsyncIterator[Federation]:
     """A cloud on `storage`, `num_edges` edges and clients 0..num_clients-1 in `procs_per_edge` workers per
     edge, every client registered; stopped clients first, then edges, then the cloud.
 
     `cloud`, `edge` (or a function of the edge id giving them) and `client` (or a function of the worker's client
     ids): settings of those services on top of the topology's (what FL_CLOUD_*, FL_EDGE_* and FL_CLIENT_* set for
-    the processes).
+    the processes). `devices`: the client processes are these devices' instead of clients 0..num_clients-1.
     """
     cloud_settings = CloudSettings(**{"admin_token": ADMIN_TOKEN, "edge_token": EDGE_TOKEN, **storage,
                                       **(cloud or {})})
@@ -277,8 +296,8 @@ async def federation(storage: dict[str, Any], workdir: Path, num_clients: int, n
             http = await stack.enter_async_context(httpx.AsyncClient(
                 transport=Wire(app), base_url=f"http://edge{edge_id}", timeout=60))
             edges.append(EdgeNode(edge_id, app, http))
-        processes = []
-        for node in edges:
+        processes = [device_process(d, workdir) for d in devices or []]
+        for node in edges if devices is None else []:
             for p, ids in enumerate(split(list(range(node.edge_id, num_clients, num_edges)), procs_per_edge)):
                 settings = ClientSettings(**{"edge_url": f"http://edge{node.edge_id}", "clients": ids_spec(ids),
                                              "client_token": CLIENT_TOKEN, "state_dir": workdir / "client-state",

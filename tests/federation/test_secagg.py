@@ -18,8 +18,10 @@ from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus
 from fl_services.shared.core.secagg import fixedpoint, shamir, sites
 from fl_services.shared.core.secagg.protocol import DeviceSession
 from tests.federation import harness
-from tests.federation.checks import assert_within_fixed_point, reference, run
+from tests.federation.checks import assert_same_federated, assert_within_fixed_point, reference, run
 from tests.federation.harness import federation
+from tests.federation.test_buffered import SLOW
+from tests.federation.test_selected import FAST, TWO_SITES, selected
 
 pytestmark = pytest.mark.anyio
 
@@ -234,7 +236,8 @@ async def test_the_cloud_sees_only_the_sum_over_the_sites(cloud_storage, tmp_pat
     ("edge", {"privacy": {"noise": "edge"}}, "privacy.noise = 'client'"),
     ("edge", {"algorithm": "scaffold"}, "needs each client's result at the edge"),
     ("edge", {"algorithm": "fedvarp"}, "needs each client's result at the edge"),
-    ("cloud", {"topology": {"num_edges": 2, "buffer_size": 1}}, "an asynchronous buffer of fewer"),
+    ("edge", {"policy": {"answers": 1}}, "a sum of one device's update is that update"),
+    ("cloud", {"topology": {"num_edges": 2, "buffer_size": 1}}, "buffered averaging would weigh each site"),
     ("cloud", {"aggregation": {"cloud": "median"}}, "needs each site's step"),
     ("cloud", {"algorithm": "fedvarp"}, "each site's at the cloud"),
 ])
@@ -243,3 +246,44 @@ async def test_what_secure_aggregation_cannot_protect_is_refused_with_422(fed, t
     response = await fed.cloud_request("POST", "/api/v1/runs", json={**config.model_dump(mode="json"), **overrides})
     assert response.status_code == 422, response.text
     assert says in response.text
+
+
+async def test_both_tiers_over_registered_devices_with_federated_evaluation_equal_the_replay(cloud_storage, tmp_path):
+    """Devices with ids of their own (101, 205, …) at two sites: each edge's protocol keys its roster, shares and
+    weights by device id, the cloud's roster takes the members its masked contributions declare, and each device's
+    evaluation of the version its task carries travels in clear with its masked update (a figure of the global
+    model, not the update): the records are the replay's, the model within the fixed-point bound."""
+    config = selected("secagg-devices", {
+        "algorithm": "fedavg", "fraction": 1.0, "rounds": 1, "evaluation": "both",
+        "secure_aggregation": {"edge": True, "cloud": True, "scale_bits": FRACTIONAL_BITS, "phase_timeout_s": 3.0}})
+    async with federation(cloud_storage, tmp_path, num_clients=0, num_edges=2, devices=TWO_SITES, **FAST) as fed:
+        info = await fed.admin.create_run(config)
+        assert sorted(info.config.secure_aggregation.site_keys or {}) == [0, 1]
+        await fed.admin.action(info.run_id, "start")
+        assert (await fed.admin.wait(info.run_id)).status == RunStatus.finished
+        [got] = await fed.admin.history(info.run_id)
+        model = await fed.admin.model(info.run_id)
+    want = await reference(info.config, devices=TWO_SITES)
+    [ref] = want.history
+    assert [(c.client_id, c.edge_id) for c in got.clients] == [(c.client_id, c.edge_id) for c in ref.clients]
+    assert {c.client_id for c in got.clients} == {d.client_id for d in TWO_SITES}
+    assert {c.edge_id: c.members for c in got.contributions} == {c.edge_id: c.members for c in ref.contributions}
+    assert_same_federated(got, ref)
+    assert all(c.evaluation is not None for c in got.clients)
+    assert_within_fixed_point(model, want.global_state, info.config)
+
+
+async def test_an_edge_closing_at_its_kth_answer_sums_those_k_devices_alone(cloud_storage, tmp_path):
+    """policy.answers = 3 of 5 devices, two of them far slower (emulated): the protocol's roster is the three whose
+    keys closed step 0, the slow two are refused and dropped as late answers are, and the model is the reference's
+    (its K devices of least modelled time) within the fixed-point bound."""
+    config = secure_config(name="secagg-k-of-n", policy={"answers": 3},
+                           dvfs={"time_scale": 0.5, "clients": {3: SLOW, 4: SLOW}})
+    async with federation(cloud_storage, tmp_path, num_clients=5, procs_per_edge=1,
+                          client={"dvfs_backend": "emulate"}) as fed:
+        # A first run loads every client's data and model, so that the emulated times set the pace.
+        await run(fed.admin, config.model_copy(update={"name": "warm-up"}), timeout_s=300)
+        _, history, model = await run(fed.admin, config, timeout_s=300)
+    expected = await reference(config)
+    assert [c.client_id for c in history[0].clients] == [c.client_id for c in expected.history[0].clients] == [0, 1, 2]
+    assert_within_fixed_point(model, expected.global_state, config)

@@ -114,13 +114,34 @@ def sign_in(page: Page, token: str) -> None:
     expect(page.locator("#app")).to_be_visible()
 
 
+def watched_to_its_end(running, watched, config: RunConfig) -> tuple[str, Page]:
+    """The run created, started and followed on its page until the page says it ended: its id and the page."""
+    topology, api = running
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    page = watched.page
+    page.goto(f"{topology.cloud_url}/ui/run.html?id={run_id}")
+    sign_in(page, topology.admin_token)
+    expect(page.locator("#live")).to_have_text("ended", timeout=120_000)
+    return run_id, page
+
+
 def points(page: Page) -> int:
     return int(page.locator("#accuracy-chart").get_attribute("data-points") or 0)
 
 
+def wait_until(page: Page, expression: str, timeout_s: float = 30) -> None:
+    """Until `expression` is true in the page. Not page.wait_for_function: it compiles its predicate with eval,
+    which the dashboard's Content-Security-Policy refuses (page.evaluate goes through the debugging protocol)."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true after {timeout_s} s: {expression}"
+        page.wait_for_timeout(100)
+
+
 def wait_points(page: Page, at_least: int, timeout_s: float = 120) -> int:
-    page.wait_for_function(f"Number(document.querySelector('#accuracy-chart').dataset.points || 0) >= {at_least}",
-                           timeout=timeout_s * 1000)
+    wait_until(page, f"Number(document.querySelector('#accuracy-chart').dataset.points || 0) >= {at_least}",
+               timeout_s)
     return points(page)
 
 
@@ -158,7 +179,7 @@ def test_a_run_is_created_started_watched_paused_resumed_and_stopped_from_the_pa
     held = api.run(run_id).version
     time.sleep(1.5)
     assert api.run(run_id).version == held < 100000
-    page.wait_for_function(f"Number(document.querySelector('#accuracy-chart').dataset.points) === {held}")
+    wait_until(page, f"Number(document.querySelector('#accuracy-chart').dataset.points) === {held}")
 
     page.locator("[data-action=resume]").click()
     expect(page.locator("#status")).to_have_text("running")
@@ -166,8 +187,8 @@ def test_a_run_is_created_started_watched_paused_resumed_and_stopped_from_the_pa
     assert after > before
     # The page shows what the API says: the history, the edge and the buffer against B.
     # Rounds keep arriving: the table and the chart are compared in one look, not a count read before.
-    page.wait_for_function("document.querySelectorAll('#history tbody tr').length === "
-                           "Number(document.querySelector('#accuracy-chart').dataset.points)")
+    wait_until(page, "document.querySelectorAll('#history tbody tr').length === "
+               "Number(document.querySelector('#accuracy-chart').dataset.points)")
     expect(page.locator("#edges tbody tr")).to_have_count(1)
     expect(page.locator("#edges tbody tr").first.locator("td").nth(1)).to_have_text("yes")
     expect(page.locator("#buffer")).to_contain_text("/ B = 1")
@@ -233,16 +254,11 @@ def test_a_wrong_token_is_refused_and_the_right_one_kept_for_the_tab(running, wa
 def test_the_run_page_shows_each_rounds_energy_the_running_total_and_each_clients_device(running, watched):
     """A DVFS run (deadline, two device profiles, emulated): the history's energy per round and cumulative, the
     total over the chart, and per client its profile, frequency per epoch and energy, as the API reports them."""
-    topology, api = running
+    _, api = running
     config = RunConfig(name="browser-dvfs", rounds=4, model={"name": "mlp"},
                        data={"dataset": "digits", "num_clients": 4}, local={"epochs": 2, "batch_size": 16, "lr": 0.1},
                        dvfs={"policy": "deadline", "profiles": ["rpi4", "odroid-xu4-a7"], "time_scale": 0.02})
-    run_id = api.create_run(config).run_id
-    api.action(run_id, "start")
-    page = watched.page
-    page.goto(f"{topology.cloud_url}/ui/run.html?id={run_id}")
-    sign_in(page, topology.admin_token)
-    expect(page.locator("#live")).to_have_text("ended", timeout=120_000)
+    run_id, page = watched_to_its_end(running, watched, config)
     history = api.history(run_id)
     assert len(history) == 4 and all(h.energy_j > 0 for h in history)
     rows = page.locator("#history tbody tr")
@@ -266,6 +282,26 @@ def test_the_run_page_shows_each_rounds_energy_the_running_total_and_each_client
     # Later rounds run the fast rpi4s below their top frequency: the page shows what slowed them down.
     assert any(f < 1.5 for c in last.clients if c.device.profile == "rpi4" for f in c.device.frequencies_ghz)
     screenshot(page, "dashboard-energy.png")
+    watched.assert_clean()
+
+
+def test_the_run_page_shows_the_evaluation_mode_and_each_rounds_federated_accuracy(running, watched):
+    """A run evaluated on the cloud's test set and on the devices' held-out splits: the page names both, and its
+    history table has each round's federated accuracy (the devices', weighted by samples) as the API reports it."""
+    _, api = running
+    config = RunConfig(name="browser-fedeval", rounds=3, model={"name": "mlp"},
+                       data={"dataset": "digits", "num_clients": 4}, local={"batch_size": 16, "lr": 0.1},
+                       evaluation="both")
+    run_id, page = watched_to_its_end(running, watched, config)
+    expect(page.locator("#evaluation")).to_have_text("cloud test set and devices' held-out splits")
+    history = api.history(run_id)
+    assert [[f.version for f in h.federated] for h in history] == [[0], [1], [2]]
+    rows = page.locator("#history tbody tr")
+    expect(rows).to_have_count(3)
+    for h in history:  # the newest round first; the federated accuracy is the last column
+        cells = rows.nth(len(history) - h.version).locator("td")
+        expect(cells.last).to_have_text(f"{100 * h.federated[0].accuracy:.2f}%")
+    expect(page.locator("#federated-accuracy")).to_have_text(f"{100 * history[-1].federated[0].accuracy:.2f}%")
     watched.assert_clean()
 
 

@@ -4,6 +4,8 @@ partition, while a device whose data does not fit the run's model reports why ea
 
 The run's data set is an imported loader: for it the edge checks no sample counts against a partition, which
 is what lets a device's own count through while sites and devices are not yet registered entities."""
+import math
+
 import numpy as np
 import pytest
 
@@ -34,6 +36,15 @@ def device_file(path, shape):
     return f"npz:{path}"
 
 
+def first_result(config: RunConfig, own: str, tmp_path) -> ClientResultHeader:
+    """What the device with data `own` reports for its task of round 0 (the initial model), computed in process."""
+    algorithm = registry.create(config)
+    task = algorithm.client_task(algorithm.init_global(initial_model(config)), 0, 0)
+    header = ClientTaskHeader(task_id="t", run_id="r", client_id=0, round=0, version=0, config=config)
+    settings = ClientSettings(state_dir=tmp_path, dvfs_backend="emulate", data=own)
+    return decode(compute(settings, header, task), ClientResultHeader)[1]
+
+
 @pytest.fixture(scope="module")
 def devices(tmp_path_factory):
     files = tmp_path_factory.mktemp("device-data")
@@ -55,9 +66,29 @@ def test_a_device_trains_the_runs_rounds_on_its_own_file(devices, tmp_path):
         assert "DataMisfit" in h.failed_clients[0].error
         assert "its samples have shape 3x2 but the run's model takes 2x3" in h.failed_clients[0].error
     # Round 0's loss is the local update of the initial model on the device's own training split.
-    algorithm = registry.create(CONFIG)
-    task = algorithm.client_task(algorithm.init_global(initial_model(CONFIG)), 0, 0)
-    header = ClientTaskHeader(task_id="t", run_id="r", client_id=0, round=0, version=0, config=CONFIG)
-    settings = ClientSettings(state_dir=tmp_path, dvfs_backend="emulate", data=own)
-    _, expected = decode(compute(settings, header, task), ClientResultHeader)
+    expected = first_result(CONFIG, own, tmp_path)
     assert history[0].clients[0].loss == pytest.approx(expected.loss, rel=1e-5)
+
+
+def test_a_device_evaluates_each_version_on_its_own_held_out_split(devices, tmp_path):
+    """Federated evaluation through processes: the device with its own file evaluates the version its task carries
+    on its own held-out fifth (6 of 30 samples), the simulated client on its partition's; the site's and the run's
+    figures are their sample-weighted means; the cloud evaluates nothing."""
+    api, own = devices
+    config = CONFIG.model_copy(update={"name": "own-data-fedeval", "evaluation": "federated"})
+    info, history, _ = run(api, config)
+    assert info.status == RunStatus.finished
+    held_out = len(load_client(config.data, config.seed, 1).test)
+    for h in history:
+        assert {c.client_id: c.evaluation.num_samples for c in h.clients} == {0: 6, 1: held_out}
+        [figures] = h.federated
+        assert (figures.version, figures.num_samples, [s.edge_id for s in figures.sites]) ==\
+            (h.round, 6 + held_out, [0])
+        own_figures = [c.evaluation for c in h.clients]
+        assert figures.accuracy == pytest.approx(sum(d.accuracy * d.num_samples for d in own_figures) / (6 + held_out))
+        assert math.isnan(h.test_accuracy)  # not evaluated at the cloud
+    # Version 0's figures are the initial model on the device's own held-out split, as the device computes them.
+    expected = first_result(config, own, tmp_path)
+    assert expected.evaluation is not None and expected.evaluation.num_samples == 6
+    assert history[0].clients[0].evaluation.accuracy == expected.evaluation.accuracy
+    assert history[0].clients[0].evaluation.loss == pytest.approx(expected.evaluation.loss, rel=1e-6)

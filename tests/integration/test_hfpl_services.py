@@ -11,7 +11,7 @@ import torch
 from fl_services.cloud.storage.redis import Keys
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference, schedule_of
-from fl_services.shared.core.reports import EdgeContributionHeader, RunStatus
+from fl_services.shared.core.reports import EdgeContributionHeader, RoundRecord, RunStatus
 from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
@@ -50,16 +50,15 @@ def accepted_keys(topology, run_id: str) -> set[str]:
         r.close()
 
 
-def test_async_buffer_consumes_every_triple_once_across_a_cloud_crash(three_edges):
-    topology, api = three_edges
-    config = RunConfig(name="hfpl-async", rounds=14, topology={"num_edges": 3, "buffer_size": 2}, **CONFIG)
+def run_with_a_cloud_kill(topology, api, config: RunConfig) -> tuple[str, list[RoundRecord]]:
+    """Runs `config`, killing the cloud (SIGKILL) once version 4 is out and a contribution waits in the buffer;
+    checks that every accepted contribution was consumed exactly once or still waits (none twice, none lost),
+    those buffered at the kill included. The run's id and history."""
     run_id = api.create_run(config).run_id
     api.action(run_id, "start")
-
-    # Kill the cloud while a triple waits in the buffer (the slow edge's usually does).
     deadline = time.monotonic() + 180
     while not (api.run(run_id).version >= 4 and (before_kill := buffered_triples(topology, run_id))):
-        assert time.monotonic() < deadline, "no moment with a buffered triple"
+        assert time.monotonic() < deadline, "no moment with a buffered contribution"
         time.sleep(0.05)
     topology.restart_cloud(signal.SIGKILL)
 
@@ -67,14 +66,20 @@ def test_async_buffer_consumes_every_triple_once_across_a_cloud_crash(three_edge
     assert final.status == RunStatus.finished and final.version == config.rounds
     history = api.history(run_id)
     assert [h.version for h in history] == list(range(1, config.rounds + 1))
-
     consumed = [(c.edge_id, c.base_version) for h in history for c in h.contributions]
     left = buffered_triples(topology, run_id)
-    # Every accepted triple is consumed exactly once or still waits; none twice, none lost.
-    assert len(consumed) == len(set(consumed)) == 2 * config.rounds
+    assert len(consumed) == len(set(consumed)) == config.topology.buffer_size * config.rounds
     assert not set(consumed) & set(left)
     assert accepted_keys(topology, run_id) == {f"{run_id}:{e}:{v}" for e, v in consumed + left}
     assert set(before_kill) <= set(consumed)
+    return run_id, history
+
+
+def test_async_buffer_consumes_every_triple_once_across_a_cloud_crash(three_edges):
+    topology, api = three_edges
+    config = RunConfig(name="hfpl-async", rounds=14, topology={"num_edges": 3, "buffer_size": 2}, **CONFIG)
+    # The cloud killed while a triple waits in the buffer (the slow edge's usually does).
+    run_id, history = run_with_a_cloud_kill(topology, api, config)
 
     # Each update took the first B = 2 arrivals: two distinct edges, in varying combinations.
     buffers = [tuple(sorted(c.edge_id for c in h.contributions)) for h in history]

@@ -2,6 +2,7 @@
 ciphertext is refused, the fixed-point encoding keeps its bound, and the protocol's sum is exact with dropouts."""
 from __future__ import annotations
 
+import base64
 import itertools
 import secrets
 
@@ -9,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from fl_services.shared.core.secagg import fixedpoint, primitives, shamir
+from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import Contribution
+from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.secagg import fixedpoint, primitives, shamir, sites
 from fl_services.shared.core.secagg.protocol import AggregatorSession, DeviceSession, ProtocolViolation, SecAggAbort
 
 BITS = 48
@@ -178,3 +182,22 @@ def test_the_mask_generator_is_deterministic_and_seeded():
     assert np.array_equal(primitives.expand(seed, 100, 32), primitives.expand(seed, 100, 32))
     assert not np.array_equal(primitives.expand(seed, 100, 32), primitives.expand(secrets.token_bytes(32), 100, 32))
     assert int(primitives.expand(seed, 1000, 32).max()) < 2**32
+
+
+def test_the_sites_total_is_refused_where_staleness_would_weigh_a_site():
+    """A masked site sum cannot be scaled by its own s(τ): the cloud's total takes every site once, all weights 1."""
+    config = RunConfig(name="sites", model={"name": "logreg"}, topology={"num_edges": 2},
+                       secure_aggregation={"cloud": True})
+    algorithm = registry.create(config)
+    global_ = {"model": {"w": torch.zeros(3, dtype=torch.float64)}}
+    keys = [primitives.new_private_key() for _ in range(2)]
+    config = config.model_copy(update={"secure_aggregation": config.secure_aggregation.model_copy(update={
+        "site_keys": {e: base64.b64encode(primitives.public_bytes(k)).decode() for e, k in enumerate(keys)}})})
+    sums = [{"model": {"w": torch.full((3,), e + 1.0, dtype=torch.float64)}} for e in range(2)]
+    contributions = [Contribution(e, 0, sites.mask(config, "r", 0, e, primitives.private_bytes(k), sums[e]), 1.0)
+                     for e, k in enumerate(keys)]
+    total = sites.unmasked_total(algorithm, global_, contributions, (1.0, 1.0))
+    assert torch.equal(total.tensors["model"]["w"], torch.full((3,), 3.0, dtype=torch.float64))
+    assert total.weight == 2.0
+    with pytest.raises(ValueError, match="staleness weights"):
+        sites.unmasked_total(algorithm, global_, contributions, (1.0, 0.5))

@@ -9,9 +9,10 @@ services (edge/round_loop.py, cloud/orchestrator.py) and by the in-process refer
     edge:   select(client_ids, round, edge) -> the clients that train this round
     edge:   client_task(global, k, round) -> the task record, per selected client   (sub-models go here)
     client: local_update(job, task, client_state) -> ClientUpdate   (result record + state kept per client)
-    edge:   edge_aggregate(results, edge_state, round) -> (EdgeAggregate, edge_state)   (an associative partial)
+    edge:   edge_aggregate(results, edge_state, round, edge_id) -> (EdgeAggregate, edge_state)   (a partial sum)
     edge:   [κ > 1 edge rounds: edge_round_update, then edge_contribution]
-    cloud:  cloud_update(global, contributions, cloud_state, round) -> (new global, cloud_state)   (server memory)
+    cloud:  cloud_update(global, contributions, cloud_state, round) -> (new global, cloud_state)   (server memory,
+            keyed by device: shared/core/roster.py)
     cloud:  evaluate, server_metrics(global, cloud_state) -> the round's figures for the history
 
 Everything that crosses a process boundary is a `Record`: named groups of tensors such as
@@ -37,7 +38,7 @@ from fl_services.shared.core.algorithms import aggregate
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import ClientData
 from fl_services.shared.core.records import Record, RecordSpec
-from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport
+from fl_services.shared.core.reports import ClientFailure, ClientParticipation, DeviceReport, HeldOut, Member
 from fl_services.shared.core.selection import select_clients
 from fl_services.shared.core.tensors import MAX_ABS, Tensors
 from fl_services.shared.core.training import Evaluation
@@ -85,6 +86,7 @@ class ClientResult:
     tensors: Record
     metrics: dict[str, float] = field(default_factory=dict)
     device: DeviceReport | None = None  # the DVFS model's account of the task (shared/core/dvfs.py)
+    evaluation: HeldOut | None = None  # of the task's global model on the device's held-out split
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,11 @@ class Contribution:
     participation: tuple[ClientParticipation, ...] = ()
     # Its selected clients that reported they could not train (e.g. cannot import the run's model).
     failures: tuple[ClientFailure, ...] = ()
+    # The devices the edge selected from, with their labels (a run over registered devices: they make its roster,
+    # shared/core/roster.py); None: the simulated federation's roster at that edge.
+    members: tuple[Member, ...] | None = None
+    # The site's evaluation of base_version on its clients' held-out splits (federated evaluation), if any.
+    evaluation: HeldOut | None = None
 
     @property
     def clients(self) -> tuple[int, ...]:
@@ -126,6 +133,11 @@ class Algorithm(Generic[P]):
     # Synchronous algorithms aggregate exactly one contribution per edge per version (B = L) and
     # refuse stale submissions; the asynchronous prototype algorithm overrides this.
     synchronous: ClassVar[bool] = True
+    # Why a synchronous algorithm cannot also run with a buffer B < L, weighing a contribution computed on an older
+    # global version by its staleness (shared/core/algorithms/staleness.py); None: it can. The default holds
+    # for any rule not shown to take a stale step; FedAvg and its variants whose update is that step say None.
+    stale_refusal: ClassVar[str | None] = ("its cloud update is defined only for contributions computed on the "
+                                           "current global state")
     # Algorithms whose server memory spans all clients cannot be split over several edges.
     multi_edge: ClassVar[bool] = True
     # Whether an edge may run κ > 1 rounds with its own clients before it reports to the cloud.
@@ -139,6 +151,9 @@ class Algorithm(Generic[P]):
     # Whether the edge's aggregate is the plain weighted sum of the results (the base edge_aggregate), the one
     # thing secure aggregation lets an edge compute (RunConfig.secure_aggregation).
     secure_aggregation: ClassVar[bool] = False
+    # Whether a device can evaluate the global model its task carries (RunConfig.evaluation "federated", "both"):
+    # not where the task is a sub-model, or where the global state is not one model to test (own `evaluate`).
+    federated_evaluation: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -166,10 +181,12 @@ class Algorithm(Generic[P]):
             if config.privacy.noise == "edge":
                 raise ValueError("privacy.noise = 'edge' clips each update at the edge, which secure aggregation "
                                  "hides: use privacy.noise = 'client' (each device noises its own update)")
-        if cls.synchronous and config.topology.buffer_size != config.topology.num_edges:
+        if (cls.synchronous and cls.stale_refusal is not None
+                and config.topology.buffer_size != config.topology.num_edges):
             raise ValueError(
                 f"{cls.name} is synchronous: topology.buffer_size must equal num_edges "
-                f"({config.topology.num_edges}), got {config.topology.buffer_size}"
+                f"({config.topology.num_edges}), got {config.topology.buffer_size}; a smaller buffer would "
+                f"consume stale contributions, and {cls.stale_refusal}"
             )
         if config.topology.buffer_size > config.topology.num_edges:
             raise ValueError(f"topology.buffer_size ({config.topology.buffer_size}) cannot exceed num_edges "
@@ -178,6 +195,9 @@ class Algorithm(Generic[P]):
             raise ValueError(f"{cls.name} keeps global server memory and runs with one edge only")
         if not cls.edge_rounds and config.topology.edge_rounds > 1:
             raise ValueError(f"{cls.name} does not support topology.edge_rounds > 1")
+        if config.evaluation != "cloud" and not cls.federated_evaluation:
+            raise ValueError(f"{cls.name} does not support federated evaluation (evaluation must be 'cloud'): its "
+                             "devices do not receive the global model as one model to test")
         if not cls.robust_aggregation:
             agg = config.aggregation
             if agg.edge != "mean" or agg.cloud != "mean":
@@ -189,6 +209,12 @@ class Algorithm(Generic[P]):
             if config.privacy.dp_sgd_noise_multiplier is not None:
                 raise ValueError(f"{cls.name} does not support DP-SGD (privacy.dp_sgd_noise_multiplier must be "
                                  "unset); fedavg does")
+
+    @classmethod
+    def asynchronous(cls, config: RunConfig) -> bool:
+        """Whether the run's cloud takes contributions computed on an older global version: always for an
+        asynchronous algorithm, and for a synchronous one with a buffer B < L (buffered averaging)."""
+        return not cls.synchronous or config.topology.buffer_size < config.topology.num_edges
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: nn.Module) -> Record:
@@ -230,10 +256,11 @@ class Algorithm(Generic[P]):
         return replace(contribution, tensors=widened)
 
     def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
-                           edge_id: int | None = None) -> None:
+                           edge_id: int | None = None, population: int | None = None) -> None:
         """Raises InvalidContent (HTTP 422) unless `tensors` is a valid contribution of edge `edge_id`
         with total weight `weight`, as it travels (wire_spec): groups, names, shapes, dtypes and finiteness,
-        and, since a contribution carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS."""
+        and, since a contribution carries weighted sums Σ w_k x_k, means (sums / weight) within ±MAX_ABS.
+        `population`: the devices the edge declared as its members (None: its simulated roster)."""
         records.check(tensors, self.wire_spec(self.contribution_spec(global_, clients)))
         records.check_magnitude(tensors, MAX_ABS * weight)
 
@@ -279,8 +306,10 @@ class Algorithm(Generic[P]):
         return float(num_samples) if self.config.weighting == "samples" else 1.0
 
     def edge_aggregate(
-        self, results: list[ClientResult], edge_state: Record, round: int
+        self, results: list[ClientResult], edge_state: Record, round: int, edge_id: int | None = None
     ) -> tuple[EdgeAggregate, Record]:
+        """`edge_id`: the aggregating edge (what seeds its draws: pFedMe's sample, DP noise); None: the simulated
+        roster's binding, client k at edge k mod L."""
         ordered = sorted(results, key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
         return EdgeAggregate(partial.sums, partial.weight), edge_state

@@ -18,6 +18,8 @@ cloud's step is the data-weighted average of the edge models.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from fl_services.shared.core.algorithms import aggregate, base, privacy, robust
@@ -33,6 +35,8 @@ class FedAvg(Algorithm[P]):
     edge_rounds = True
     robust_aggregation = True
     secure_aggregation = True
+    # Its update is a step, the mean of the clients' steps: a stale one can be weighed (algorithms/staleness.py).
+    stale_refusal: ClassVar[str | None] = None
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -78,11 +82,11 @@ class FedAvg(Algorithm[P]):
         return robust.aggregate(name, self.config.aggregation, steps)[MODEL]
 
     def edge_aggregate(
-        self, results: list[base.ClientResult], edge_state: Record, round: int
+        self, results: list[base.ClientResult], edge_state: Record, round: int, edge_id: int | None = None
     ) -> tuple[base.EdgeAggregate, Record]:
         name = self.config.aggregation.edge
         if name == "mean" and self.config.privacy.noise != "edge":  # the associative weighted sum
-            return super().edge_aggregate(results, edge_state, round)
+            return super().edge_aggregate(results, edge_state, round, edge_id)
         # A robust aggregator (or clipping each step) needs every result at once, not a running sum.
         ordered = sorted(results, key=lambda r: r.client_id)
         updates = [r.tensors for r in ordered]
@@ -90,8 +94,8 @@ class FedAvg(Algorithm[P]):
         # weighs edges); with privacy, weighting is uniform, so it is the number of clients.
         weight = sum(self.client_weight(r.num_samples) for r in ordered)
         if self.config.privacy.noise == "edge":
-            edge_id = self.config.edge_of_client(ordered[0].client_id)
-            return base.EdgeAggregate(privacy.noised_sum(self.config, updates, round, edge_id), weight), edge_state
+            edge = self.config.edge_of_client(ordered[0].client_id) if edge_id is None else edge_id
+            return base.EdgeAggregate(privacy.noised_sum(self.config, updates, round, edge), weight), edge_state
         step = robust.aggregate(name, self.config.aggregation, updates)
         # As a sum: the contribution keeps the form the cloud and κ > 1 edge rounds expect (sums / weight = step).
         sums = {g: {k: t * weight for k, t in ts.items()} for g, ts in step.items()}

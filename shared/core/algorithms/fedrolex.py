@@ -15,8 +15,10 @@ embeds its clients' Δw_k at their windows and sends, per parameter, the float64
 Σ p̃_k Δw_k (its "model" group) and Σ p̃_k over the covering clients (its "coverage" group, full-size).
 Both are associative, so several edges give the flat rule over all of S (multi_edge is allowed).
 
-Capacities: `params.capacities` lists β_k per client (length N). Without it, client k gets
-β_k = [1, ½, ¼][k mod 3], the mix the specification's convergence claim is about. logreg has no hidden
+Capacities: `params.capacities` lists β_k per client (length N); in a run over registered devices it maps device
+ids to β_k. Without it (or for a device it does not name), client k gets β_k = [1, ½, ¼][k mod 3], the mix the
+specification's convergence claim is about. FedRolex keeps no server memory: a device that joins needs nothing
+but its capacity. logreg has no hidden
 layer, so every client gets the whole model and FedRolex is FedAvg.
 
 Differences from the paper, following the specification: the server step has no learning rate η_s (the
@@ -61,15 +63,18 @@ Capacity = Annotated[float, Field(gt=0, le=1)]
 class FedRolexParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    capacities: list[Capacity] | None = Field(
-        None, description="β_k per client (length N); default β_k = [1, 1/2, 1/4][k mod 3]"
+    capacities: list[Capacity] | dict[int, Capacity] | None = Field(
+        None, description="β_k per client (length N), or in a run over registered devices by device id; default "
+        "β_k = [1, 1/2, 1/4][k mod 3]"
     )
 
 
-def capacity_of(capacities: list[float] | None, client_id: int) -> float:
-    if capacities is None:
-        return DEFAULT_CAPACITIES[client_id % len(DEFAULT_CAPACITIES)]
-    return capacities[client_id]
+def capacity_of(capacities: list[float] | dict[int, float] | None, client_id: int) -> float:
+    if isinstance(capacities, list):
+        return capacities[client_id]
+    if capacities is not None and client_id in capacities:
+        return capacities[client_id]
+    return DEFAULT_CAPACITIES[client_id % len(DEFAULT_CAPACITIES)]
 
 
 RP = TypeVar("RP", bound=FedRolexParams, default=FedRolexParams)
@@ -100,6 +105,7 @@ class FedRolex(Algorithm[RP]):
     edge_rounds = False
     # The specification's FedRolex step has no η_s; FedSCAVAR's has one.
     has_server_lr: ClassVar[bool] = False
+    federated_evaluation: ClassVar[bool] = False  # a device receives a sub-model, not the global one
 
     def __init__(self, config: RunConfig):
         super().__init__(config)
@@ -112,7 +118,13 @@ class FedRolex(Algorithm[RP]):
         params = cls.Params.model_validate(config.params)
         assert isinstance(params, FedRolexParams)
         capacities = params.capacities
-        if capacities is not None and len(capacities) != config.data.num_clients:
+        if isinstance(capacities, dict) and config.selection is None:
+            raise ValueError(f"{cls.name}: params.capacities names device ids only in a run over registered devices "
+                             "(selection); a simulated run's is a list, one per client")
+        if isinstance(capacities, list) and config.selection is not None:
+            raise ValueError(f"{cls.name}: a run over registered devices names capacities by device id "
+                             '(params.capacities = {"101": 0.5}): its devices are not 0 … N−1')
+        if isinstance(capacities, list) and len(capacities) != config.data.num_clients:
             raise ValueError(
                 f"{cls.name}: params.capacities has {len(capacities)} entries for {config.data.num_clients} clients"
             )
@@ -161,7 +173,7 @@ class FedRolex(Algorithm[RP]):
         return {MODEL: extract(model, self.architecture, self.windows(client_id, round))}
 
     def edge_aggregate(
-        self, results: list[base.ClientResult], edge_state: Record, round: int
+        self, results: list[base.ClientResult], edge_state: Record, round: int, edge_id: int | None = None
     ) -> tuple[base.EdgeAggregate, Record]:
         ordered = sorted(results, key=lambda r: r.client_id)
         partial = coverage_reduce(
@@ -185,7 +197,7 @@ class FedRolex(Algorithm[RP]):
         return {MODEL: full, COVERAGE: dict(full)}
 
     def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
-                           edge_id: int | None = None) -> None:
+                           edge_id: int | None = None, population: int | None = None) -> None:
         """Also per coordinate: its weight lies in [0, weight], and its mean (sum / its weight) within
         ±MAX_ABS, nothing where nobody covered it. A 1e-300 coordinate weight under an ordinary sum would
         otherwise make that coordinate of the next model inf, whatever the contribution's total weight."""

@@ -37,6 +37,9 @@ Choices the specification leaves open:
   client is not used). With Nesterov the SCAFFOLD denominator is control.step_length's effective
   step length (scaffold.py says why), E·|𝓑|·η_k for plain SGD.
 - The memory spans all clients: one edge only (multi_edge = False), no edge rounds.
+- N is the run's devices (shared/core/roster.py), in v's (1/N) and in c's (m/N): in a run over registered devices,
+  those declared as members so far; a joining device gets its cluster as ClusterFedVARP's do (a new cluster's
+  slot starts at 0), c_k = 0 on the device, and its capacity from `capacities` (by device id) or the default.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from typing import ClassVar
 
 import torch
 
+from fl_services.shared.core import roster
 from fl_services.shared.core.algorithms import aggregate, base
 from fl_services.shared.core.algorithms.base import MODEL, Algorithm, combined_mean
 from fl_services.shared.core.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
@@ -57,6 +61,7 @@ from fl_services.shared.core.algorithms.fedvarp import (
     check_client_ids,
     deltas_spec,
     memory_bytes,
+    simulated_size,
     stacked,
     varp_update,
 )
@@ -79,7 +84,7 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         return with_control(super().init_global(model))
 
     def contribution_spec(self, global_: Record, clients: list[int]) -> RecordSpec:
-        check_client_ids(self.name, clients, self.config.data.num_clients)
+        check_client_ids(self.name, clients, simulated_size(self.config))
         w = global_[MODEL]
         return {**deltas_spec(w, clients), CONTROL: {n: (tuple(t.shape), torch.float64) for n, t in w.items()}}
 
@@ -92,8 +97,8 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
     def cloud_update(
         self, global_: Record, contributions: list[base.Contribution], cloud_state: Record, round: int
     ) -> tuple[Record, Record]:
-        groups = self.memory_groups()
-        b = buffered_clients(self.name, contributions, groups)
+        groups = self.memory_groups(cloud_state, contributions)
+        b = buffered_clients(self.name, contributions, groups, roster.slots(self.config, cloud_state))
         clients = b.ids
         w = global_[MODEL]
         shapes: Shapes = {n: tuple(t.shape) for n, t in w.items()}
@@ -103,8 +108,8 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
                                    lambda name: torch.stack([masks[k][name] for k in clients]))
         new_w = aggregate.add_scaled(w, step, self.config.server_lr)
         new_c = control_step(global_[CONTROL], combined_mean(contributions, [CONTROL])[CONTROL], len(clients),
-                             self.config.data.num_clients)
-        return {MODEL: new_w, CONTROL: new_c}, {MEMORY: memory}
+                             len(groups))
+        return {MODEL: new_w, CONTROL: new_c}, {MEMORY: memory, **self.memory_state(groups)}
 
     # ---- edge ----------------------------------------------------------------------------------
     def client_task(self, global_: Record, client_id: int, round: int) -> Record:
@@ -112,7 +117,7 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         return {**task, CONTROL: extract(global_[CONTROL], self.architecture, self.windows(client_id, round))}
 
     def edge_aggregate(
-        self, results: list[base.ClientResult], edge_state: Record, round: int
+        self, results: list[base.ClientResult], edge_state: Record, round: int, edge_id: int | None = None
     ) -> tuple[base.EdgeAggregate, Record]:
         if not results:
             raise ValueError("cannot aggregate an empty set of results")

@@ -79,6 +79,9 @@ def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterato
 
 class PFedMe(Algorithm[PFedMeParams]):
     name = "pfedme"
+    stale_refusal = ("pFedMe's server moves θ by β towards the mean of the clients' ω_k, points computed from the "
+                     "θ each was sent, not steps: a stale ω_k pulls θ back towards an older model, and a weight "
+                     "cannot tell how far")
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -92,13 +95,16 @@ class PFedMe(Algorithm[PFedMeParams]):
         return sorted(client_ids)
 
     def edge_of(self, client_id: int) -> int:
-        """The inverse of RunConfig.clients_of_edge (round-robin), since edge_aggregate is not told its edge."""
+        """The inverse of RunConfig.clients_of_edge (round-robin): a simulated client's edge, where edge_aggregate
+        is not told its edge."""
         if not 0 <= client_id < self.config.data.num_clients:
             raise ValueError(f"client {client_id} belongs to no edge of this run")
         return client_id % self.config.topology.num_edges
 
-    def sampled(self, answered: list[int], round: int) -> list[int]:
+    def sampled(self, answered: list[int], round: int, edge_id: int | None = None) -> list[int]:
         """S for this edge and round: a uniform sample of the clients that answered."""
+        if edge_id is not None:
+            return select_clients(self.config, answered, round, edge_id)
         edges = {self.edge_of(k) for k in answered}
         if len(edges) != 1:
             raise ValueError(f"results from several edges {sorted(edges)} in one edge aggregate")
@@ -108,9 +114,9 @@ class PFedMe(Algorithm[PFedMeParams]):
         return 1.0  # θ mixes the plain mean of the ω_k over S
 
     def edge_aggregate(
-        self, results: list[base.ClientResult], edge_state: Record, round: int
+        self, results: list[base.ClientResult], edge_state: Record, round: int, edge_id: int | None = None
     ) -> tuple[base.EdgeAggregate, Record]:
-        chosen = set(self.sampled([r.client_id for r in results], round))
+        chosen = set(self.sampled([r.client_id for r in results], round, edge_id))
         ordered = sorted((r for r in results if r.client_id in chosen), key=lambda r: r.client_id)
         partial = aggregate.reduce((self.client_weight(r.num_samples), r.tensors) for r in ordered)
         return base.EdgeAggregate(partial.sums, partial.weight, tuple(r.client_id for r in ordered)), edge_state

@@ -86,8 +86,10 @@ def noised_sum(config: RunConfig, updates: list[Record], round: int, edge_id: in
 
 # ---- accounting ------------------------------------------------------------------------------------
 def sampling_rate(config: RunConfig) -> float:
-    """q: the largest chance that a client is in its edge's round (1 for client noise, see above)."""
-    if config.privacy.noise == "client":
+    """q: the largest chance that a client is in its edge's round (1 for client noise, see above). A run over
+    registered devices takes q = 1, the bound whatever devices register: an edge's members, and so its m/n, are
+    known only round by round, and one device alone at an edge is in every round of it."""
+    if config.privacy.noise == "client" or config.selection is not None:
         return 1.0
     sizes = {len(config.clients_of_edge(e)) for e in range(config.topology.num_edges)}
     return max(num_selected(config.fraction, n) / n for n in sizes)

@@ -103,11 +103,16 @@ def _mean(updates: list[Record], indices: range | list[int]) -> Record:
 
 def check(config: RunConfig) -> None:
     """Raises ValueError for aggregators that cannot do their job with the updates a round brings: each edge's
-    selected clients (edge level) or the buffer's B contributions (cloud level)."""
+    selected clients (edge level) or the buffer's B contributions (cloud level). In a run over registered devices an
+    edge's count is known only round by round: its aggregator takes the updates it gets, as with stragglers (Krum
+    lowers f, the median of two is their mean, a trimmed mean with ⌊β·n⌋ = 0 trims nothing)."""
     agg = config.aggregation
-    per_edge = min(num_selected(config.fraction, len(config.clients_of_edge(e)))
-                   for e in range(config.topology.num_edges))
-    for level, name, n in (("edge", agg.edge, per_edge), ("cloud", agg.cloud, config.topology.buffer_size)):
+    levels = [("cloud", agg.cloud, config.topology.buffer_size)]
+    if config.selection is None:
+        per_edge = min(num_selected(config.fraction, len(config.clients_of_edge(e)))
+                       for e in range(config.topology.num_edges))
+        levels.insert(0, ("edge", agg.edge, per_edge))
+    for level, name, n in levels:
         what = f"aggregation.{level} {name!r} over {n} update{'s' if n != 1 else ''}"
         if name == "median" and n < 3:
             raise ValueError(f"{what}: the median of fewer than 3 values is their mean")

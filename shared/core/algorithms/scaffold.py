@@ -10,12 +10,16 @@ then
 It sends Δw_k as its "model" group and Δc_k as its "control" group.
 Server: w ← w + η_s Σ_{k∈S} p_k Δw_k;   c ← c + (m/N) Σ_{k∈S} p_k Δc_k,
 with p_k as in FedAvg (data-size weights over S, or 1/m), m the number of clients selected in the
-round (max(⌊λN⌋, 1) with one edge) and N = data.num_clients.
+round (max(⌊λN⌋, 1) with one edge) and N the run's devices (shared/core/roster.py): data.num_clients in a
+simulated run; in a run over registered devices, those its edges declared as members so far. A device that joins
+counts in N (and its edge's m) from the round whose contribution first declares it; its c_k starts at 0 on the
+device, as every client's did, and the server keeps no memory of it (docs/decisions/0010-memories-keyed-by-device.md).
 
 Several edges: c is one global tensor and both Σ p_k Δw_k and Σ p_k Δc_k are associative partial
 sums, so edges send partials of both and the cloud's update equals the flat rule over all of S;
-multi_edge is therefore allowed. m is then the total selected over all edges, Σ_l max(⌊λ·N_l⌋, 1),
-which is what the edges' `select` draws. κ > 1 edge rounds are not defined by the rule and refused.
+multi_edge is therefore allowed. m is then the total selected over all edges, Σ_l max(⌊λ·N_l⌋, 1) over each
+edge's members N_l in the round, which is what the edges' `select` draws. κ > 1 edge rounds are not defined
+by the rule and refused.
 
 Differences from the paper: the paper's server step for c is c ← c + (1/N) Σ_{k∈S} Δc_k; the
 specification's (m/N) Σ p_k Δc_k equals it for p_k = 1/m (weighting="uniform") and weights Δc_k by data size
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from fl_services.shared.core import roster
 from fl_services.shared.core.algorithms import aggregate
 from fl_services.shared.core.algorithms.base import (
     MODEL,
@@ -45,9 +50,7 @@ from fl_services.shared.core.algorithms.base import (
     combined_mean,
 )
 from fl_services.shared.core.algorithms.control import CONTROL, control_step, corrected_sgd, kept_control, with_control
-from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import Record
-from fl_services.shared.core.selection import num_selected
 from fl_services.shared.core.training import load_parameters
 
 
@@ -55,13 +58,9 @@ class Scaffold(Algorithm[NoParams]):
     name = "scaffold"
     multi_edge = True
     edge_rounds = False
-
-    def __init__(self, config: RunConfig):
-        super().__init__(config)
-        # m: how many clients the edges' `select` draws in total each round.
-        self.num_selected = sum(
-            num_selected(config.fraction, len(config.clients_of_edge(e))) for e in range(config.topology.num_edges)
-        )
+    stale_refusal = ("SCAFFOLD's server control variate c moves by the clients' Δc_k, each computed against the c "
+                     "of the version its client was sent: a stale Δc_k applied to a newer c breaks c = mean c_k, "
+                     "and no staleness weight restores it")
 
     # ---- cloud ---------------------------------------------------------------------------------
     def init_global(self, model: torch.nn.Module) -> Record:
@@ -72,7 +71,9 @@ class Scaffold(Algorithm[NoParams]):
     ) -> tuple[Record, Record]:
         mean = combined_mean(contributions)
         w = aggregate.add_scaled(global_[MODEL], mean[MODEL], self.config.server_lr)
-        c = control_step(global_[CONTROL], mean[CONTROL], self.num_selected, self.config.data.num_clients)
+        # m: how many clients the edges' `select` drew in total; N: the run's devices.
+        c = control_step(global_[CONTROL], mean[CONTROL], roster.selected_count(self.config, contributions),
+                         len(roster.devices(self.config, cloud_state)))
         return {MODEL: w, CONTROL: c}, cloud_state
 
     # ---- client --------------------------------------------------------------------------------

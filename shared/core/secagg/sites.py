@@ -72,9 +72,16 @@ def check_masked(algorithm: Algorithm, global_: Record, clients: list[int], tens
                              f"{MASKED}/{MASKED} of {length} words")
 
 
-def unmasked_total(algorithm: Algorithm, global_: Record, contributions: list[Contribution]) -> Contribution:
+def unmasked_total(algorithm: Algorithm, global_: Record, contributions: list[Contribution],
+                   scales: tuple[float | None, ...] = ()) -> Contribution:
     """The one contribution the cloud may see: the sum over every site (their masks cancel), decoded, with their
-    total weight and every site's participation."""
+    total weight, every site's participation and members. `scales`: each site's staleness weight s(τ) in this
+    update (staleness.weights), which must all be 1: a masked site's sum cannot be scaled on its own, and the
+    masks cancel only if every site counts once (RunConfig refuses B < L, so every τ is 0). The sites'
+    evaluations are not in it: the history reads them off the contributions as they came."""
+    if any(s != 1.0 for s in scales):
+        raise ValueError(f"secure aggregation between sites sums every site's contribution once; staleness weights "
+                         f"{scales} would scale some of them (it needs topology.buffer_size = num_edges)")
     sa = algorithm.config.secure_aggregation
     clients = [k for c in contributions for k in c.clients]
     spec = fixedpoint.layout(algorithm.contribution_spec(global_, clients))
@@ -83,7 +90,9 @@ def unmasked_total(algorithm: Algorithm, global_: Record, contributions: list[Co
     for c in contributions:
         total = (total + c.tensors[MASKED][MASKED].numpy().view(np.uint64)) & modulus
     first = min(contributions, key=lambda c: c.edge_id)
+    declared = [c.members for c in contributions if c.members is not None]
     return replace(first, tensors=fixedpoint.decode(total, spec, sa.scale_bits, sa.bits),
                    weight=sum(c.weight for c in contributions),
                    participation=tuple(p for c in contributions for p in c.participation),
-                   failures=tuple(f for c in contributions for f in c.failures))
+                   failures=tuple(f for c in contributions for f in c.failures),
+                   members=tuple(m for ms in declared for m in ms) if declared else None, evaluation=None)

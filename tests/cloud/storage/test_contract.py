@@ -28,7 +28,7 @@ from fl_services.cloud.storage.redis.connection import clients
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.wire.admin import AuditRecord
-from fl_services.shared.wire.edge_cloud import EdgeRegistration
+from fl_services.shared.wire.edge_cloud import DeviceBrief, EdgeRegistration, SiteRun
 from tests.cloud.harness import contribution_header
 
 pytestmark = pytest.mark.anyio
@@ -563,3 +563,21 @@ async def test_a_renamed_edge_leaves_its_old_name(store: Store) -> None:
     await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
     await store.report_site(EdgeRegistration(edge_id=0, name="paris", labels={"tier": "gold"}))
     assert [(s.name, s.labels) for s in await store.sites()] == [("paris", {"tier": "gold"})]
+
+
+async def test_a_sites_devices_and_runs_are_as_its_last_report_says(store: Store) -> None:
+    seen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    failed = DeviceBrief(client_id=7, state="failed", last_seen=seen, samples=120, family="cnn",
+                         failure="DataMisfit: wrong shape", failed_run="r1")
+    training = DeviceBrief(client_id=9, state="training", last_seen=seen, runs=["r1"])
+    await store.report_site(EdgeRegistration(
+        edge_id=0, name="lyon", devices=10_000, report_s=2.0, states={"failed": 1, "training": 1, "idle": 9_998},
+        device_page=[failed, training], runs=[SiteRun(run_id="r1", tasks=2, answered=0, failed=1)]))
+    (site,) = await store.sites()
+    assert (site.devices, site.report_s, site.states) == (10_000, 2.0, {"failed": 1, "training": 1, "idle": 9_998})
+    assert site.device_page == [failed, training] and site.runs == [SiteRun(run_id="r1", tasks=2, answered=0, failed=1)]
+    assert site.status is None  # the registry keeps what was reported; its reader's clock says online or not
+    # The next report replaces the devices and the runs: nothing of the last one lingers.
+    await store.report_site(EdgeRegistration(edge_id=0, name="lyon", devices=1, states={"idle": 1}))
+    (site,) = await store.sites()
+    assert (site.devices, site.states, site.device_page, site.runs) == (1, {"idle": 1}, [], [])

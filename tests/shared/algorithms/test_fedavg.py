@@ -4,7 +4,6 @@ from functools import partial
 import pytest
 import torch
 
-from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import MODEL, ClientResult, Contribution, LocalJob
 from fl_services.shared.core.algorithms.fedavg import FedAvg
 from fl_services.shared.core.config import ModelConfig, RunConfig
@@ -69,11 +68,6 @@ def test_two_edges_equal_one_edge_when_everyone_participates():
     hier = run_reference(RunConfig(**SMALL, rounds=2, topology={"num_edges": 2, "buffer_size": 2}))
     for name in flat.global_state:
         assert torch.allclose(flat.global_state[name], hier.global_state[name], atol=1e-6)
-
-
-def test_fedavg_refuses_an_asynchronous_buffer():
-    with pytest.raises(ValueError, match="synchronous"):
-        registry.check(RunConfig(**SMALL, topology={"num_edges": 2, "buffer_size": 1}))
 
 
 def test_hierarchical_edge_rounds_by_hand():

@@ -31,7 +31,7 @@ def test_the_config_model_does_not_import_torch():
     [({"algorithm": "fedmagic"}, "unknown algorithm 'fedmagic'; available: clusterfedvarp, fedavg"),
      ({"params": {"mu": 0.1}}, "Extra inputs are not permitted"),
      ({"algorithm": "fedprox", "params": {"mu": -1}}, "greater than or equal to 0"),
-     ({"topology": {"num_edges": 2, "buffer_size": 1}}, "fedavg is synchronous")],
+     ({"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}}, "scaffold is synchronous")],
     ids=["unknown-algorithm", "foreign-param", "bad-param", "topology"],
 )
 def test_a_config_its_algorithm_refuses_is_refused_where_runs_start(change, message):

@@ -15,6 +15,7 @@ from fl_services.shared.core.federation import initial_model, local_job, partici
 from fl_services.shared.core.models import build_model
 from fl_services.shared.core.records import decode_state, encode, spec_of
 from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.roster import selected_count
 
 SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients": 6}, "algorithm": "scaffold"}
 M = torch.tensor([[-1.0, 1.0], [1.0, -1.0]])
@@ -109,9 +110,12 @@ def test_cloud_update_by_hand():
 
 def test_m_counts_the_clients_every_edge_selects():
     # Two edges of 3 clients at λ = 0.5 select max(⌊1.5⌋, 1) = 1 each: m = 2, not ⌊0.5·6⌋ = 3.
-    assert Scaffold(RunConfig(**SMALL, fraction=0.5)).num_selected == 3
+    def m(config: RunConfig) -> int:
+        return selected_count(config, [Contribution(e, 0, {}, 1.0) for e in range(config.topology.num_edges)])
+
+    assert m(RunConfig(**SMALL, fraction=0.5)) == 3
     two = RunConfig(**SMALL, fraction=0.5, topology={"num_edges": 2, "buffer_size": 2})
-    assert Scaffold(two).num_selected == 2
+    assert m(two) == 2
     assert all(len(h.clients) == 2 for h in run_reference(two, rounds=2).history)
 
 

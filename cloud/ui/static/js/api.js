@@ -30,6 +30,12 @@ export async function api(path, { method = "GET", json } = {}) {
 
 export const control = (runId, action) => api(`/api/v1/runs/${runId}/${action}`, { method: "POST" });
 
+// Deletes a run that is not active (the cloud answers 409 for a running or paused one, 204 with no body).
+export async function remove(runId) {
+  const response = await fetch(`/api/v1/runs/${runId}`, { method: "DELETE", headers: auth() });
+  if (!response.ok) throw await failure(response);
+}
+
 // The model as safetensors: fetched with the header (a plain link could not send it), saved from a blob.
 export async function downloadModel(runId) {
   const response = await fetch(`/api/v1/runs/${runId}/model`, { headers: auth() });
@@ -87,10 +93,16 @@ function header() {
   const bar = document.getElementById("top");
   bar.innerHTML = `
     <a class="brand" href="/ui/">FL cloud</a>
-    <nav><a href="/ui/">Runs</a> <a href="/docs">API docs</a> <a href="/redoc">ReDoc</a></nav>
+    <nav><a href="/ui/">Runs</a> <a href="/ui/topology.html">Topology</a> <a href="/docs">API docs</a>
+      <a href="/redoc">ReDoc</a></nav>
     <form id="login" hidden>
       <label>Admin token <input name="token" type="password" autocomplete="current-password" required></label>
       <button type="submit">Use</button> <span id="login-error" class="error" role="alert"></span>
+      <p id="login-hint" class="hint">The cloud's admin token: what it was started with as
+        <code>FL_CLOUD_ADMIN_TOKEN</code> (or <code>admin_token</code> in its <code>FL_CLOUD_CONFIG_FILE</code>, or
+        one of <code>FL_CLOUD_ADMIN_TOKENS</code>). <code>fedctl up</code> keeps it in its <code>tokens.env</code>
+        as <code>FL_ADMIN_TOKEN</code>; <code>fedctl demo</code> prints it; a local development cloud started
+        without one takes <code>dev-admin-token</code>. It stays in this tab only.</p>
     </form>
     <span id="signed-in" hidden>token set <button type="button" id="forget">forget</button></span>`;
 }
@@ -147,8 +159,9 @@ export function element(tag, attributes = {}, ...children) {
   return node;
 }
 
-// What each status allows, as the cloud's transitions say (cloud/store.py).
+// What each status allows, as the cloud's transitions say (cloud/store.py); delete: what is not active.
 const ACTIONS = { created: ["start", "stop"], running: ["pause", "stop"], paused: ["resume", "stop"] };
+const DELETABLE = ["created", "stopped", "finished"];
 
 // Start/pause/resume/stop buttons for a run, and its model download; after(info|error) is called after each.
 export function controls(info, after) {
@@ -167,5 +180,19 @@ export function controls(info, after) {
       try { await downloadModel(info.run_id); } catch (error) { after(null, error); }
     },
   }, "model ⤓"));
+  if (DELETABLE.includes(info.status)) {
+    box.append(element("button", {
+      type: "button", class: "action delete", "data-action": "delete",
+      onclick: async () => {
+        if (!confirm(`Delete run ${info.run_id} (${info.config.name}) with its model and history? This cannot be undone.`)) return;
+        try {
+          await remove(info.run_id);
+          // Its own page has nothing left to show: back to the list.
+          if (location.pathname.endsWith("/run.html")) location.assign("/ui/");
+          else after(null);
+        } catch (error) { after(null, error); }
+      },
+    }, "delete"));
+  }
   return box;
 }

@@ -30,7 +30,8 @@ function cumulativeEnergy() {
 
 function drawCharts() {
   const x = history.map((h) => h.round);
-  charts.accuracy.setData([x, history.map((h) => (h.test_accuracy === null ? null : 100 * h.test_accuracy))]);
+  charts.accuracy.setData([x, history.map((h) => (h.test_accuracy === null ? null : 100 * h.test_accuracy)),
+    history.map((h) => (federated(h) === null ? null : 100 * federated(h).accuracy))]);
   charts.loss.setData([x, history.map((h) => h.train_loss), history.map((h) => h.test_loss)]);
   const cumulative = cumulativeEnergy();
   charts.energy.setData([x, history.map((h) => h.energy_j ?? 0), cumulative]);
@@ -39,6 +40,16 @@ function drawCharts() {
   // What the browser test counts: points drawn on the accuracy chart.
   document.getElementById("accuracy-chart").dataset.points = String(history.length);
 }
+
+// The devices' evaluation (RunConfig.evaluation "federated", "both") of the newest version the round's
+// contributions were computed on; null where none was made.
+const federated = (h) => h.federated?.at(-1) ?? null;
+
+// Per site, what its devices evaluated: the cell's tooltip.
+const siteFigures = (h) => (h.federated ?? []).flatMap((f) => f.sites.map((s) =>
+  `version ${f.version}, edge ${s.edge_id}: ${percent(s.accuracy)} of ${s.num_samples} samples`)).join("\n");
+
+const EVALUATION = { cloud: "cloud test set", federated: "devices' held-out splits", both: "cloud test set and devices' held-out splits" };
 
 function maxStaleness(h) {
   return h.contributions.length ? Math.max(...h.contributions.map((c) => c.staleness)) : 0;
@@ -67,7 +78,8 @@ function drawHistory() {
     element("td", { class: "num" }, fixed(h.test_loss)), element("td", { class: "num" }, percent(h.test_accuracy)),
     element("td", { class: "num" }, `${fixed(h.elapsed_s, 1)} s`),
     element("td", { class: "num" }, joules(h.energy_j)),
-    element("td", { class: "num" }, joules(cumulative[history.length - 1 - i]))));
+    element("td", { class: "num" }, joules(cumulative[history.length - 1 - i])),
+    element("td", { class: "num federated", title: siteFigures(h) }, percent(federated(h)?.accuracy))));
   document.querySelector("#history tbody").replaceChildren(...rows);
   const round = history.find((h) => h.version === selected) ?? history.at(-1);
   document.getElementById("clients-round").textContent = round ? `${round.round} → version ${round.version}` : "–";
@@ -116,6 +128,9 @@ function drawInfo(info) {
   document.getElementById("algorithm").textContent = info.config.algorithm;
   document.getElementById("version").textContent = `${info.version} / ${info.rounds}`;
   document.getElementById("accuracy").textContent = percent(info.last_round?.test_accuracy);
+  document.getElementById("evaluation").textContent = EVALUATION[info.config.evaluation] ?? info.config.evaluation;
+  document.getElementById("federated-accuracy").textContent =
+    percent(info.last_round ? federated(info.last_round)?.accuracy : null);
   document.getElementById("started").textContent = when(info.started_at);
   document.getElementById("controls").replaceChildren(controls(info, (changed, error) => {
     document.getElementById("run-error").textContent = error ? error.message : "";
@@ -135,6 +150,7 @@ function onUpdate(update, fresh) {
   drawGroups(update.groups);
   drawCharts();
   drawHistory();
+  document.dispatchEvent(new CustomEvent("run-update", { detail: update }));  // js/run-sites.js follows it too
 }
 
 // Follows the run's stream, reconnecting after a drop, until the run has ended.
@@ -172,7 +188,7 @@ withToken(() => {
     return;
   }
   charts = {
-    accuracy: chart("accuracy-chart", [["test accuracy", "#1f77b4"]], "%"),
+    accuracy: chart("accuracy-chart", [["test accuracy", "#1f77b4"], ["federated accuracy", "#17becf"]], "%"),
     loss: chart("loss-chart", [["train loss", "#d62728"], ["test loss", "#2ca02c"]], "loss"),
     energy: chart("energy-chart", [["energy per round", "#ff7f0e"], ["cumulative", "#9467bd"]], "J"),
   };

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_services.shared.core import records
+from fl_services.shared.core import records, roster
 from fl_services.shared.core.algorithms import base
+from fl_services.shared.core.algorithms import staleness as staleness_
 from fl_services.shared.core.algorithms.hfpl.classifier import (
     load_classifier,
     new_classifier,
@@ -48,7 +49,7 @@ from fl_services.shared.core.algorithms.prototypes import (
     edge_aggregate_prototypes,
     empty,
 )
-from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.config import RunConfig, StalenessConfig
 from fl_services.shared.core.data import load_client
 from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.models import IMAGE_FAMILIES, build_feature_extractor
@@ -64,27 +65,42 @@ class HFPL(base.Algorithm[HFPLParams]):
     # The cloud adds and subtracts each edge's prototypes over hundreds of rounds (prototypes.py): they travel
     # in float64, as they are kept (a few classes × d values; the features already travel as float32).
     exact_wire_groups: ClassVar[frozenset[str]] = frozenset({PROTOTYPES})
+    federated_evaluation: ClassVar[bool] = False  # its figures are the prototypes' (`evaluate`), the cloud's to compute
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         super().check_config(config)
         params = HFPLParams.model_validate(config.params)
-        if params.client_families is not None and len(params.client_families) != config.data.num_clients:
+        if isinstance(params.client_families, dict) and config.selection is None:
+            raise ValueError("client_families names device ids only in a run over registered devices (selection); "
+                             "a simulated run's is a list, one family per client")
+        if isinstance(params.client_families, list) and config.selection is not None:
+            raise ValueError('a run over registered devices names client_families by device id ({"101": "mlp"}): '
+                             "its devices are not 0 … N−1")
+        if isinstance(params.client_families, list) and len(params.client_families) != config.data.num_clients:
             raise ValueError(f"client_families names {len(params.client_families)} families for "
                              f"{config.data.num_clients} clients")
         if params.momentum > 0 and config.local.optimizer != "sgd":
             raise ValueError(f"params.momentum is heavy-ball SGD's; local.optimizer {config.local.optimizer!r} "
                              "has its own momentum")
-        used = set(params.client_families or params.families)
+        if config.topology.staleness != StalenessConfig():
+            raise ValueError("hfpl weighs its stale triples by params.staleness (in C̄, not a model step): "
+                             "topology.staleness is for the model-averaging algorithms")
+        named = params.client_families
+        used = set((named.values() if isinstance(named, dict) else named) or params.families)
         if used & IMAGE_FAMILIES and config.data.dataset in ("synthetic", "mnist1d"):
             raise ValueError(f"families {sorted(used & IMAGE_FAMILIES)} need images; "
                              f"{config.data.dataset} has 1-D features")
 
     # ---- who runs what ---------------------------------------------------------------------------
     def family_of(self, client_id: int) -> str:
-        """Family of client i: explicit, or the families in turn over i // L, so every edge mixes them."""
-        if self.params.client_families is not None:
-            return self.params.client_families[client_id]
+        """Family of client i: explicit (by device id in a run over registered devices), or the families in turn
+        over i // L, so every edge mixes them."""
+        named = self.params.client_families
+        if isinstance(named, list):
+            return named[client_id]
+        if named is not None and client_id in named:
+            return named[client_id]
         families = self.params.families
         return families[(client_id // self.config.topology.num_edges) % len(families)]
 
@@ -138,16 +154,21 @@ class HFPL(base.Algorithm[HFPLParams]):
         _check_labels(tensors[SAMPLE][LABELS], global_[PROTOTYPES][MEANS].shape[0])
         records.check_magnitude(tensors, members={PROTOTYPES: (MEANS,), SAMPLE: (FEATURES,)})
 
-    def _population(self, edge_id: int | None) -> int:
+    def _population(self, edge_id: int | None, population: int | None = None) -> int:
+        """The clients of edge `edge_id`: those it declared (`population`), else its simulated roster's."""
+        if population is not None:
+            return population
         if edge_id is None:
             return self.config.data.num_clients
         return len(self.config.clients_of_edge(edge_id))
 
     def check_contribution(self, global_: Record, clients: list[int], tensors: Record, weight: float,
-                           edge_id: int | None = None) -> None:
+                           edge_id: int | None = None, population: int | None = None) -> None:
         # Bounded by the edge's own clients: an edge must not weigh in C̄ or in G's data as more than it is.
-        self._check_triple(global_, tensors, self.wire_spec(self.contribution_spec(global_, clients, edge_id)))
-        counts, population = tensors[PROTOTYPES][COUNTS], self._population(edge_id)
+        population = self._population(edge_id, population)
+        spec = self._triple_spec(global_, self.params.feature_cap * population, torch.float64)
+        self._check_triple(global_, tensors, self.wire_spec(spec))
+        counts = tensors[PROTOTYPES][COUNTS]
         if bool((counts < 0).any()) or bool((counts != counts.round()).any()) or bool((counts > population).any()):
             raise InvalidContent(f"counts must be whole numbers in [0, {population}] (the edge's clients)")
 
@@ -165,7 +186,9 @@ class HFPL(base.Algorithm[HFPLParams]):
         means, total, previous = cloud_update_prototypes(global_[PROTOTYPES][MEANS], previous, buffer)
 
         # Nothing aliases the caller's tensors: pack copies, and the figures are cloned before they change.
-        evaluation = {k: v.clone() for k, v in cloud_state.get(EVALUATION, {}).items()}
+        # Per device, in roster slots (shared/core/roster.py): a device that joined since is NaN, as all were at first.
+        slots = roster.slots(self.config, cloud_state)
+        evaluation = {k: _grown(v, len(slots)) for k, v in cloud_state.get(EVALUATION, {}).items()}
         for c in contributions:  # X^{l,cloud} ← X^l for the edges in the buffer
             l = c.edge_id
             memory[l] = EdgeMemory(means=previous[l].means, counts=previous[l].counts,
@@ -173,7 +196,7 @@ class HFPL(base.Algorithm[HFPLParams]):
             for client, metrics in c.metrics.items():
                 for name in EVAL_METRICS:
                     if name in metrics:
-                        evaluation.setdefault(name, _nan(self.config.data.num_clients))[client] = metrics[name]
+                        evaluation.setdefault(name, _nan(len(slots)))[slots[client]] = metrics[name]
         x = torch.cat([memory[l].features for l in sorted(memory)])
         y = torch.cat([memory[l].labels for l in sorted(memory)])
         head = train_classifier(self.params, self.config.seed, global_[HEAD], x, y, round)
@@ -182,7 +205,7 @@ class HFPL(base.Algorithm[HFPLParams]):
 
     def staleness_weight(self, staleness: int) -> float:
         """How much a triple τ versions stale counts in C̄ (its N^l scaled; kept until the edge's next triple)."""
-        return 1.0 if self.params.staleness == "none" else 1.0 / math.sqrt(1.0 + staleness)
+        return 1.0 if self.params.staleness == "none" else staleness_.fedbuff(staleness)
 
     def server_memory_bytes(self, global_: Record) -> int:
         """Per edge C^{l,prev} and N^{l,prev} (f64), X^{l,cloud} (at most feature_cap rows of d f32
@@ -234,7 +257,7 @@ class HFPL(base.Algorithm[HFPLParams]):
         return make_optimizer(parameters, self.config.local)
 
     def edge_aggregate(
-        self, results: list[base.ClientResult], edge_state: Record, round: int
+        self, results: list[base.ClientResult], edge_state: Record, round: int, edge_id: int | None = None
     ) -> tuple[base.EdgeAggregate, Record]:
         """EdgeAggregate (incremental): see prototypes.edge_aggregate_prototypes; X^l = ∪_i X_i^{l,edge}."""
         if not results:
@@ -345,3 +368,8 @@ def _check_labels(labels: torch.Tensor, num_classes: int) -> None:
 
 def _nan(n: int) -> torch.Tensor:
     return torch.full((n,), math.nan, dtype=torch.float64)
+
+
+def _grown(figures: torch.Tensor, n: int) -> torch.Tensor:
+    """A copy of per-device figures with NaN for the devices that joined since (slots are appended)."""
+    return torch.cat([figures, _nan(n - len(figures))]) if len(figures) < n else figures.clone()

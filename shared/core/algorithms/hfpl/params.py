@@ -18,7 +18,9 @@ class HFPLParams(BaseModel):
     proto_weight: float = Field(0.05, ge=0, le=1e6, description="λ_p: weight of ‖f_i(x) − C̄_y‖²")
     families: list[str] = Field(["mlp", "cnn", "cnn_deep"], min_length=1,
                                 description="feature-extractor families, assigned to clients in turn")
-    client_families: list[str] | None = Field(None, description="explicit family per client id")
+    client_families: list[str] | dict[int, str] | None = Field(
+        None, description="explicit family per client id: a list over 0 … N−1, or by device id in a run over "
+        "registered devices")
     feature_cap: int = Field(100, ge=1, le=100_000, description="features a client sends (a seeded subsample)")
     classifier_epochs: int = Field(5, ge=1, le=1000)
     classifier_lr: float = Field(0.1, gt=0, le=1000)
@@ -46,7 +48,9 @@ class HFPLParams(BaseModel):
 
     @model_validator(mode="after")
     def _known(self) -> "HFPLParams":
-        unknown = sorted(set(self.families + (self.client_families or [])) - FEATURE_FAMILIES.keys())
+        named = self.client_families
+        used = set(self.families) | set((named.values() if isinstance(named, dict) else named) or [])
+        unknown = sorted(used - FEATURE_FAMILIES.keys())
         if unknown:
             raise ValueError(f"unknown feature families {unknown}; known: {sorted(FEATURE_FAMILIES)}")
         return self

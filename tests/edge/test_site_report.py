@@ -1,0 +1,80 @@
+"""What an edge tells the cloud of its devices in its site report: every device counted per state, the first of
+them listed (failed ones first, with the run and the reason), each run's current round; bounded whatever the
+number of devices."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fl_services.edge.services.devices import site_devices
+from fl_services.edge.tasks import TaskBoard
+from fl_services.shared.wire.client_edge import ClientRegistration
+from fl_services.shared.wire.edge_cloud import MAX_REPORTED_DEVICES, EdgeRegistration, SiteRun
+from tests.edge.harness import CONFIG, RUN_ID, CloudDouble, answer_tasks, running_edge, until
+from tests.edge.test_client_failures import ERROR, fail_tasks
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_report_says_which_devices_train_and_which_failed_and_why() -> None:
+    config = CONFIG.model_copy(update={"policy": CONFIG.policy.model_copy(
+        update={"deadline_s": 60.0, "min_fraction": 1.0, "max_retries": 0})})
+    cloud = CloudDouble(config)
+    async with running_edge(cloud_transport=cloud.transport(), site_report_s=5.0) as edge:
+        # Clients 2 and 3 fail their tasks; 0 and 1 never answer theirs: the round waits on them.
+        await edge.register(0)
+        await edge.register(1)
+        clients = [asyncio.create_task(fail_tasks(edge, [2, 3]))]
+        loop = edge.app.state.round_loop
+        try:
+            await until(lambda: loop.site_report().states.get("failed") == 2, timeout=30,
+                        what="clients 2 and 3 reported their failures")
+        finally:
+            for c in clients:
+                c.cancel()
+        report = loop.site_report()
+    assert report.report_s == 5.0 and report.devices == 4
+    assert report.states == {"failed": 2, "training": 2}
+    assert [(d.client_id, d.state) for d in report.device_page] == [(2, "failed"), (3, "failed"), (0, "training"),
+                                                                      (1, "training")]
+    assert all(d.failed_run == RUN_ID and d.failure == ERROR for d in report.device_page[:2])
+    assert all(d.runs == [RUN_ID] and d.failure is None for d in report.device_page[2:])
+    assert report.runs == [SiteRun(run_id=RUN_ID, tasks=4, answered=0, failed=2)]
+
+
+async def test_a_round_whose_devices_answered_counts_them() -> None:
+    cloud = CloudDouble(CONFIG)
+    async with running_edge(cloud_transport=cloud.transport()) as edge:
+        loop = edge.app.state.round_loop
+        answering = asyncio.create_task(answer_tasks(edge, range(4)))
+        try:
+            await until(lambda: cloud.contributions, timeout=30, what="the round is submitted")
+        finally:
+            answering.cancel()
+        report = loop.site_report()
+    assert sum(report.states.values()) == 4 and "failed" not in report.states
+
+
+def test_ten_thousand_devices_make_a_report_of_the_same_bounded_size() -> None:
+    board = TaskBoard()
+    for k in range(10_000):
+        board.register(ClientRegistration(client_id=10_000 + 7 * k, labels={"family": "cnn"}))
+    states, page, runs = site_devices(board=board, offline_after_s=60)
+    assert states == {"idle": 10_000} and runs == []
+    assert len(page) == MAX_REPORTED_DEVICES
+    assert [d.client_id for d in page] == [10_000 + 7 * k for k in range(MAX_REPORTED_DEVICES)]
+    assert {d.family for d in page} == {"cnn"}
+    report = EdgeRegistration(edge_id=0, devices=10_000, states=states, device_page=page)
+    assert len(report.model_dump_json()) < EdgeRegistration.max_body_bytes
+    # Everyone offline (a clock far ahead): counted as such, none lost.
+    states, _, _ = site_devices(board=board, offline_after_s=-1)
+    assert states == {"offline": 10_000}
+
+
+def test_a_device_whose_result_is_arriving_is_uploading() -> None:
+    board = TaskBoard()
+    board.register(ClientRegistration(client_id=5))
+    with board.receiving(5), board.receiving(5):  # a retried upload beside the first
+        assert site_devices(board=board, offline_after_s=60)[0] == {"uploading": 1}
+    assert site_devices(board=board, offline_after_s=60)[0] == {"idle": 1}
