@@ -25,6 +25,7 @@ from fl_services.client.config import ClientSettings
 from fl_services.client.dvfs import Pacer, backend_for, emulated_hold, record_bytes
 from fl_services.client.feed import ClientStopped, TaskFeed, Unregistered, check
 from fl_services.client.models import ModelPool
+from fl_services.client.secagg import SecureUpload
 from fl_services.client.state import ClientStateStore
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
@@ -269,7 +270,13 @@ class Worker:
                     log.info("client %d: run %s ended during the emulated hold; its result is dropped",
                              client_id, header.run_id)
                     return
-            release = await self.upload(client_id, header, result)
+            if header.secure_round is not None:  # the update leaves the device only masked
+                update, result_header = await asyncio.to_thread(decode, result, ClientResultHeader)
+                await SecureUpload(self.edge, self.feed.auth[client_id], header, self.settings.long_poll_s).run(
+                    update, result_header)
+                self.completed += 1
+            else:
+                release = await self.upload(client_id, header, result)
             log.debug("client %d: task %s done", client_id, header.task_id)
         except ClientStopped as exc:
             self.feed.stop(client_id, str(exc))

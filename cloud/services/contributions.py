@@ -18,6 +18,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.federation import site_evaluation
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import EdgeContributionHeader
+from fl_services.shared.core.secagg import sites
 from fl_services.shared.core.tensors import InvalidContent
 
 
@@ -94,8 +95,11 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
                              f"more often: {repeated}")
     _check_weight(algorithm, header)
     _check_evaluation(config, header)
-    algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id,
-                                 None if config.selection is None else len(members))
+    if config.secure_aggregation.cloud:
+        sites.check_masked(algorithm, global_, ids, tensors)
+    else:
+        algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id,
+                                     None if config.selection is None else len(members))
 
 
 def _check_evaluation(config: RunConfig, header: EdgeContributionHeader) -> None:

@@ -96,7 +96,7 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
     are those registered now; devices may register at them until the run ends."""
     selection = config.selection
     if selection is None:
-        return config
+        return await _with_site_keys(store, config)
     sites = await site_registry(store=store)
     if isinstance(selection.sites, list):
         unknown = sorted(set(selection.sites) - {s.name for s in sites})
@@ -118,9 +118,24 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
     data["selection"]["edge_ids"] = chosen
     data["topology"].update(num_edges=len(chosen), buffer_size=buffer_size)
     try:
-        return registry.parse_config(data)
+        return await _with_site_keys(store, registry.parse_config(data))
     except ValidationError as exc:
         raise InvalidRun(f"the run over sites {chosen}: {exc}") from exc
+
+
+async def _with_site_keys(store: Store, config: RunConfig) -> RunConfig:
+    """With secure_aggregation.cloud: the config holding its sites' public keys as they registered them (InvalidRun
+    naming the sites that registered none); the cloud relays them and holds no private key."""
+    if not config.secure_aggregation.cloud:
+        return config
+    keys = {s.edge_id: s.mask_key for s in await store.sites() if s.mask_key is not None}
+    missing = sorted(set(config.edge_ids()) - set(keys))
+    if missing:
+        raise InvalidRun(f"secure_aggregation.cloud needs every site's public key; edges {missing} have not "
+                         "registered one (they register it when they start)")
+    data = config.model_dump()
+    data["secure_aggregation"]["site_keys"] = {e: keys[e] for e in config.edge_ids()}
+    return registry.parse_config(data)
 
 
 async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:

@@ -273,7 +273,8 @@ def site_record(reg: EdgeRegistration, earlier: SiteInfo | None) -> SiteInfo:
     return SiteInfo(name=name, edge_id=reg.edge_id, labels=reg.labels, url=reg.url,
                     registered_at=earlier.registered_at if earlier is not None else at, last_seen=at,
                     devices=reg.devices, serving=reg.serving, report_s=reg.report_s, states=reg.states,
-                    device_page=reg.device_page, runs=reg.runs, label_sets=reg.label_sets)
+                    device_page=reg.device_page, runs=reg.runs, label_sets=reg.label_sets,
+                    mask_key=reg.mask_key)
 
 
 class UpdateLeases(Protocol):

@@ -19,6 +19,7 @@ from fl_services.shared.core.algorithms.base import Algorithm, Contribution
 from fl_services.shared.core.federation import cloud_evaluates, evaluate_global, federated_evaluations
 from fl_services.shared.core.records import Record, non_finite
 from fl_services.shared.core.reports import ClientFailureRecord, ClientRecord, ContributionRecord, RoundRecord
+from fl_services.shared.core.secagg import sites
 from fl_services.shared.core.training import Evaluation
 
 
@@ -56,14 +57,19 @@ def run_cloud_round(algorithm: Algorithm, global_: Record, contributions: list[C
     dtypes); raises Diverged rather than return a non-finite global state. With `evaluate` false its
     evaluation is NOT_EVALUATED: the cloud evaluates the new state (`evaluate_outcome`) off its critical
     path, once the new version is published; what it then records is the same. A run evaluated only on its
-    devices (RunConfig.evaluation "federated") is never evaluated here: its figures stay NOT_EVALUATED."""
-    contributions = [algorithm.from_wire(global_, c) for c in contributions]
+    devices (RunConfig.evaluation "federated") is never evaluated here: its figures stay NOT_EVALUATED. Under
+    secure aggregation between sites, the update takes their unmasked total alone (shared/core/secagg/sites.py)."""
     # The devices its contributions declare are registered for the run from this update on (N grows).
     cloud_state = roster.joined(algorithm.config, cloud_state, contributions)
     scales: tuple[float | None, ...] = ()
     if algorithm.synchronous:  # buffered averaging (B < L) weighs the steps by staleness; B = L: every s is 1
         scales = staleness.weights(algorithm.config.topology.staleness, contributions, version)
-        contributions = staleness.weighted(contributions, scales)
+    if any(sites.is_masked(c.tensors) for c in contributions):  # one total: no s(τ) can weigh a site's share
+        contributions = [algorithm.from_wire(global_, sites.unmasked_total(algorithm, global_, contributions, scales))]
+    else:
+        contributions = [algorithm.from_wire(global_, c) for c in contributions]
+        if algorithm.synchronous:
+            contributions = staleness.weighted(contributions, scales)
     if contributions:
         new_global, new_state = algorithm.cloud_update(global_, contributions, cloud_state, version)
         new_state = roster.kept(algorithm.config, cloud_state, new_state)

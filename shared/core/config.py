@@ -203,6 +203,11 @@ class RoundPolicy(Strict):
         "every one (or the deadline, with min_fraction). The reference runner takes the K devices of least "
         "modelled time (dvfs), which the services match where the devices are emulated (dvfs.time_scale)"))
 
+    def enough(self, selected: int) -> int | None:
+        """The answers that close a round of `selected` tasks (policy.answers, at most all of them); None: every
+        one is waited for."""
+        return None if self.answers is None else min(self.answers, selected)
+
 
 # 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
 # (1e9 s at 1e-300 Mbit/s), and the clients failed every task of the run.
@@ -335,6 +340,41 @@ class PrivacyConfig(Strict):
         return self
 
 
+class SecureAggregationConfig(Strict):
+    """Secure aggregation (SecAgg, Bonawitz et al., CCS 2017; shared/core/secagg/): an edge learns only the sum of its
+    devices' updates. Each device clips every coordinate of its step to ±clip, encodes it in fixed point with
+    scale_bits fractional bits and sends its weight times that, masked, modulo 2^bits: the mean then errs by at
+    most 2^-(scale_bits+1) per coordinate (docs/explanation-security.md)."""
+
+    edge: bool = Field(False, description="mask each device's update so that its edge unmasks only their sum "
+                       "(fedavg, fedprox and fedsgd; DP-FedAvg with privacy.noise = 'client')")
+    cloud: bool = Field(False, description="mask each site's sum pairwise with the other sites' (keys agreed through "
+                        "the cloud) so that the cloud unmasks only their total; needs every site in every update "
+                        "(topology.buffer_size = num_edges) and aggregation.cloud = 'mean'")
+    threshold: Float = Field(0.6, gt=0.5, le=1.0, description="t as a share of the devices that advertised keys: "
+                             "the shares needed to rebuild a secret, and the fewest devices that must stay to the "
+                             "end of the protocol (below it the round fails and is re-run)")
+    bits: Int = Field(64, ge=16, le=64, description="k: updates are summed modulo 2^k")
+    scale_bits: Int = Field(20, ge=0, le=52, description="f: fractional bits of the fixed-point encoding "
+                            "(a coordinate is round(value·2^f))")
+    clip: Float = Field(1000.0, gt=0, le=1e6, description="each coordinate of a device's step is clipped to ±clip "
+                        "before it is encoded; weight·clip·2^f summed over an edge's devices must stay below "
+                        "2^(k-1), or the round fails saying so")
+    phase_timeout_s: Float = Field(60.0, gt=0, le=86_400, description="how long the edge waits for each step of "
+                                   "the protocol after training (devices not heard from by then have dropped)")
+    # With `cloud`: each site's X25519 public key (base64) by edge id, as the sites registered them, resolved by the
+    # cloud when the run is created (cloud/services/sites.py) and relayed to every edge with the run's config.
+    site_keys: dict[Annotated[int, Field(ge=0, le=2**31 - 1)], Annotated[str, Field(min_length=44, max_length=44)]] \
+        | None = Field(None, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> "SecureAggregationConfig":
+        if self.clip * 2.0**self.scale_bits >= 2.0 ** (self.bits - 1):
+            raise ValueError(f"secure_aggregation: clip·2^scale_bits = {self.clip * 2.0**self.scale_bits:g} leaves "
+                             f"no room modulo 2^{self.bits}: lower clip or scale_bits, or raise bits")
+        return self
+
+
 LabelSelector = Annotated[dict[Annotated[str, Field(min_length=1, max_length=63)],
                                 Annotated[str, Field(max_length=63)]], Field(min_length=1, max_length=32)]
 SiteName = Annotated[str, Field(min_length=1, max_length=63)]
@@ -398,6 +438,8 @@ class RunConfig(Strict):
     aggregation: AggregationConfig = Field(AggregationConfig(), description="robust aggregation at the edge and "
                                            "the cloud")
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy: DP-FedAvg and DP-SGD")
+    secure_aggregation: SecureAggregationConfig = Field(SecureAggregationConfig(), description="secure "
+                                                        "aggregation: what each tier learns of the one below")
     evaluation: Literal["cloud", "federated", "both"] = Field("cloud", description=(
         "where the global model is evaluated: 'cloud', on the test set of data.dataset the cloud loads (the "
         "history's test_loss, test_accuracy); 'federated', by the devices that receive a version, on their own "
@@ -443,6 +485,7 @@ class RunConfig(Strict):
     def _check(self) -> "RunConfig":
         if self.selection is not None:
             self._check_selection()
+        self._check_secure_aggregation()
         _check_finite(self.params, "params")
         if self.model.name in ("cnn", "flower_cnn") and self.data.dataset in ("synthetic", "mnist1d"):
             raise ValueError(f"the {self.model.name} needs images; {self.data.dataset} has 1-D features "
@@ -456,6 +499,25 @@ class RunConfig(Strict):
             raise ConfigError("dvfs.clients", f"dvfs.clients names clients {strangers} outside "
                               f"0..{self.data.num_clients - 1}")
         return self
+
+    def _check_secure_aggregation(self) -> None:
+        if self.secure_aggregation.edge and self.policy.answers == 1:
+            # K ≥ 2 is coherent: the protocol's roster is the devices whose answers closed the round (edge/secagg.py).
+            raise ValueError("secure_aggregation.edge with policy.answers = 1: each edge round would close at its "
+                             "first answer, and a sum of one device's update is that update, which secure "
+                             "aggregation hides (it needs at least 2 devices): set policy.answers ≥ 2, or leave it "
+                             "unset")
+        if not self.secure_aggregation.cloud:
+            return
+        if self.topology.buffer_size != self.topology.num_edges:
+            raise ValueError(
+                f"secure_aggregation.cloud needs topology.buffer_size = num_edges ({self.topology.num_edges}, got "
+                f"{self.topology.buffer_size}): buffered averaging would weigh each site by its staleness s(τ), and "
+                "the sites' pairwise masks cancel only in the sum over all of them, each counted once; a buffer of "
+                "fewer would leave the cloud a masked, meaningless sum")
+        if self.aggregation.cloud != "mean":
+            raise ValueError(f"aggregation.cloud = {self.aggregation.cloud!r} needs each site's step, which "
+                             "secure_aggregation.cloud hides: use 'mean'")
 
     def _check_selection(self) -> None:
         if self.privacy.dp_sgd_noise_multiplier is not None:

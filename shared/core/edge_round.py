@@ -24,8 +24,18 @@ class ClientTask:
     tensors: Record
 
 
-# Trains the given tasks and returns the results that came back (stragglers may be missing).
-Train = Callable[[list[ClientTask]], Awaitable[list[ClientResult]]]
+@dataclass(frozen=True)
+class SecureSum:
+    """What secure aggregation gives an edge instead of its clients' results: their weighted sum (float64, as
+    edge_aggregate's), its total weight, and the results' participation with no tensors (for the history)."""
+
+    sums: Record
+    weight: float
+    results: list[ClientResult]
+
+
+# Trains the given tasks and returns the results that came back (stragglers may be missing), or their sum alone.
+Train = Callable[[list[ClientTask]], Awaitable[list[ClientResult] | SecureSum]]
 # Runs a CPU-bound hook call: the edge service passes asyncio.to_thread, so that building tasks and
 # aggregating do not hold up its event loop (long-polls, health); in process, a plain call.
 Offload = Callable[..., Awaitable[Any]]
@@ -56,8 +66,12 @@ async def run_edge_round(
     for e in range(kappa):
         r = client_round(config, version, e)
         chosen = algorithm.select(pool, r, edge_id)
-        results = await train(await offload(_tasks, algorithm, edge_global, chosen, r))
-        aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r, edge_id)
+        trained = await train(await offload(_tasks, algorithm, edge_global, chosen, r))
+        if isinstance(trained, SecureSum):  # the base edge_aggregate's sum, computed under masks
+            results, aggregate = trained.results, EdgeAggregate(trained.sums, trained.weight)
+        else:
+            results = trained
+            aggregate, edge_state = await offload(algorithm.edge_aggregate, results, edge_state, r, edge_id)
         all_results.extend(x for x in results if aggregate.clients is None or x.client_id in aggregate.clients)
         if e < kappa - 1:
             edge_global = await offload(algorithm.edge_round_update, edge_global, aggregate)

@@ -76,6 +76,7 @@ class SiteInfo(Message):
     device_page: list[DeviceBrief] = Field(default_factory=list)  # the first of them, failed ones first
     runs: list[SiteRun] = Field(default_factory=list)  # the current round of each run it serves
     label_sets: list[LabelSetCount] | None = None  # its connected devices per label set (the most common)
+    mask_key: str | None = None  # its public key for secure aggregation between sites (base64 X25519)
 
 
 class DeviceInfo(Message):

@@ -78,6 +78,9 @@ class ClientTaskHeader(Message):
     config: RunConfig
     # DVFS (deadline, slack): the modelled seconds the client's compute and upload may take; None: full speed.
     budget_s: Float | None = None
+    # Under secure aggregation (config.secure_aggregation.edge): the name of the round's protocol, which binds
+    # its keys and ciphertexts, shared by every task of the round. The result then goes through /secagg.
+    secure_round: str | None = None
 
 
 class ResultReceipt(Message):

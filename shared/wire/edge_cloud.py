@@ -91,6 +91,9 @@ class EdgeRegistration(Message):
     runs: list[SiteRun] = Field(default_factory=list, max_length=MAX_SITE_RUNS)
     # The connected devices per label set (the MAX_LABEL_SETS most common); None: an edge that does not say.
     label_sets: list[LabelSetCount] | None = Field(None, max_length=MAX_LABEL_SETS)
+    # The site's X25519 public key (base64) for secure aggregation between sites: a run with
+    # secure_aggregation.cloud takes its sites' keys when it is created, and each site masks its sum with them.
+    mask_key: str | None = Field(None, min_length=44, max_length=44)
 
     @property
     def site_name(self) -> str:

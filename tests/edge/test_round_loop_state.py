@@ -16,13 +16,14 @@ def test_state_round_trips_per_run(tmp_path):
     again = loop(tmp_path)  # a restarted edge
     assert torch.equal(again.states.load("run-a")["prototypes"]["means"], state["prototypes"]["means"])
     assert again.states.load("run-b") == {}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors"]  # no temporary left
+    # No temporary left; beside the run's state, the edge's key for secure aggregation between sites.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.safetensors", "edge2.mask-key"]
 
 
 def test_an_unreadable_state_file_starts_afresh_and_is_kept_aside(tmp_path):
     (tmp_path / "edge2-run-a.safetensors").write_bytes(b"\x00\x01 torn write")
     assert loop(tmp_path).states.load("run-a") == {}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.corrupt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-a.corrupt", "edge2.mask-key"]
 
 
 def test_the_state_is_kept_on_disk_by_default():
@@ -38,5 +39,7 @@ def test_the_state_files_of_runs_that_ended_are_deleted(tmp_path):
         edge.states.save(run_id, state)
     (tmp_path / "edge3-run-a.safetensors").write_bytes(b"edge 3's")
     edge._forget_ended({"run-b"})  # what a long-poll answer names live
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-b.safetensors", "edge3-run-a.safetensors"]
+    # The edge's key for secure aggregation between sites is no run's: it stays.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge2-run-b.safetensors", "edge2.mask-key",
+                                                          "edge3-run-a.safetensors"]
     assert torch.equal(edge.states.load("run-b")["prototypes"]["means"], torch.zeros(2))

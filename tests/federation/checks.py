@@ -53,6 +53,26 @@ async def assert_equals_reference(admin: Admin, run_id: str, config: RunConfig,
     return history
 
 
+def fixed_point_bound(config: RunConfig, expected: Tensors) -> Tensors:
+    """Each device's coordinate is rounded to the nearest multiple of 2^-f, an error of at most 2^-(f+1); the edge's
+    sum Σ w_k q_k / W is a weighted mean of them, so the step errs by at most 2^-(f+1) and the model by
+    η_s·2^-(f+1). Beyond that, both paths round the sum to float32 once on the wire and the model once: four
+    float32 roundings of the values involved at most."""
+    f = config.secure_aggregation.scale_bits
+    eps = torch.finfo(torch.float32).eps
+    return {name: config.server_lr * 2.0 ** -(f + 1) + 4 * eps * (t.abs() + 1) for name, t in expected.items()}
+
+
+def assert_within_fixed_point(model: Tensors, expected: Tensors, config: RunConfig) -> float:
+    bound = fixed_point_bound(config, expected)
+    worst = 0.0
+    for name, t in expected.items():
+        diff = (model[name].to(torch.float64) - t.to(torch.float64)).abs()
+        assert bool((diff <= bound[name]).all()), (name, float(diff.max()), float(bound[name].max()))
+        worst = max(worst, float(diff.max()))
+    return worst
+
+
 def assert_same_federated(got: RoundRecord, ref: RoundRecord) -> None:
     """The record's federated evaluation is the reference's: the same versions, sites, devices and sample counts, and
     figures up to the models' float summation order (as test_accuracy)."""

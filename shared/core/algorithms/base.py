@@ -148,6 +148,9 @@ class Algorithm(Generic[P]):
     # Contribution groups that travel in the dtypes contribution_spec gives them. Every other float64 tensor of a
     # contribution travels as float32 (to_wire): see `wire_spec`.
     exact_wire_groups: ClassVar[frozenset[str]] = frozenset()
+    # Whether the edge's aggregate is the plain weighted sum of the results (the base edge_aggregate), the one
+    # thing secure aggregation lets an edge compute (RunConfig.secure_aggregation).
+    secure_aggregation: ClassVar[bool] = False
     # Whether a device can evaluate the global model its task carries (RunConfig.evaluation "federated", "both"):
     # not where the task is a sub-model, or where the global state is not one model to test (own `evaluate`).
     federated_evaluation: ClassVar[bool] = True
@@ -167,6 +170,19 @@ class Algorithm(Generic[P]):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         """Raises ValueError for configs this algorithm cannot run (a ConfigError where one field is the cause)."""
+        sa = config.secure_aggregation
+        if (sa.edge or sa.cloud) and not cls.secure_aggregation:
+            raise ConfigError("secure_aggregation", f"{cls.name} needs each client's result at the edge (or each "
+                              "site's at the cloud), which secure aggregation hides; fedavg, fedprox and fedsgd "
+                              "take it")
+        if sa.edge:
+            if config.aggregation.edge != "mean":
+                raise ConfigError("aggregation.edge", f"aggregation.edge = {config.aggregation.edge!r} needs every "
+                                  "update at the edge, which secure aggregation hides: use 'mean' with "
+                                  "secure_aggregation.edge")
+            if config.privacy.noise == "edge":
+                raise ConfigError("privacy.noise", "privacy.noise = 'edge' clips each update at the edge, which secure "
+                                  "aggregation hides: use privacy.noise = 'client' (each device noises its own update)")
         if (cls.synchronous and cls.stale_refusal is not None
                 and config.topology.buffer_size != config.topology.num_edges):
             raise ConfigError(

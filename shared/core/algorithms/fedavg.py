@@ -34,6 +34,7 @@ class FedAvg(Algorithm[P]):
     name = "fedavg"
     edge_rounds = True
     robust_aggregation = True
+    secure_aggregation = True
     # Its update is a step, the mean of the clients' steps: a stale one can be weighed (algorithms/staleness.py).
     stale_refusal: ClassVar[str | None] = None
 

@@ -181,6 +181,7 @@ class FedVARP(FedAvg[P]):
     name = "fedvarp"
     multi_edge = False  # y spans all N clients
     edge_rounds = False  # the cloud must see every Δw_k of the round it applies
+    secure_aggregation = False  # its memory keeps each client's last step
     robust_aggregation = False  # its step is the variance-reduced direction over its memory, not a mean
     stale_refusal = ("FedVARP's server memory keeps each client's last update y_k and corrects each new one by it: "
                      "a stale update corrects against a y_k of another global version, so the memory's "

@@ -560,13 +560,15 @@ async def test_a_site_is_kept_by_name_with_its_labels_and_reports(store: Store) 
     first = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
                                                      labels={"region": "eu"}, devices=0))
     later = await store.report_site(EdgeRegistration(edge_id=3, url="http://a:1", name="lyon",
-                                                     labels={"region": "eu"}, devices=5, serving="r1:4"))
+                                                     labels={"region": "eu"}, devices=5, serving="r1:4",
+                                                     mask_key="A" * 43 + "="))
     await store.report_site(EdgeRegistration(edge_id=1))  # no name: edge-1
     sites = await store.sites()
     assert [s.name for s in sites] == ["edge-1", "lyon"]
     assert sites[1] == later and later.registered_at == first.registered_at and later.last_seen >= first.last_seen
     assert (later.edge_id, later.labels, later.url, later.devices, later.serving) == (3, {"region": "eu"},
                                                                                         "http://a:1", 5, "r1:4")
+    assert later.mask_key == "A" * 43 + "="  # a site's public key for secure aggregation between sites
 
 
 async def test_a_site_name_belongs_to_one_edge(store: Store) -> None:
