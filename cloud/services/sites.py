@@ -112,8 +112,15 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
         offline = [s.name for s in await site_registry(store=store) if s.status == "offline"]
         raise InvalidRun(f"no online site matches selection.sites {selection.sites!r} "
                          f"(online: {[f'{s.name} {s.labels}' for s in sites]}; offline: {offline})")
-    buffer_size = len(chosen) if registry.get_algorithm_class(config.algorithm).synchronous else \
-        min(config.topology.buffer_size, len(chosen))
+    synchronous = registry.get_algorithm_class(config.algorithm).synchronous
+    if synchronous and config.topology.buffer_size < config.topology.num_edges:
+        # Buffered averaging is proven equal to the reference only over the simulated federation's fixed edges;
+        # here B is sized to the sites found, so a smaller buffer asked for would be silently overridden.
+        raise InvalidRun(f"topology.buffer_size {config.topology.buffer_size} < num_edges "
+                         f"{config.topology.num_edges} (buffered averaging) takes a simulated federation: a run over "
+                         "registered devices (selection) updates once each of its sites has contributed; leave "
+                         "topology out")
+    buffer_size = len(chosen) if synchronous else min(config.topology.buffer_size, len(chosen))
     data = config.model_dump()
     data["selection"]["edge_ids"] = chosen
     data["topology"].update(num_edges=len(chosen), buffer_size=buffer_size)

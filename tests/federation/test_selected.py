@@ -135,6 +135,7 @@ async def test_two_sites_with_privacy_robust_aggregation_and_dvfs_by_device_equa
     ({"algorithm": "clusterfedvarp"}, "by device id or label"),
     ({"algorithm": "fedrolex", "params": {"capacities": [1, 1, 1, 1, 1, 1]}}, "capacities by device id"),
     ({"algorithm": "clusterfedvarp", "params": {"clusters": {"paris": 0}}}, "neither a device id nor a label"),
+    ({"algorithm": "fedavg", "topology": {"num_edges": 2, "buffer_size": 1}}, "takes a simulated federation"),
 ])
 async def test_what_a_run_over_registered_devices_cannot_take_is_refused_saying_why(cloud_storage, tmp_path,
                                                                                     overrides, says):
