@@ -93,6 +93,8 @@ def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:
                           f"{newest.num_samples} held-out samples at {len(newest.sites)} sites")
     else:
         console.print("no rounds completed")
+    if info.reason:  # why it stopped without finishing (devices that never came, every device failed, …)
+        console.print(f"{info.status.value}: {info.reason}", style="red", highlight=False)
     for line in failures(history):
         console.print(line, style="red", highlight=False)
     summary = group_summary(info.config, client_reports(history))
