@@ -1,4 +1,4 @@
-"""The run's devices: N in the seed's equations (docs/decisions/0010-memories-keyed-by-device.md).
+"""The run's devices: N in the seed's equations (docs/decisions/memories-keyed-by-device.md).
 
 A simulated run's devices are its roster 0 … N−1 (data.num_clients), fixed. A run over registered devices
 (RunConfig.selection) has those its edges declared as members so far: a device is registered for the run from the

@@ -26,7 +26,7 @@ Choices the specification leaves open:
 N is the run's devices (shared/core/roster.py): data.num_clients for a simulated run; in a run over registered
 devices, those its edge declared as members so far. A device that joins gets y_k = 0, the value every y_k starts
 from, and counts in N from the update whose contribution first declares it: the memory is keyed by device, a slot
-per device in order of joining, and grows by a zero slot (docs/decisions/0010-memories-keyed-by-device.md).
+per device in order of joining, and grows by a zero slot (docs/decisions/memories-keyed-by-device.md).
 
 The maths is written once, for a memory with one slot per *group* of clients and clients that each
 cover part of the coordinates (`varp_update`: `varp_direction` and `updated_memory` with coverage

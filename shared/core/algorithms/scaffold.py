@@ -13,7 +13,7 @@ with p_k as in FedAvg (data-size weights over S, or 1/m), m the number of client
 round (max(⌊λN⌋, 1) with one edge) and N the run's devices (shared/core/roster.py): data.num_clients in a
 simulated run; in a run over registered devices, those its edges declared as members so far. A device that joins
 counts in N (and its edge's m) from the round whose contribution first declares it; its c_k starts at 0 on the
-device, as every client's did, and the server keeps no memory of it (docs/decisions/0010-memories-keyed-by-device.md).
+device, as every client's did, and the server keeps no memory of it (docs/decisions/memories-keyed-by-device.md).
 
 Several edges: c is one global tensor and both Σ p_k Δw_k and Σ p_k Δc_k are associative partial
 sums, so edges send partials of both and the cloud's update equals the flat rule over all of S;
