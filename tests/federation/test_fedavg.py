@@ -17,11 +17,13 @@ async def fed(cloud_storage, tmp_path):
 
 
 async def test_fedavg_cnn_mnist_reaches_90_percent_and_equals_the_reference(fed):
-    config = RunConfig(name="fedavg-cnn", rounds=10, local={"epochs": 1, "batch_size": 32})
+    # 8 rounds: the reference's best accuracy by round 8 is 0.941, 0.932, 0.950 for seeds 0, 1, 2 (at least 0.03
+    # above the bar; at round 6 seed 0 is at 0.901 and seed 1 at 0.888), so the claim holds with margin.
+    config = RunConfig(name="fedavg-cnn", rounds=8, local={"epochs": 1, "batch_size": 32})
     _, history, model = await run(fed.admin, config, timeout_s=600)
     accuracies = [h.test_accuracy for h in history]
     assert max(accuracies) >= 0.90, accuracies
-    assert [h.version for h in history] == list(range(1, 11))
+    assert [h.version for h in history] == list(range(1, config.rounds + 1))
     assert all(len(h.clients) == 10 and h.edges == [0] for h in history)
     assert all(c.num_samples > 0 for h in history for c in h.clients)
     expected = await reference(config)

@@ -1,14 +1,21 @@
 """FedVARP's claim: at low participation (λ = 0.1) its final training loss is lower than FedAvg's.
 
 Setting: MNIST 5k, 20 clients with 2 label shards each, McMahan's 2NN (mlp), λ = 0.1 (m = 2 clients a
-round), E = 2, B = 16, η_k = 0.05, 60 rounds, seed 0. "Final training loss" is the global model's mean
+round), E = 2, B = 16, η_k = 0.05, 40 rounds, seed 0. "Final training loss" is the global model's mean
 cross-entropy on all clients' training data pooled, averaged over the last 10 rounds; the test records it
 each round by wrapping the reference runner's per-round evaluation (run_reference has no other per-round
 hook), so both algorithms are scored on the same data the same way.
 
-Measured (FedAvg → FedVARP, last-10-round mean): seed 0: 0.493 → 0.254; seed 1: 0.588 → 0.372;
-seed 2: 0.556 → 0.437; seed 3: 0.591 → 0.381. The assertion asks for a 15% reduction, which holds for
-all four seeds (the worst ratio is 0.79).
+Measured (FedAvg → FedVARP, mean of the 10 rounds before round R):
+
+    seed   R = 30          R = 40          R = 50          R = 60
+    0      0.916 → 0.557   0.738 → 0.410   0.644 → 0.319   0.493 → 0.254
+    1      0.785 → 0.818   0.754 → 0.591   0.536 → 0.434   0.588 → 0.372
+    2      0.767 → 0.842   0.806 → 0.519   0.571 → 0.431   0.556 → 0.437
+    3      1.106 → 0.760   0.900 → 0.621   0.743 → 0.379   0.591 → 0.381
+
+The assertion asks for a 15% reduction. 40 rounds is the fewest of these where it holds for all four seeds
+with the margin of 60 rounds (worst ratio 0.78 against 0.79); at 30, FedVARP is still behind for seeds 1 and 2.
 """
 import pytest
 import torch
@@ -24,7 +31,7 @@ CONFIG = {
     "model": {"name": "mlp"},
     "data": {"dataset": "mnist5k", "num_clients": 20, "partition": "shards", "shards_per_client": 2},
     "fraction": 0.1,
-    "rounds": 60,
+    "rounds": 40,
     "local": {"epochs": 2, "lr": 0.05, "batch_size": 16},
     "seed": 0,
 }
