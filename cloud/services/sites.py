@@ -96,8 +96,8 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
     are those registered now; devices may register at them until the run ends."""
     selection = config.selection
     if selection is None:
-        return await _with_site_keys(store, config)
-    sites = await site_registry(store=store)
+        return _with_site_keys(config, await store.sites()) if config.secure_aggregation.cloud else config
+    registered = sites = await site_registry(store=store)
     if isinstance(selection.sites, list):
         unknown = sorted(set(selection.sites) - {s.name for s in sites})
         if unknown:
@@ -109,7 +109,7 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
         sites = [s for s in sites if s.status == "online"]
     chosen = sorted({s.edge_id for s in sites if selection.takes_site(s.name, s.labels)})
     if not chosen:
-        offline = [s.name for s in await site_registry(store=store) if s.status == "offline"]
+        offline = [s.name for s in registered if s.status == "offline"]
         raise InvalidRun(f"no online site matches selection.sites {selection.sites!r} "
                          f"(online: {[f'{s.name} {s.labels}' for s in sites]}; offline: {offline})")
     synchronous = registry.get_algorithm_class(config.algorithm).synchronous
@@ -125,17 +125,17 @@ async def resolve(*, store: Store, config: RunConfig) -> RunConfig:
     data["selection"]["edge_ids"] = chosen
     data["topology"].update(num_edges=len(chosen), buffer_size=buffer_size)
     try:
-        return await _with_site_keys(store, registry.parse_config(data))
+        return _with_site_keys(registry.parse_config(data), registered)
     except ValidationError as exc:
         raise InvalidRun(f"the run over sites {chosen}: {exc}") from exc
 
 
-async def _with_site_keys(store: Store, config: RunConfig) -> RunConfig:
+def _with_site_keys(config: RunConfig, sites: list[SiteInfo]) -> RunConfig:
     """With secure_aggregation.cloud: the config holding its sites' public keys as they registered them (InvalidRun
     naming the sites that registered none); the cloud relays them and holds no private key."""
     if not config.secure_aggregation.cloud:
         return config
-    keys = {s.edge_id: s.mask_key for s in await store.sites() if s.mask_key is not None}
+    keys = {s.edge_id: s.mask_key for s in sites if s.mask_key is not None}
     missing = sorted(set(config.edge_ids()) - set(keys))
     if missing:
         raise InvalidRun(f"secure_aggregation.cloud needs every site's public key; edges {missing} have not "
