@@ -12,6 +12,7 @@ from typing import Iterable
 
 import torch
 
+from fl_services.shared.core.algorithms import fused
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.tensors import Tensors
 
@@ -61,6 +62,10 @@ def reduce(items: Iterable[tuple[float, Record]]) -> Partial:
 
 def _accumulate(into: torch.Tensor, terms: list[tuple[float, torch.Tensor]], scratch: torch.Tensor) -> None:
     """into += x.double() * weight for every (weight, x) in order, in place, all flat: chunk by chunk."""
+    kernel = fused.kernels() if into.numel() >= fused.MIN_ELEMENTS else None
+    if kernel is not None and all(x.dtype == torch.float32 for _, x in terms):
+        fused.accumulate(kernel, into.numpy(), [(float(w), x.detach().contiguous().numpy()) for w, x in terms], _CHUNK)
+        return
     for start in range(0, into.numel(), _CHUNK):
         chunk = into[start : start + _CHUNK]
         term = scratch[: chunk.numel()]

@@ -1,8 +1,9 @@
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_services.shared.core.algorithms import aggregate
+from fl_services.shared.core.algorithms import aggregate, fused
 
 
 def test_weighted_mean_by_hand():
@@ -34,15 +35,21 @@ def test_add_scaled_keeps_dtype():
     assert out["w"].dtype == torch.float32 and torch.equal(out["w"], torch.tensor([2.0, 3.0]))
 
 
-def test_reduce_in_place_is_bit_identical_to_the_plain_sum_of_float64_products():
+@pytest.mark.parametrize("kernel", ["fused", "torch"])
+def test_reduce_in_place_is_bit_identical_to_the_plain_sum_of_float64_products(kernel, monkeypatch):
     """The in-place, chunked accumulate rounds as `sum + x.double() * w` does, across chunk boundaries and
-    for any shape and dtype of x (here a tensor larger than one chunk and a non-contiguous one)."""
+    for any shape and dtype of x (here a tensor larger than one chunk and a non-contiguous one), through the
+    fused kernel (numba, when installed) and through torch's ops alike."""
+    if kernel == "torch":
+        monkeypatch.setattr(fused, "kernels", lambda: None)
+    elif fused.kernels() is None:
+        pytest.skip("numba is not installed")
     generator = torch.Generator().manual_seed(0)
     big = aggregate._CHUNK * 2 + 17
     items = [(float(w), {"m": {"big": torch.randn(big, generator=generator),
                                "t": torch.randn(5, 3, generator=generator).T,
                                "h": torch.randn(7, generator=generator).half()}})
-             for w in (3.0, 0.1, 7.25, 1e-3)]
+             for w in (3.0, 0.1, 7.25, 1e-3, 2.5, -0.75)]
     expected: dict[str, torch.Tensor] = {}
     for w, record in items:
         for name, x in record["m"].items():
