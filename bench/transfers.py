@@ -6,10 +6,12 @@ Prints, on this machine:
   digits), through a cloud process and its private Redis (AOF on, `appendfsync always`, as deployed);
 - submit: an edge's `POST …/contributions` of a contribution of `--megabytes` on the wire (zeros of the
   algorithm's wire spec: what an edge sends), until the 202; the cloud update it triggers is waited out
-  before the next submit and not counted; beside it, a plain SET of as many bytes into the same Redis,
-  the floor of a submit that makes the contribution durable there before answering;
+  before the next submit and not counted; beside it, a plain write of as many bytes to a file on the volume of
+  the topology (Redis' own), fsynced, which the submit is measured against, and a plain SET of as many bytes
+  into the same Redis, the floor of a submit that makes the contribution durable there before answering;
 - aggregation: `edge_aggregate` of 100 float32 updates of a 1.6M-parameter model (the CNN's size in the
-  issue) against a plain copy of the same 100 updates into one buffer (bytes read per second);
+  issue) against a plain copy of the same 100 updates into one buffer (bytes read per second), through the
+  fused kernel (numba, `shared/core/algorithms/fused.py`) and through torch's ops alone;
 - evaluation: the cloud's evaluation of the demo's CNN (MNIST 5k test set), and how long an edge waits
   from submitting the round's last contribution until the next version is served (`update latency`):
   with the evaluation on the critical path, it is in there.
@@ -23,19 +25,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import socket
 import statistics
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import httpx
 import redis
 import torch
 
 from fl_services.fedctl.launch import LocalTopology
-from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms import fused, registry
 from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.federation import evaluate_global, initial_model
@@ -131,12 +135,12 @@ class Cloud:
         return int(r.json()["version"])
 
     def wait_evaluated(self, run_id: str, timeout_s: float = 300) -> None:
-        """Until every record of the run's history has its evaluation (NaN until then)."""
+        """Until every record of the run's history has its evaluation (null until then)."""
         deadline = time.monotonic() + timeout_s
         while True:
             r = self.http.get(f"/api/v1/runs/{run_id}/history", headers=self._auth(ADMIN))
             r.raise_for_status()
-            if not any(math.isnan(float(h["test_accuracy"])) for h in r.json()):
+            if not any(h["test_accuracy"] is None or math.isnan(float(h["test_accuracy"])) for h in r.json()):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"run {run_id}: a record stayed unevaluated")
@@ -167,6 +171,29 @@ def redis_set_seconds(url: str, nbytes: int, repeats: int) -> float:
     finally:
         client.delete("bench:transfers")
         client.close()
+
+
+def fsynced_write_seconds(directory: str, nbytes: int, repeats: int) -> float:
+    """A plain write of `nbytes` to a new file in `directory`, fsynced (the file's data and then the directory's
+    entry): what any submit that makes the contribution durable on that volume costs at least."""
+    payload = bytes(nbytes)
+    path = os.path.join(directory, "bench-transfers.bin")
+
+    def write() -> None:
+        with open(path, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        entry = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(entry)
+        finally:
+            os.close(entry)
+
+    try:
+        return statistics.median(seconds(write) for _ in range(repeats))
+    finally:
+        os.unlink(path)
 
 
 def transfers(cloud: Cloud, megabytes: float, repeats: int) -> dict[str, float]:
@@ -229,9 +256,9 @@ def evaluation_seconds(repeats: int) -> float:
     return statistics.median(seconds(lambda: evaluate_global(config, algorithm, global_, {})) for _ in range(repeats))
 
 
-def aggregation(repeats: int, clients: int = 100) -> tuple[float, float]:
-    """(edge_aggregate's GB/s, a plain copy's GB/s) over `clients` float32 updates of a 1.6M-parameter model,
-    counted as the bytes of the updates read."""
+def aggregation(repeats: int, clients: int = 100) -> tuple[float, float, float]:
+    """(edge_aggregate's GB/s, the same through torch's ops alone, a plain copy's GB/s) over `clients` float32
+    updates of a 1.6M-parameter model, counted as the bytes of the updates read; the three interleaved."""
     shapes = {"conv1": (32, 1, 5, 5), "conv2": (64, 32, 5, 5), "fc1": (1024, 1500), "fc2": (10, 1024), "b": (1024,)}
     generator = torch.Generator().manual_seed(0)
     updates = [ClientResult(k, 100 + k, 0.5, {"model": {n: torch.randn(s, generator=generator)
@@ -240,17 +267,22 @@ def aggregation(repeats: int, clients: int = 100) -> tuple[float, float]:
     read = sum(t.numel() * t.element_size() for u in updates for t in u.tensors["model"].values())
     algorithm = registry.create(RunConfig(name="aggregation"))
     into = {n: torch.empty(s) for n, s in shapes.items()}
-    aggregate_s, copy_s = [], []
+    algorithm.edge_aggregate(updates, {}, 0)  # compiles the fused kernel (once per process), untimed
+    aggregate_s, torch_s, copy_s = [], [], []
     for _ in range(repeats):
         start = time.perf_counter()
         algorithm.edge_aggregate(updates, {}, 0)
         aggregate_s.append(time.perf_counter() - start)
+        with mock.patch.object(fused, "kernels", lambda: None):  # torch's ops alone
+            start = time.perf_counter()
+            algorithm.edge_aggregate(updates, {}, 0)
+            torch_s.append(time.perf_counter() - start)
         start = time.perf_counter()
         for u in updates:
             for n, t in u.tensors["model"].items():
                 into[n].copy_(t)
         copy_s.append(time.perf_counter() - start)
-    return read / statistics.median(aggregate_s) / 1e9, read / statistics.median(copy_s) / 1e9
+    return tuple(read / statistics.median(s) / 1e9 for s in (aggregate_s, torch_s, copy_s))  # type: ignore[return-value]
 
 
 def main() -> None:
@@ -260,9 +292,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    agg, copy = aggregation(args.repeats)
-    print(f"aggregation of 100 updates (1.6M parameters): {agg:.2f} GB/s; plain copy {copy:.2f} GB/s; "
-          f"ratio {agg / copy:.2f}", flush=True)
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    agg, agg_torch, copy = aggregation(args.repeats)
+    kernel = "fused kernel" if fused.kernels() is not None else "torch's ops: numba is not installed"
+    print(f"aggregation of 100 updates (1.6M parameters): {agg:.2f} GB/s ({kernel}); torch's ops alone "
+          f"{agg_torch:.2f} GB/s; plain copy {copy:.2f} GB/s; ratio {agg / copy:.2f} "
+          f"(torch's ops {agg_torch / copy:.2f})", flush=True)
     evaluation = evaluation_seconds(args.repeats)
     print(f"evaluation of the CNN (MNIST 5k test set): {evaluation * 1000:.0f} ms", flush=True)
     loopback = loopback_seconds(int(args.megabytes * 1e6), args.repeats)
@@ -278,11 +313,14 @@ def main() -> None:
         if topo.redis_url is None:
             raise RuntimeError("the topology started no Redis")
         floor = redis_set_seconds(topo.redis_url, int(args.megabytes * 1e6), args.repeats)
+        write = fsynced_write_seconds(str(topo.workdir), int(f["submit_mb"] * 1e6), args.repeats)
     loop_per_mb = loopback / (args.megabytes)
     print(f"fetch of a {f['fetch_mb']:.1f} MB global state: {f['fetch_s'] * 1000:.0f} ms, "
           f"{f['fetch_s'] / (loop_per_mb * f['fetch_mb']):.1f}× loopback")
     print(f"submit of a {f['submit_mb']:.1f} MB contribution: {f['submit_s'] * 1000:.0f} ms, "
           f"{f['submit_s'] / (loop_per_mb * f['submit_mb']):.1f}× loopback")
+    print(f"  {f['submit_s'] / write:.1f}× a plain fsynced write of the same bytes to a file on this volume "
+          f"({write * 1000:.0f} ms)")
     print(f"  of which no less than a plain SET of {args.megabytes:g} MB into this Redis (AOF, fsync always): "
           f"{floor * 1000:.0f} ms, {floor / loopback:.1f}× loopback")
 
