@@ -1,7 +1,8 @@
 """Transfers and the cloud's critical path: what a large model costs on the data path (issue 13).
 
 Prints, on this machine:
-- loopback: one TCP stream over 127.0.0.1 (Python sockets, `sendall` into `recv_into`), the yardstick;
+- loopback: one TCP stream over 127.0.0.1 (Python sockets, `sendall` into `recv_into`), the yardstick; and
+  the same bytes served by a bare Starlette route under uvicorn's h11 server to httpx (the HTTP stack alone);
 - fetch: an edge's `GET /api/v1/edges/0/global` of a global state of `--megabytes` (an mlp sized to it on
   digits), through a cloud process and its private Redis (AOF on, `appendfsync always`, as deployed);
 - submit: an edge's `POST …/contributions` of a contribution of `--megabytes` on the wire (zeros of the
@@ -28,6 +29,8 @@ import math
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -159,6 +162,43 @@ def bytes_per_wire_parameter(config: RunConfig) -> int:
     small = {"model": {"w": torch.zeros(1)}}
     spec = getattr(algorithm, "wire_spec", lambda s: s)(algorithm.contribution_spec(small, [0]))
     return torch.empty(0, dtype=spec["model"]["w"][1]).element_size()
+
+
+_BARE_SERVER = """
+import sys, uvicorn
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+blob = bytes(int(sys.argv[1]))
+async def serve(request):
+    return Response(blob, media_type="application/octet-stream")
+uvicorn.run(Starlette(routes=[Route("/blob", serve)]), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
+            http="h11")
+"""
+
+
+def bare_fetch_seconds(nbytes: int, repeats: int) -> float:
+    """A GET of `nbytes` held in memory by a bare Starlette route under uvicorn's h11 server, read by httpx: the
+    same HTTP stack as a fetch, without the cloud (what bounds a fetch from below)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", _BARE_SERVER, str(nbytes), str(port)])
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    http.get("/blob").raise_for_status()
+                    break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise
+                    time.sleep(0.1)
+            return statistics.median(seconds(lambda: http.get("/blob").content) for _ in range(repeats))
+    finally:
+        server.terminate()
+        server.wait()
 
 
 def redis_set_seconds(url: str, nbytes: int, repeats: int) -> float:
@@ -303,6 +343,9 @@ def main() -> None:
     loopback = loopback_seconds(int(args.megabytes * 1e6), args.repeats)
     print(f"loopback TCP, {args.megabytes:g} MB: {loopback * 1000:.1f} ms ({args.megabytes / 1e3 / loopback:.2f} GB/s)",
           flush=True)
+    bare = bare_fetch_seconds(int(args.megabytes * 1e6), args.repeats)
+    print(f"a bare uvicorn (h11) route serving {args.megabytes:g} MB to httpx: {bare * 1000:.0f} ms, "
+          f"{bare / loopback:.1f}× loopback", flush=True)
     env = {"FL_CLOUD_MAX_PAYLOAD_BYTES": str(4 * 2**30), "FL_CLOUD_LOG_LEVEL": "warning"}
     with LocalTopology(num_clients=0, num_edges=0, admin_token=ADMIN, edge_token=EDGE, extra_env=env) as topo:
         cloud = Cloud(topo.cloud_url)
