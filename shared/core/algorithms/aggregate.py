@@ -61,10 +61,13 @@ def reduce(items: Iterable[tuple[float, Record]]) -> Partial:
 
 
 def _accumulate(into: torch.Tensor, terms: list[tuple[float, torch.Tensor]], scratch: torch.Tensor) -> None:
-    """into += x.double() * weight for every (weight, x) in order, in place, all flat: chunk by chunk."""
-    kernel = fused.kernels() if into.numel() >= fused.MIN_ELEMENTS else None
-    if kernel is not None and all(x.dtype == torch.float32 for _, x in terms):
-        fused.accumulate(kernel, into.numpy(), [(float(w), x.detach().contiguous().numpy()) for w, x in terms], _CHUNK)
+    """into += x.double() * weight for every (weight, x) in order, in place, all flat: chunk by chunk. Through the
+    fused kernel (`fused.py`: numba installed, float32 terms on the CPU, a sum large enough), else torch's ops; the
+    two are bit-identical."""
+    kernel = fused.kernels() if into.numel() >= fused.MIN_ELEMENTS and into.is_cpu else None
+    if kernel is not None and all(x.dtype == torch.float32 and x.is_cpu for _, x in terms):
+        fused.accumulate(kernel, into.detach().numpy(), [(float(w), x.detach().contiguous().numpy()) for w, x in terms],
+                         _CHUNK)
         return
     for start in range(0, into.numel(), _CHUNK):
         chunk = into[start : start + _CHUNK]
