@@ -15,7 +15,7 @@ from fl_services.cloud.audit import Auditor
 from fl_services.cloud.initial_state import InvalidRun
 from fl_services.cloud.metrics import connected
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.storage import ENDED, Conflict, NotFound, Store, now
+from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig, matches
 from fl_services.shared.core.reports import RoundRecord, RunStatus
@@ -151,14 +151,8 @@ async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
     site = next((s for s in await store.sites() if s.name == name), None)
     if site is None:
         raise NotFound(f"no site named {name!r}")
-    using = []
-    for run_id in await store.run_ids():
-        try:
-            info = await store.info(run_id)
-        except NotFound:
-            continue
-        if info.status not in ENDED and info.status != RunStatus.created and site.edge_id in info.config.edge_ids():
-            using.append(run_id)
+    live = await _runs_in(store, await store.run_ids(), (RunStatus.waiting, RunStatus.running, RunStatus.paused))
+    using = [info.run_id for info in live if site.edge_id in info.config.edge_ids()]
     if using:
         raise Conflict(f"site {name!r} (edge {site.edge_id}) is used by runs that have not ended: {sorted(using)}; "
                        "stop them first", "site_in_use")
@@ -199,15 +193,20 @@ def untrainable(run_id: str, config: RunConfig, sites: list[SiteInfo]) -> str | 
                                                  else ""))
 
 
-async def _runs_with_sites(store: Store, run_ids: list[str],
-                           statuses: tuple[RunStatus, ...]) -> list[tuple[RunInfo, list[SiteInfo]]]:
-    """The runs of `run_ids` in one of `statuses` (those deleted meanwhile left out), each with the site registry
-    as it is now, online or offline (read once, if any run is)."""
+async def _runs_in(store: Store, run_ids: list[str], statuses: tuple[RunStatus, ...]) -> list[RunInfo]:
+    """The runs of `run_ids` in one of `statuses`, those deleted meanwhile left out."""
     infos = []
     for run_id in run_ids:
         with contextlib.suppress(NotFound):
             infos.append(await store.info(run_id))
-    infos = [info for info in infos if info.status in statuses]
+    return [info for info in infos if info.status in statuses]
+
+
+async def _runs_with_sites(store: Store, run_ids: list[str],
+                           statuses: tuple[RunStatus, ...]) -> list[tuple[RunInfo, list[SiteInfo]]]:
+    """The runs of `run_ids` in one of `statuses` (those deleted meanwhile left out), each with the site registry
+    as it is now, online or offline (read once, if any run is)."""
+    infos = await _runs_in(store, run_ids, statuses)
     sites = await site_registry(store=store) if infos else []
     return [(info, sites) for info in infos]
 
