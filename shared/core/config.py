@@ -277,6 +277,13 @@ class DvfsConfig(Strict):
     def _profiles(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_known_profile(n) for n in names)
 
+    @property
+    def modelled(self) -> bool:
+        """Whether the run models its clients' devices: a policy that picks frequencies, or devices, a link or a
+        time scale of its own. The default section models none (every client a default device at full speed),
+        so its time and energy figures would describe no one: the history leaves them out."""
+        return self != DvfsConfig()
+
     def device(self, client_id: int) -> tuple[str, DeviceProfile, float]:
         """Client `client_id`'s profile name, device model and link rate (Mbit/s)."""
         name = self.profiles[client_id % len(self.profiles)] if self.profiles else self.profile
