@@ -208,6 +208,11 @@ class RoundPolicy(Strict):
         one is waited for."""
         return None if self.answers is None else min(self.answers, selected)
 
+    def quorum(self, selected: int) -> int:
+        """The answers a round of `selected` tasks waits for, deadline after deadline (max_retries more), before
+        it goes on with fewer: `enough`, else min_fraction of them (at least one)."""
+        return self.enough(selected) or max(1, math.ceil(self.min_fraction * selected))
+
 
 # 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
 # (1e9 s at 1e-300 Mbit/s), and the clients failed every task of the run.
