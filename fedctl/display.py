@@ -52,11 +52,12 @@ def history_table(history: list[RoundRecord], title: str, last: int | None = Non
         table.add_column(col, justify="right")
     cumulative = list(itertools.accumulate(h.energy_j or 0.0 for h in history))
     for h, total in list(zip(history, cumulative, strict=True))[-last if last else 0:]:
-        table.add_row(str(h.round), str(len(h.clients)), str(len(h.failed_clients)), ",".join(names.get(e, str(e)) for e in h.edges),
+        energy = ("–", "–") if h.energy_j is None else (f"{h.energy_j:.1f}", f"{total:.1f}")
+        table.add_row(str(h.round), str(len(h.clients)), str(len(h.failed_clients)),
+                      ",".join(names.get(e, str(e)) for e in h.edges),
                       _figure(h.train_loss, ".4f"), _figure(h.test_loss, ".4f"),
                       _figure(100 * h.test_accuracy, ".2f") + "%" * (not math.isnan(h.test_accuracy)),
-                      f"{h.elapsed_s:.1f}s", *(("–", "–") if h.energy_j is None else (f"{h.energy_j:.1f}",
-                                                                                     f"{total:.1f}")))
+                      f"{h.elapsed_s:.1f}s", *energy)
     return table
 
 

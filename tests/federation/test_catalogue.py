@@ -3,6 +3,8 @@
 Partial participation (λ = 0.5) and E = 2 local epochs, so selection, client state, server memory and
 sub-models are all exercised across the services' HTTP APIs; hierarchical runs use two edges.
 """
+from typing import Any
+
 import pytest
 
 from fl_services.shared.core.config import RunConfig
@@ -16,7 +18,7 @@ BASE = dict(model={"name": "mlp"}, data={"dataset": "digits", "partition": "diri
 
 # The algorithms whose overrides name no client (no cluster map, no capacities): a run over registered devices
 # (tests/federation/test_selected.py) takes them as they are.
-ANY_CLIENTS = {
+ANY_CLIENTS: dict[str, dict[str, Any]] = {
     "fedavg": {},
     "fedavg-nesterov": {"algorithm": "fedavg", "local": {**BASE["local"], "optimizer": "nesterov", "lr": 0.02}},
     "fedsgd": {"local": {"lr": 0.5, "batch_size": 0}},

@@ -12,8 +12,8 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import Device, joins_of
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from tests.federation.checks import assert_same_model, reference
-from tests.federation.test_catalogue import ANY_CLIENTS
 from tests.federation.harness import Admin, federation
+from tests.federation.test_catalogue import ANY_CLIENTS
 from tests.integration.test_hfpl_services import CONFIG as HFPL
 
 pytestmark = pytest.mark.anyio
