@@ -7,7 +7,8 @@ exceptions (translated into StorageUnavailable or StorageError), not its keys, n
 
 Invariants every backend keeps, so that a crash loses nothing and counts nothing twice:
 - `submit` is atomic: the idempotency key, the run's status and version, the edge's slot and its entry
-  still waiting are checked, and the contribution buffered, all at once or not at all;
+  still waiting, and the site holding each device it declares (a run over registered devices) are checked, and
+  the contribution buffered (its devices' site recorded), all at once or not at all;
 - `commit_update` is atomic: the new global state and cloud state, the new version, the history record and
   the removal of the consumed contributions happen together, only if the version is still the expected one,
   the run still running (not paused: UPDATABLE), and (given a lease) that lease still held. Until then the consumed
