@@ -220,13 +220,15 @@ async def _runs_with_sites(store: Store, run_ids: list[str],
 
 # What each waiting run trains, which its devices' data must fit (its data set loaded once per run and process).
 _TASKS: dict[str, RunTask | None] = {}
+# Its data set loaded at creation already; a loader that hangs now must not hold the admission of the others.
+TASK_TIMEOUT_S = 120.0
 
 
 async def _task_of(info: RunInfo) -> RunTask | None:
     """The run's task as its edges derive it (None where it cannot be derived: any data is then counted)."""
     if info.run_id not in _TASKS:
         try:
-            _TASKS[info.run_id] = await asyncio.to_thread(run_task, info.config)
+            _TASKS[info.run_id] = await asyncio.wait_for(asyncio.to_thread(run_task, info.config), TASK_TIMEOUT_S)
         except Exception:  # e.g. a data file this cloud does not hold: the edges check each device then
             log.warning("run %s: cannot derive what it trains; its waiting counts every device", info.run_id,
                         exc_info=True)
@@ -235,8 +237,9 @@ async def _task_of(info: RunInfo) -> RunTask | None:
 
 
 async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
-    """Admits each waiting run whose sites have min_devices connected; stops, saying why, one that waited past its
-    start_timeout_s, and an admitted one still at version 0 past it whose sites have no member able to train."""
+    """Admits each waiting run whose sites have min_devices connected that can train it; stops, saying why, one
+    that waited past its start_timeout_s, and an admitted one still at version 0 past it whose sites have no member
+    able to train."""
     runs = await _runs_with_sites(store, await store.run_ids(), (RunStatus.waiting, RunStatus.running))
     for run_id in set(_TASKS) - {info.run_id for info, _ in runs if info.status == RunStatus.waiting}:
         del _TASKS[run_id]  # admitted, stopped or deleted: its task is not asked again
