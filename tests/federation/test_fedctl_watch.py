@@ -39,11 +39,14 @@ async def test_fedctl_watch_names_the_sites_and_a_run_without_dvfs_reports_no_en
         monkeypatch.setattr(display, "console", Console(width=200))
         watched = await asyncio.to_thread(CliRunner().invoke, fedctl.app, [
             "watch", run_id, "--cloud", CLOUD_URL, "--token", ADMIN_TOKEN, "--out", str(tmp_path / "results")])
-    assert watched.exit_code == 0, watched.output
+        shown = await asyncio.to_thread(CliRunner().invoke, fedctl.app, [
+            "results", run_id, "--cloud", CLOUD_URL, "--token", ADMIN_TOKEN])
     assert len(history) == 2
     assert all(h["energy_j"] is None for h in history), history  # not measured: no device is modelled
     assert all(c["device"] is None for h in history for c in h["clients"])
-    rows = [line.split() for line in watched.output.splitlines() if line.strip()[:1].isdigit()]
-    assert [r[0] for r in rows] == ["0", "1"], watched.output
-    for row in rows:  # round, clients, failed, edges, train loss, test loss, test acc, time, energy J, total J
-        assert row[3] == "lyon" and row[-2:] == ["–", "–"], watched.output
+    for printed in (watched, shown):
+        assert printed.exit_code == 0, printed.output
+        rows = [line.split() for line in printed.output.splitlines() if line.strip()[:1].isdigit()]
+        assert [r[0] for r in rows] == ["0", "1"], printed.output
+        for row in rows:  # round, clients, failed, edges, train loss, test loss, test acc, time, energy J, total J
+            assert row[3] == "lyon" and row[-2:] == ["–", "–"], printed.output
