@@ -11,7 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from fl_services.shared.core.data import parse_source
 from fl_services.shared.core.device import DeviceSetting, resolve
 from fl_services.shared.core.reports import Labels, parse_labels
-from fl_services.shared.runtime.settings import ServiceSettings
+from fl_services.shared.runtime.settings import ServiceSettings, ca_file_field, cert_file_field, key_file_field
 from fl_services.shared.wire.protocol import issued_token_parts
 
 
@@ -21,12 +21,9 @@ class ClientSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="FL_CLIENT_", extra="forbid")
 
     edge_url: str = Field("http://127.0.0.1:8100", description="Where the process reaches its edge (it dials out).")
-    edge_ca_file: Path | None = Field(None, description=(
-        "CA bundle (PEM) an https:// edge_url is verified against (unset: the public CAs)."))
-    edge_cert_file: Path | None = Field(None, description=(
-        "Certificate (PEM) the process presents to the edge (mutual TLS)."))
-    edge_key_file: Path | None = Field(None, description=(
-        "The key of edge_cert_file (unset: it is in the same file)."))
+    edge_ca_file: Path | None = ca_file_field("an https:// edge_url")
+    edge_cert_file: Path | None = cert_file_field("the process", "the edge")
+    edge_key_file: Path | None = key_file_field("edge_cert_file")
     client_token: str = Field("dev-client-token", description=(
         "The bearer token every hosted client sends: the edges' client secret, or, for a process hosting one "
         "client, that client's own device token."))

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.device import DeviceSetting, resolve
-from fl_services.shared.runtime.settings import is_loopback
+from fl_services.shared.runtime.settings import ca_file_field, cert_file_field, is_loopback, key_file_field
 from fl_services.shared.server.auth import same_token
 from fl_services.shared.server.settings import ServerSettings
 
@@ -35,12 +35,9 @@ class CloudSettings(ServerSettings):
     redis_password: str | None = Field(None, description=(
         "Redis' password (requirepass, or the password of the URL's ACL user) apart from the URL, so that it can "
         "come from a file of its own (FL_CLOUD_REDIS_PASSWORD_FILE: the Docker secret Redis reads too); not both."))
-    redis_ca_file: Path | None = Field(None, description=(
-        "CA bundle (PEM) a rediss:// Redis is verified against (unset: the public CAs)."))
-    redis_cert_file: Path | None = Field(None, description=(
-        "Certificate (PEM) the cloud presents to a rediss:// Redis that requires client certificates."))
-    redis_key_file: Path | None = Field(None, description=(
-        "The key of redis_cert_file (unset: it is in the same file)."))
+    redis_ca_file: Path | None = ca_file_field("a rediss:// Redis")
+    redis_cert_file: Path | None = cert_file_field("the cloud", "a rediss:// Redis that requires client certificates")
+    redis_key_file: Path | None = key_file_field("redis_cert_file")
     redis_max_connections: int = Field(64, ge=1, description=(
         "The Redis connections this process's requests and loop open at most (its event channel has one of its "
         "own besides); a request that finds them all busy waits up to redis_pool_timeout_s for one, then answers "

@@ -263,7 +263,7 @@ class Orchestrator:
             self.metrics.update_seconds.observe(time.perf_counter() - update_started)
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
         record = round_record(info.version, contributions, outcome, started, info.started_at or started,
-                              now()).model_copy(update={"computed_by": self.replica})
+                              now(), config.dvfs.modelled).model_copy(update={"computed_by": self.replica})
         header = GlobalStateHeader(run_id=run_id, version=info.version + 1, config=config,
                                    buffer_waits=buffer_waits(entries))
         # No renewal during the commit: the commit is fenced by the lease (Redis WATCHes it), and a renewal (a

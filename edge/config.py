@@ -7,6 +7,7 @@ from pydantic import Field, TypeAdapter, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.reports import Labels, parse_labels
+from fl_services.shared.runtime.settings import ca_file_field, cert_file_field, key_file_field
 from fl_services.shared.server.settings import ServerSettings
 from fl_services.shared.wire.edge_cloud import site_name
 
@@ -36,12 +37,9 @@ class EdgeSettings(ServerSettings):
         "refused."))
     port: int = Field(8100, description="The port to listen on.")
     cloud_url: str = Field("http://127.0.0.1:8000", description="Where the edge reaches the cloud (it dials out).")
-    cloud_ca_file: Path | None = Field(None, description=(
-        "CA bundle (PEM) an https:// cloud_url is verified against (unset: the public CAs)."))
-    cloud_cert_file: Path | None = Field(None, description=(
-        "Certificate (PEM) the edge presents to the cloud (mutual TLS)."))
-    cloud_key_file: Path | None = Field(None, description=(
-        "The key of cloud_cert_file (unset: it is in the same file)."))
+    cloud_ca_file: Path | None = ca_file_field("an https:// cloud_url")
+    cloud_cert_file: Path | None = cert_file_field("the edge", "the cloud")
+    cloud_key_file: Path | None = key_file_field("cloud_cert_file")
     edge_token: str = Field("dev-edge-token", description="The bearer token presented to the cloud.")
     client_token: str = Field("dev-client-token", description=(
         "Expected from clients: this secret (every client), or a device token derived from it (one client)."))

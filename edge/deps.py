@@ -148,9 +148,21 @@ async def client_auth(request: Request) -> ClientAuth:
 
 
 async def operator_auth(request: Request) -> None:
-    """401 unless the caller holds the edge's client secret (an operator's): a device token may not list the others."""
-    if not same_token(await bearer_token(request), request.app.state.settings.client_token):
+    """Passes the edge's client secret (an operator's) only. A device token a device may use here (issued or
+    derived, of a device registered here; not revoked) is a credential without this right: 403, saying why; any
+    other token, 401."""
+    state = request.app.state
+    auth = ClientAuth(await bearer_token(request), state.settings.client_token, state.revocations.ids)
+    if same_token(auth.token, auth.secret):
+        return
+    issued = issued_token_parts(auth.token)
+    # An issued token names its device; a derived one does not, so it is tried against the devices registered here.
+    candidates = [issued[0]] if issued is not None else list(state.board.clients)
+    device = next((k for k in candidates if auth.refusal(k) is None), None)
+    if device is None:
         raise unauthorized("invalid bearer token")
+    raise HTTPException(status.HTTP_403_FORBIDDEN, f"a device token (client {device}'s) acts for its device only; "
+                        "the device registry is the operator's: present the edge's client secret")
 
 
 def _client_id(raw: str) -> int | None:

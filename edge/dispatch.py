@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -73,8 +72,7 @@ class Dispatch:
         run_id = header.run_id
         # With policy.answers = K, the round closes at the K-th answer; the tasks still open are withdrawn
         # below, so a later answer is refused (409) and dropped.
-        enough = policy.enough(len(tasks))
-        quorum = enough or max(1, math.ceil(policy.min_fraction * len(tasks)))
+        enough, quorum = policy.enough(len(tasks)), policy.quorum(len(tasks))
         await self.board.post(tasks)
         log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)
         try:

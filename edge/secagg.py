@@ -3,7 +3,8 @@
 read, and unmasks only the sum of the remaining devices' updates.
 
 A device that trained posts its public keys with its result's header: that answers its task on the board, so the
-round's usual wait (policy.deadline_s) is step 0. Each later step waits up to secure_aggregation.phase_timeout_s
+round's usual wait (policy.deadline_s, again while fewer than policy.min_fraction answered, up to
+policy.max_retries times) is step 0. Each later step waits up to secure_aggregation.phase_timeout_s
 for the devices still in; a step that ends with fewer than t of them fails the round (SecAggAbort), which the
 round loop re-runs as any failed round."""
 from __future__ import annotations
@@ -170,11 +171,21 @@ class SecureRound:
 
     async def _run(self, board: TaskBoard, run_id: str, policy: RoundPolicy) -> SecureSum:
         s, timeout = self.session, self.config.phase_timeout_s
-        # With policy.answers = K, step 0 closes at the K-th device's keys, as a round without secure aggregation
-        # closes at its K-th answer: those devices are the roster U1 (t is a share of them), and a later device's
-        # keys are refused (409) and its update dropped, never masked into the sum.
-        results = {r.client_id: r for r in await board.wait_results(run_id, policy.deadline_s,
-                                                                     enough=policy.enough(len(self.tasks)))}
+        # Step 0 (a device's keys are its answer) waits as a round without secure aggregation does: up to
+        # max_retries more deadlines while fewer than the quorum (min_fraction) answered, then goes on with those
+        # that did (the protocol's threshold t then decides). Only step 0 can wait again: once the roster is
+        # closed, the later steps' sets are fixed by it (docs/decisions/secagg-shamir.md). With policy.answers = K,
+        # it closes at the K-th device's keys: those devices are the roster U1 (t is a share of them), and a later
+        # device's keys are refused (409) and its update dropped, never masked into the sum.
+        enough, quorum = policy.enough(len(self.tasks)), policy.quorum(len(self.tasks))
+        for attempt in range(policy.max_retries + 1):
+            answered = await board.wait_results(run_id, policy.deadline_s, enough=enough)
+            if len(answered) >= quorum:
+                break
+            if attempt < policy.max_retries:
+                log.warning("secure round %s: keys from %d of %d devices (quorum %d); waiting again (retry %d of %d)",
+                            self.name, len(answered), len(self.tasks), quorum, attempt + 1, policy.max_retries)
+        results = {r.client_id: r for r in answered}
         roster = s.close_keys()
         self.weights = {k: int(self.algorithm.client_weight(results[k].num_samples)) for k in roster}
         try:

@@ -217,10 +217,11 @@ def results(run_id: str, cloud: str = CLOUD, token: str = TOKEN) -> None:
     """A run's history: per round (numbered from 0, as the dashboard and the CSV number them) its clients,
     failed clients, loss, accuracy, time and modelled client energy (DVFS), with the energy summed over the run
     so far; then each client that failed, with what it reported."""
-    from fl_services.fedctl.display import show_results
+    from fl_services.fedctl.display import show_results, site_names
 
     with cloud_api(cloud, token) as api:
-        show_results(api.run(run_id), api.history(run_id))
+        info = api.run(run_id)
+        show_results(info, api.history(run_id), site_names(api, info))
 
 
 @app.command()

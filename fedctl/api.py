@@ -11,7 +11,7 @@ from fl_services.fedctl.errors import CloudError
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.core.tensors import Tensors, decode_tensors
-from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken, RunInfo, SiteInfo
+from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken, RunInfo, RunSites, SiteInfo
 from fl_services.shared.wire.http import env_proxy
 from fl_services.shared.wire.retry import SyncRetryTransport
 from fl_services.shared.wire.tls import client_context
@@ -94,6 +94,10 @@ class CloudAPI:
     def sites(self) -> list[SiteInfo]:
         """The cloud's site registry."""
         return [SiteInfo.model_validate(x) for x in self._get("/api/v1/sites").json()]
+
+    def run_sites(self, run_id: str) -> RunSites:
+        """The sites a run uses, by name and edge id, with its round there."""
+        return RunSites.model_validate_json(self._get(f"{_run_path(run_id)}/sites").content)
 
     def history(self, run_id: str) -> list[RoundRecord]:
         return [RoundRecord.model_validate(x) for x in self._get(f"{_run_path(run_id)}/history").json()]

@@ -30,21 +30,34 @@ def run_title(info: RunInfo) -> str:
             f"{info.rounds} · dvfs {info.config.dvfs.policy}")
 
 
-def history_table(history: list[RoundRecord], title: str, last: int | None = None) -> Table:
+def site_names(api: CloudAPI, info: RunInfo) -> dict[int, str]:
+    """A run over registered sites: its sites' names by edge id, as the registry knows them (a simulated
+    federation's edges have numbers only: none)."""
+    if info.config.selection is None:
+        return {}
+    return {site.edge_id: site.name for site in api.run_sites(info.run_id).sites if site.name is not None}
+
+
+def history_table(history: list[RoundRecord], title: str, last: int | None = None,
+                  names: dict[int, str] | None = None) -> Table:
     """One row per cloud update, numbered by the history's round (from 0, as the dashboard and the CSV number
-    them); energy is the modelled client energy (DVFS) of the update and of the run so far; failed: selected
+    them); its edges by site name where `names` (edge id -> name) has one; energy is the modelled client energy
+    (DVFS) of the update and of the run so far (– for a run that models no device: not measured); failed: selected
     clients that reported they could not train."""
+    names = names or {}
     # Units in the headers and a light box: the ten columns fit an 80-column terminal without wrapping.
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     for col in ("round", "clients", "failed", "edges", "train loss", "test loss", "test acc", "time", "energy J",
                 "total J"):
         table.add_column(col, justify="right")
-    cumulative = list(itertools.accumulate(h.energy_j for h in history))
+    cumulative = list(itertools.accumulate(h.energy_j or 0.0 for h in history))
     for h, total in list(zip(history, cumulative, strict=True))[-last if last else 0:]:
-        table.add_row(str(h.round), str(len(h.clients)), str(len(h.failed_clients)), ",".join(map(str, h.edges)),
+        energy = ("–", "–") if h.energy_j is None else (f"{h.energy_j:.1f}", f"{total:.1f}")
+        table.add_row(str(h.round), str(len(h.clients)), str(len(h.failed_clients)),
+                      ",".join(names.get(e, str(e)) for e in h.edges),
                       _figure(h.train_loss, ".4f"), _figure(h.test_loss, ".4f"),
                       _figure(100 * h.test_accuracy, ".2f") + "%" * (not math.isnan(h.test_accuracy)),
-                      f"{h.elapsed_s:.1f}s", f"{h.energy_j:.1f}", f"{total:.1f}")
+                      f"{h.elapsed_s:.1f}s", *energy)
     return table
 
 
@@ -59,25 +72,32 @@ def failures(history: list[RoundRecord]) -> list[str]:
             for k, (r, kind, error, n) in sorted(latest.items())]
 
 
-def show_results(info: RunInfo, history: list[RoundRecord]) -> None:
-    console.print(history_table(history, run_title(info)))
+def show_results(info: RunInfo, history: list[RoundRecord], names: dict[int, str] | None = None) -> None:
+    console.print(history_table(history, run_title(info), names=names))
     if info.reason:  # why the cloud stopped it (e.g. every device failed)
         console.print(f"{info.status.value}: {info.reason}", style="red", highlight=False)
     for line in failures(history):
         console.print(line, style="red", highlight=False)
 
 
-def progress_table(api: CloudAPI, info: RunInfo, started: float) -> Table:
+def progress_table(api: CloudAPI, info: RunInfo, started: float, names: dict[int, str] | None = None) -> Table:
     return history_table(api.history(info.run_id), f"run {info.run_id} · {info.config.algorithm} · "
                          f"{info.status.value} · version {info.version}/{info.rounds} · buffered {info.buffered} · "
-                         f"{time.monotonic() - started:.1f}s", last=15)
+                         f"{time.monotonic() - started:.1f}s", last=15, names=names)
 
 
 def watch_run(api: CloudAPI, run_id: str, timeout_s: float = 3600) -> RunInfo:
     started = time.monotonic()
+    names: dict[int, str] = {}
+
+    def poll(info: RunInfo) -> None:
+        # Read again until every site of the run is named: one that never registered is asked for each poll.
+        if info.config.selection is not None and len(names) < len(info.config.edge_ids()):
+            names.update(site_names(api, info))
+        live.update(progress_table(api, info, started, names))
+
     with Live(console=console, refresh_per_second=4) as live:
-        return api.wait(run_id, timeout_s=timeout_s, poll_s=0.5,
-                        on_poll=lambda info: live.update(progress_table(api, info, started)))
+        return api.wait(run_id, timeout_s=timeout_s, poll_s=0.5, on_poll=poll)
 
 
 def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:

@@ -68,9 +68,10 @@ def write_history_csv(path: Path | TextIO, history: list[RoundRecord]) -> None:
     with _open(path) as f:
         writer = csv.writer(f)
         writer.writerow(HISTORY_COLUMNS)
-        cumulative = 0.0
+        cumulative: float | None = None  # stays None where the run models no device (not measured)
         for h in history:
-            cumulative += h.energy_j
+            if h.energy_j is not None:
+                cumulative = (cumulative or 0.0) + h.energy_j
             writer.writerow([h.round, h.version, len(h.clients), " ".join(map(str, h.edges)), _cell(h.train_loss),
                              _cell(h.test_loss), _cell(h.test_accuracy), f"{h.elapsed_s:.3f}", _cell(h.energy_j),
                              _cell(cumulative), " ".join(str(c.client_id) for c in h.clients), len(h.failed_clients),
@@ -106,8 +107,8 @@ def export_history(info: RunInfo, history: list[RoundRecord], fmt: ExportFormat,
     return "standard output" if target is sys.stdout else str(out)
 
 
-def _cell(x: float) -> str:
-    return "" if math.isnan(x) else f"{x:.6f}"
+def _cell(x: float | None) -> str:
+    return "" if x is None or math.isnan(x) else f"{x:.6f}"
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from fl_services.cloud.deps import (
     require_edge,
 )
 from fl_services.cloud.services import contributions, edges
+from fl_services.cloud.storage import MembersElsewhere
 from fl_services.shared.core.tensors import InvalidContent
 from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json, reject
@@ -82,7 +83,7 @@ async def submit(contribution: ContributionDep, request: Request, store: StoreDe
         outcome = await contributions.submit(store=store, orchestrator=orchestrator, contribution=contribution)
     except InvalidContent as exc:
         raise reject(exc) from exc
-    except contributions.MembersElsewhere as exc:
+    except MembersElsewhere as exc:
         note_outcome(request, "member_elsewhere")
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc),
                             headers={MEMBERS_ELSEWHERE: members_elsewhere_text(exc.holders)}) from exc

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from fl_services.cloud.ui.pages import PAGES, render
 from fl_services.shared.server.docs import FRAMING_HEADERS, PathHeaders
 
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
@@ -33,10 +34,24 @@ async def root() -> RedirectResponse:
     return RedirectResponse(f"{UI}/")
 
 
+def _page(html: str):
+    async def page() -> HTMLResponse:
+        return HTMLResponse(html)
+
+    return page
+
+
 def mount(app: FastAPI) -> None:
-    """The pages and their static files (index.html at /ui/), and the API docs' link to them. Every answer under
-    /ui carries the security headers, its errors and redirects too (a 404 page is framed as easily as a page)."""
+    """The pages (cloud/ui/pages.py: index.html at /ui/ too) and their static files, and the API docs' link to
+    them. Every answer under /ui carries the security headers, its errors and redirects too (a 404 page is framed
+    as easily as a page)."""
     app.description = DOCS_LINK
+    pages = APIRouter(include_in_schema=False)
+    for name in PAGES:
+        page = _page(render(name))
+        for path in (f"{UI}/{name}", f"{UI}/") if name == "index.html" else (f"{UI}/{name}",):
+            pages.add_api_route(path, page, methods=["GET", "HEAD"])
+    app.include_router(pages)
     app.include_router(router)
     app.mount(UI, StaticFiles(directory=STATIC, html=True), name="ui")
     app.add_middleware(PathHeaders, prefix=UI, headers=SECURITY_HEADERS)

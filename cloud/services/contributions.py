@@ -31,48 +31,21 @@ class EdgeContribution:
     blob: bytes
 
 
-class MembersElsewhere(Exception):
-    """A contribution declares devices another site holds in the run (HTTP 409 naming them, device -> edge)."""
-
-    def __init__(self, holders: dict[int, int]):
-        super().__init__(f"devices {sorted(holders)} are members of this run at another site "
-                         f"({', '.join(f'{k} at edge {e}' for k, e in sorted(holders.items()))}): a device is one "
-                         "member of the federation; leave them out of this site's round")
-        self.holders = holders
-
-
 async def submit(*, store: Store, orchestrator: Orchestrator, contribution: EdgeContribution) -> SubmitOutcome:
     """Buffers an admissible contribution (idempotent per idempotency key) and wakes the cloud loop; raises
-    InvalidContent, with nothing buffered, for one its run cannot take, and MembersElsewhere for one declaring
-    devices another site holds."""
+    InvalidContent, with nothing buffered, for one its run cannot take, and MembersElsewhere (a storage Conflict)
+    for one declaring devices another site holds."""
     header = contribution.header
     algorithm = orchestrator.algorithm(header.run_id, await store.config(header.run_id))
     # The global state's shapes alone (its header), not a copy of it. The check reads every value: on a
     # worker thread, so long-polls are answered meanwhile.
     global_ = await orchestrator.globals.layout(header.run_id)
     await asyncio.to_thread(check_contribution, algorithm, global_, header, contribution.tensors)
-    if algorithm.config.selection is not None and header.members is not None:
-        holders = await _held_elsewhere(store, header)
-        if holders:
-            raise MembersElsewhere(holders)
-    outcome = await store.submit(header, contribution.blob, not algorithm.asynchronous(algorithm.config))
+    # A run over registered devices holds each device at one site: the store keeps which, beside the buffer.
+    members = [m.client_id for m in header.members or []] if algorithm.config.selection is not None else []
+    outcome = await store.submit(header, contribution.blob, not algorithm.asynchronous(algorithm.config), members)
     orchestrator.notify()
     return outcome
-
-
-async def _held_elsewhere(store: Store, header: EdgeContributionHeader) -> dict[int, int]:
-    """The devices `header` declares that another edge declared first in this run (its history, then its buffer):
-    the site holding each. A device registered at two sites thus counts once in N and trains at one of them."""
-    holders: dict[int, int] = {}
-    declared = [(c.edge_id, c.members or []) for record in await store.history(header.run_id)
-                for c in record.contributions]
-    declared += [(h.edge_id, [m.client_id for m in h.members or []]) for _, h in
-                 await store.buffered_headers(header.run_id)]
-    for edge_id, members in declared:
-        for k in members:
-            holders.setdefault(k, edge_id)
-    return {m.client_id: holders[m.client_id] for m in header.members or []
-            if holders.get(m.client_id, header.edge_id) != header.edge_id}
 
 
 def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContributionHeader,

@@ -15,9 +15,11 @@ from fl_services.cloud.audit import Auditor
 from fl_services.cloud.initial_state import InvalidRun
 from fl_services.cloud.metrics import connected
 from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.storage import ENDED, Conflict, NotFound, Store, now
+from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig, matches
+from fl_services.shared.core.data.summary import DataFit, RunTask, check_fits
+from fl_services.shared.core.federation import run_task
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.wire.admin import RunInfo, RunSite, RunSites, SampleOutlier, SiteInfo
 from fl_services.shared.wire.edge_cloud import SiteRun
@@ -151,14 +153,8 @@ async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
     site = next((s for s in await store.sites() if s.name == name), None)
     if site is None:
         raise NotFound(f"no site named {name!r}")
-    using = []
-    for run_id in await store.run_ids():
-        try:
-            info = await store.info(run_id)
-        except NotFound:
-            continue
-        if info.status not in ENDED and info.status != RunStatus.created and site.edge_id in info.config.edge_ids():
-            using.append(run_id)
+    live = await _runs_in(store, await store.run_ids(), (RunStatus.waiting, RunStatus.running, RunStatus.paused))
+    using = [info.run_id for info in live if site.edge_id in info.config.edge_ids()]
     if using:
         raise Conflict(f"site {name!r} (edge {site.edge_id}) is used by runs that have not ended: {sorted(using)}; "
                        "stop them first", "site_in_use")
@@ -166,15 +162,20 @@ async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
     await audit("remove_site", name, f"edge {site.edge_id}")
 
 
-def devices_at(config: RunConfig, sites: list[SiteInfo]) -> int:
-    """The devices connected (not offline) at the run's sites that its device selector takes, as the sites last
-    reported them (counted per label set; a site that reports no label sets, by its connected devices)."""
+def devices_at(config: RunConfig, sites: list[SiteInfo], task: RunTask | None = None) -> int:
+    """The devices connected (not offline) at the run's sites that its device selector takes and whose data can
+    train `task` (None: any data), as the sites last reported them (counted per label set and data fit, a set
+    without a fit counted as fitting, as an edge takes such a device as a member; a site that reports no label
+    sets, by its connected devices)."""
     edges = set(config.edge_ids())
     selector = config.selection.device_selector if config.selection is not None else None
 
+    def able(fit: DataFit | None) -> bool:
+        return fit is None or task is None or not check_fits(fit, task)
+
     def taken(site: SiteInfo) -> int:
         if site.label_sets is not None:
-            return sum(s.devices for s in site.label_sets if matches(s.labels, selector))
+            return sum(s.devices for s in site.label_sets if matches(s.labels, selector) and able(s.fit))
         return connected(site) if site.states else site.devices or 0
 
     return sum(taken(s) for s in sites if s.edge_id in edges)
@@ -199,23 +200,50 @@ def untrainable(run_id: str, config: RunConfig, sites: list[SiteInfo]) -> str | 
                                                  else ""))
 
 
-async def _runs_with_sites(store: Store, run_ids: list[str],
-                           statuses: tuple[RunStatus, ...]) -> list[tuple[RunInfo, list[SiteInfo]]]:
-    """The runs of `run_ids` in one of `statuses` (those deleted meanwhile left out), each with the site registry
-    as it is now, online or offline (read once, if any run is)."""
+async def _runs_in(store: Store, run_ids: list[str], statuses: tuple[RunStatus, ...]) -> list[RunInfo]:
+    """The runs of `run_ids` in one of `statuses`, those deleted meanwhile left out."""
     infos = []
     for run_id in run_ids:
         with contextlib.suppress(NotFound):
             infos.append(await store.info(run_id))
-    infos = [info for info in infos if info.status in statuses]
+    return [info for info in infos if info.status in statuses]
+
+
+async def _runs_with_sites(store: Store, run_ids: list[str],
+                           statuses: tuple[RunStatus, ...]) -> list[tuple[RunInfo, list[SiteInfo]]]:
+    """The runs of `run_ids` in one of `statuses` (those deleted meanwhile left out), each with the site registry
+    as it is now, online or offline (read once, if any run is)."""
+    infos = await _runs_in(store, run_ids, statuses)
     sites = await site_registry(store=store) if infos else []
     return [(info, sites) for info in infos]
 
 
+# What each waiting run trains, which its devices' data must fit (its data set loaded once per run and process).
+_TASKS: dict[str, RunTask | None] = {}
+# Its data set loaded at creation already; a loader that hangs now must not hold the admission of the others.
+TASK_TIMEOUT_S = 120.0
+
+
+async def _task_of(info: RunInfo) -> RunTask | None:
+    """The run's task as its edges derive it (None where it cannot be derived: any data is then counted)."""
+    if info.run_id not in _TASKS:
+        try:
+            _TASKS[info.run_id] = await asyncio.wait_for(asyncio.to_thread(run_task, info.config), TASK_TIMEOUT_S)
+        except Exception:  # e.g. a data file this cloud does not hold: the edges check each device then
+            log.warning("run %s: cannot derive what it trains; its waiting counts every device", info.run_id,
+                        exc_info=True)
+            _TASKS[info.run_id] = None
+    return _TASKS[info.run_id]
+
+
 async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Auditor) -> None:
-    """Admits each waiting run whose sites have min_devices connected; stops, saying why, one that waited past its
-    start_timeout_s, and an admitted one still at version 0 past it whose sites have no member able to train."""
-    for info, sites in await _runs_with_sites(store, await store.run_ids(), (RunStatus.waiting, RunStatus.running)):
+    """Admits each waiting run whose sites have min_devices connected that can train it; stops, saying why, one
+    that waited past its start_timeout_s, and an admitted one still at version 0 past it whose sites have no member
+    able to train."""
+    runs = await _runs_with_sites(store, await store.run_ids(), (RunStatus.waiting, RunStatus.running))
+    for run_id in set(_TASKS) - {info.run_id for info, _ in runs if info.status == RunStatus.waiting}:
+        del _TASKS[run_id]  # admitted, stopped or deleted: its task is not asked again
+    for info, sites in runs:
         run_id, selection = info.run_id, info.config.selection
         if selection is None:
             continue
@@ -231,14 +259,17 @@ async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Audi
                     orchestrator.notify()
                     await orchestrator.announce()
             continue
-        found = devices_at(info.config, sites)
+        task = await _task_of(info)
+        found = devices_at(info.config, sites, task)
         try:
             if found >= selection.min_devices:
                 await store.transition(run_id, "admit")
-                await audit("admit", run_id, f"{found} devices registered at its sites")
+                await audit("admit", run_id, f"{found} devices able to train it connected at its sites")
             elif timed_out:
+                misfits = devices_at(info.config, sites) - found
                 reason = (f"waited {selection.start_timeout_s:g} s for {selection.min_devices} devices at its sites "
-                          f"{info.config.edge_ids()}; {found} registered")
+                          f"{info.config.edge_ids()}; {found} able to train it connected" +
+                          (f" ({misfits} more whose data does not fit it)" if misfits else ""))
                 await store.transition(run_id, "stop", reason)
                 await audit("stop", run_id, reason)
             else:

@@ -22,6 +22,7 @@ from fl_services.cloud.storage.ports import (
     Events,
     Lease,
     LeaseLost,
+    MembersElsewhere,
     NotFound,
     RevokedTokens,
     Runs,
@@ -38,7 +39,8 @@ from fl_services.cloud.storage.ports import (
 
 __all__ = [
     "ACTIVE", "ENDED", "TRANSITIONS", "UPDATABLE", "Action", "AuditLog", "BufferedContribution", "Conflict",
-    "ContributionBuffer", "EdgeRegistry", "Events", "Lease", "LeaseLost", "MemoryStore", "NotFound", "RevokedTokens",
+    "ContributionBuffer", "EdgeRegistry", "Events", "Lease", "LeaseLost", "MembersElsewhere", "MemoryStore",
+    "NotFound", "RevokedTokens",
     "Runs", "SiteRegistry", "StateTooLarge", "StorageError", "StorageRefused", "StorageUnavailable", "Store",
     "SubmitOutcome", "UpdateLeases", "now",
 ]

@@ -12,7 +12,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -24,6 +24,7 @@ from fl_services.cloud.storage.ports import (
     BufferedContribution,
     Lease,
     LeaseLost,
+    MembersElsewhere,
     NotFound,
     Store,
     SubmitOutcome,
@@ -58,6 +59,7 @@ class _Run:
     idempotency: dict[str, str] = field(default_factory=dict)  # idempotency key -> entry id
     slots: dict[str, str] = field(default_factory=dict)  # "edge:base_version" -> idempotency key
     pending: dict[int, str] = field(default_factory=dict)  # edge -> its entry still in the buffer
+    member_sites: dict[int, int] = field(default_factory=dict)  # device -> the edge that declared it first
 
 
 class MemoryStore(Store):
@@ -151,7 +153,8 @@ class MemoryStore(Store):
                 if run.status in ENDED and run.finished_at is not None]
 
     # ---- the contribution buffer -------------------------------------------------------------------
-    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome:
+    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool,
+                     members: Sequence[int] = ()) -> SubmitOutcome:
         run = self._runs.get(header.run_id)
         if run is None:
             raise refusal(header, "not_running", "missing")
@@ -171,9 +174,14 @@ class MemoryStore(Store):
             raise refusal(header, "conflict", version)
         if header.edge_id in run.pending:
             raise refusal(header, "pending", version)
+        held = {k: run.member_sites[k] for k in members if run.member_sites.get(k, header.edge_id) != header.edge_id}
+        if held:
+            raise MembersElsewhere(held)
         entry_id, received_s = self._entry_id()
         run.buffer[entry_id] = (header.model_dump_json(), blob, received_s)
         run.idempotency[key], run.slots[slot], run.pending[header.edge_id] = entry_id, key, entry_id
+        for k in members:
+            run.member_sites.setdefault(k, header.edge_id)
         return SubmitOutcome(True, False, len(run.buffer))
 
     def _entry_id(self) -> tuple[str, float]:

@@ -7,7 +7,8 @@ exceptions (translated into StorageUnavailable or StorageError), not its keys, n
 
 Invariants every backend keeps, so that a crash loses nothing and counts nothing twice:
 - `submit` is atomic: the idempotency key, the run's status and version, the edge's slot and its entry
-  still waiting are checked, and the contribution buffered, all at once or not at all;
+  still waiting, and the site holding each device it declares (a run over registered devices) are checked, and
+  the contribution buffered (its devices' site recorded), all at once or not at all;
 - `commit_update` is atomic: the new global state and cloud state, the new version, the history record and
   the removal of the consumed contributions happen together, only if the version is still the expected one,
   the run still running (not paused: UPDATABLE), and (given a lease) that lease still held. Until then the consumed
@@ -16,7 +17,7 @@ Invariants every backend keeps, so that a crash loses nothing and counts nothing
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal, Protocol
@@ -43,6 +44,17 @@ class Conflict(Exception):
     def __init__(self, message: str, reason: str = "conflict"):
         super().__init__(message)
         self.reason = reason  # the refusal's name in the metrics (cloud/metrics.py)
+
+
+class MembersElsewhere(Conflict):
+    """A contribution declaring devices that another site holds in the run (HTTP 409 naming them): `holders`,
+    device -> edge."""
+
+    def __init__(self, holders: dict[int, int]):
+        super().__init__(f"devices {sorted(holders)} are members of this run at another site "
+                         f"({', '.join(f'{k} at edge {e}' for k, e in sorted(holders.items()))}): a device is one "
+                         "member of the federation; leave them out of this site's round", "member_elsewhere")
+        self.holders = holders
 
 
 class StateTooLarge(ValueError):
@@ -132,7 +144,10 @@ def deletable(current: RunStatus) -> None:
 
 
 def refusal(header: EdgeContributionHeader, outcome: str, detail: str) -> Conflict:
-    """The Conflict a refused submission raises, by the refusal's name (ContributionBuffer.submit)."""
+    """The Conflict a refused submission raises, by the refusal's name (ContributionBuffer.submit);
+    members_elsewhere's detail: the devices another edge holds, as "device:edge" comma-separated."""
+    if outcome == "members_elsewhere":
+        return MembersElsewhere({int(k): int(e) for k, _, e in (pair.partition(":") for pair in detail.split(","))})
     messages = {
         "not_running": f"run is {detail}, not accepting contributions",
         "future": f"base_version {header.base_version} is newer than the run's version {detail}",
@@ -221,12 +236,16 @@ class Runs(Protocol):
 class ContributionBuffer(Protocol):
     """Each run's buffer of accepted contributions, and the cloud update that consumes them."""
 
-    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome:
+    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool,
+                     members: Sequence[int] = ()) -> SubmitOutcome:
         """Buffers a contribution, atomically (see the module's docstring). A retry with the same idempotency
         key for the same slot is a duplicate (accepted, buffered once). Conflict, with its reason:
         not_running, future (base version newer than the run's), stale (`synchronous` and not the current
         version), conflict (the slot taken under another key), key_reused (the key used for another slot),
-        pending (the edge's previous contribution still waits)."""
+        pending (the edge's previous contribution still waits). `members`: the devices it declares in a run where
+        each is a member at one site, the edge whose accepted contribution declared it first: MembersElsewhere
+        (a Conflict) naming those another edge holds; accepted, it holds those no edge held. The run's index of
+        them is kept beside its buffer, so the check is O(members), whatever the history's length."""
     async def has_pending(self, run_id: str, edge_id: int) -> bool:
         """Whether the edge's last contribution is still in the buffer (it must wait for its update)."""
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from fl_services.edge.config import EdgeSettings
 from fl_services.edge.membership import Membership
 from fl_services.edge.tasks import TaskBoard
+from fl_services.shared.core.data.summary import DataFit
 from fl_services.shared.core.reports import FailureKind
 from fl_services.shared.wire.admin import DeviceInfo
 from fl_services.shared.wire.client_edge import ClientRegistration
@@ -85,8 +86,8 @@ def site_devices(*, board: TaskBoard, offline_after_s: float, memberships: dict[
     """What a site report says of the devices: every one counted per state, the first MAX_REPORTED_DEVICES of them
     by state (failed, uploading, training, idle, offline) then id, and each run's current round here, with its
     members and refusals (`memberships`, by run) for a run over registered devices, even before it has a task
-    here, and the connected devices per label set (the MAX_LABEL_SETS most common). The report stays the same
-    size whatever the number of devices."""
+    here, and the connected devices per label set and data fit (the MAX_LABEL_SETS most common). The report stays
+    the same size whatever the number of devices."""
     read = _States(board, offline_after_s)
     now = read.now
     states = {k: read.of(k) for k in board.clients}
@@ -103,8 +104,7 @@ def site_devices(*, board: TaskBoard, offline_after_s: float, memberships: dict[
             failure=_shortened(failure[1]) if failure else None, failure_kind=failure[2] if failure else None,
             failed_run=failure[0] if failure else None))
     counts = Counter(state for state, _, _ in states.values())
-    label_sets = Counter(tuple(sorted(board.clients[k].labels.items())) for k, (state, _, _) in states.items()
-                         if state != "offline")
+    label_sets = Counter(_label_set(board.clients[k]) for k, (state, _, _) in states.items() if state != "offline")
     memberships = memberships or {}
     counted = {run_id: (version, tasks, answered, failed)
                for run_id, version, tasks, answered, failed in board.tallies()}
@@ -116,7 +116,13 @@ def site_devices(*, board: TaskBoard, offline_after_s: float, memberships: dict[
                for run_id, (version, tasks, answered, failed) in sorted({**dict.fromkeys(memberships, (0, 0, 0, 0)),
                                                                 **counted}.items())[:MAX_SITE_RUNS]]
     return ({s: counts[s] for s in DEVICE_STATES if counts[s]}, page, tallies,
-            [LabelSetCount(labels=dict(labels), devices=n) for labels, n in label_sets.most_common(MAX_LABEL_SETS)])
+            [LabelSetCount(labels=dict(labels), fit=fit, devices=n)
+             for (labels, fit), n in label_sets.most_common(MAX_LABEL_SETS)])
+
+
+def _label_set(reg: ClientRegistration) -> tuple[tuple[tuple[str, str], ...], DataFit | None]:
+    """A connected device's group in a site report: its labels and what its data can train."""
+    return tuple(sorted(reg.labels.items())), DataFit.of(reg.summary) if reg.summary is not None else None
 
 
 def _shortened(text: str) -> str:

@@ -97,14 +97,17 @@ def with_evaluation(record: RoundRecord, evaluation: Evaluation) -> RoundRecord:
 
 
 def round_record(version: int, contributions: list[Contribution], outcome: CloudRoundOutcome,
-                 started: datetime, run_started: datetime, finished: datetime) -> RoundRecord:
+                 started: datetime, run_started: datetime, finished: datetime, devices_modelled: bool = True
+                 ) -> RoundRecord:
     """The history entry of the cloud update that consumed `contributions` at `version`: the clients of those
-    that counted (a contribution dropped as too stale is listed as such, its clients are not)."""
+    that counted (a contribution dropped as too stale is listed as such, its clients are not). Without
+    `devices_modelled` (RunConfig.dvfs.modelled) the DVFS figures (each client's device, the energy) are left
+    out: not measured."""
     scales = outcome.staleness_weights or (1.0,) * len(contributions)
     counted = [c for c, s in zip(contributions, scales, strict=True) if s is not None]
     clients = sorted(
         (ClientRecord(client_id=c.client_id, edge_id=contribution.edge_id, num_samples=c.num_samples, loss=c.loss,
-                      metrics=c.metrics, device=c.device, evaluation=c.evaluation)
+                      metrics=c.metrics, device=c.device if devices_modelled else None, evaluation=c.evaluation)
          for contribution in counted for c in contribution.participation),
         key=lambda c: (c.client_id, c.edge_id),
     )
@@ -136,7 +139,7 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
             for name in names
         },
         server_metrics=outcome.server_metrics,
-        energy_j=sum(c.device.energy_j for c in clients if c.device is not None),
+        energy_j=sum(c.device.energy_j for c in clients if c.device is not None) if devices_modelled else None,
         epsilon=outcome.epsilon,
         dp_sgd_epsilon=outcome.dp_sgd_epsilon,
         started_at=started,

@@ -208,6 +208,11 @@ class RoundPolicy(Strict):
         one is waited for."""
         return None if self.answers is None else min(self.answers, selected)
 
+    def quorum(self, selected: int) -> int:
+        """The answers a round of `selected` tasks waits for, deadline after deadline (max_retries more), before
+        it goes on with fewer: `enough`, else min_fraction of them (at least one)."""
+        return self.enough(selected) or max(1, math.ceil(self.min_fraction * selected))
+
 
 # 10 kbit/s: slower links gave a modelled transfer time beyond what a result's device report may carry
 # (1e9 s at 1e-300 Mbit/s), and the clients failed every task of the run.
@@ -276,6 +281,13 @@ class DvfsConfig(Strict):
     @classmethod
     def _profiles(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_known_profile(n) for n in names)
+
+    @property
+    def modelled(self) -> bool:
+        """Whether the run models its clients' devices: a policy that picks frequencies, or devices, a link or a
+        time scale of its own. The default section models none (every client a default device at full speed),
+        so its time and energy figures would describe no one: the history leaves them out."""
+        return self != DvfsConfig()
 
     def device(self, client_id: int) -> tuple[str, DeviceProfile, float]:
         """Client `client_id`'s profile name, device model and link rate (Mbit/s)."""

@@ -206,7 +206,8 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
         ]
         outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)
-        result.history.append(round_record(version, contributions, outcome, started, run_started, finished))
+        result.history.append(round_record(version, contributions, outcome, started, run_started, finished,
+                                           config.dvfs.modelled))
         result.virtual_times.append(now)
         result.client_tasks.append(tasks_set[0])
         globals_.append(outcome.global_)

@@ -232,8 +232,9 @@ class RoundRecord(Message):
     client_metrics: dict[str, Figure] = Field(default_factory=dict)
     # What the algorithm's server_metrics hook reports after the update (e.g. hfpl's prototype accuracy).
     server_metrics: dict[str, Figure] = Field(default_factory=dict)
-    # Modelled client energy (DVFS) of the results this update consumed, joules.
-    energy_j: Float = 0.0
+    # Modelled client energy (DVFS) of the results this update consumed, joules; None: not measured (a run that
+    # models no device, RunConfig.dvfs.modelled).
+    energy_j: Float | None = None
     # ε spent at the run's privacy.delta after this round (its privacy accountant); None without privacy noise.
     epsilon: Float | None = None
     # DP-SGD's ε (privacy.dp_sgd_noise_multiplier) per training example, for the least protected client, as if

@@ -78,6 +78,23 @@ class SettingFiles(PydanticBaseSettingsSource):
 DEVELOPMENT_TOKENS = frozenset({"dev-admin-token", "dev-edge-token", "dev-client-token"})
 
 
+# A TLS triple of a settings class (the CA bundle a peer is verified against, the certificate presented to it, its
+# key): each class names its own (FL_CLIENT_EDGE_CA_FILE, FL_EDGE_CLOUD_CA_FILE, ...), the fields say it alike.
+def ca_file_field(verified: str) -> Any:
+    """The CA bundle setting that `verified` (e.g. "an https:// edge_url") is verified against."""
+    return Field(None, description=f"CA bundle (PEM) {verified} is verified against (unset: the public CAs).")
+
+
+def cert_file_field(presenter: str, peer: str) -> Any:
+    """The certificate setting `presenter` presents to `peer` (mutual TLS)."""
+    return Field(None, description=f"Certificate (PEM) {presenter} presents to {peer} (mutual TLS).")
+
+
+def key_file_field(cert_field: str) -> Any:
+    """The key setting of the certificate setting `cert_field`."""
+    return Field(None, description=f"The key of {cert_field} (unset: it is in the same file).")
+
+
 def is_development_token(token: str) -> bool:
     return token in DEVELOPMENT_TOKENS or token.startswith("change-me")
 

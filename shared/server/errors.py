@@ -24,6 +24,7 @@ class ErrorDetail(BaseModel):
 _ERRORS = {
     400: "unreadable body (bad JSON or safetensors framing, bad Content-Length)",
     401: "missing or invalid bearer token",
+    403: "a valid token without the right to this route (a device's own token on an operator's route)",
     404: "unknown run, edge or client",
     409: "conflicts with the current state (e.g. a run's status, a stale or duplicate result)",
     408: "the request body did not arrive within the service's body_timeout_s",

@@ -7,7 +7,7 @@ from typing import Any, Self
 import limits
 from pydantic import Field, field_validator, model_validator
 
-from fl_services.shared.runtime.settings import ServiceSettings, is_development_token, is_loopback
+from fl_services.shared.runtime.settings import ServiceSettings, is_development_token, is_loopback, key_file_field
 from fl_services.shared.wire.tls import server_options
 
 
@@ -18,7 +18,7 @@ class ServerSettings(ServiceSettings):
 
     tls_cert_file: Path | None = Field(None, description=(
         "Serve HTTPS with this certificate (chain, PEM); unset: plain HTTP."))
-    tls_key_file: Path | None = Field(None, description="The key of tls_cert_file (unset: it is in the same file).")
+    tls_key_file: Path | None = key_file_field("tls_cert_file")
     tls_client_ca_file: Path | None = Field(None, description=(
         "Mutual TLS: every caller must present a certificate this CA bundle (PEM) signed and that is valid now; "
         "the handshake refuses any other before a byte of HTTP is read. Needs tls_cert_file."))

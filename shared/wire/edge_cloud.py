@@ -7,6 +7,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from fl_services.shared.core.config import RunConfig
+from fl_services.shared.core.data.summary import DataFit
 from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.reports import FailureKind, Id, Labels, Message
 
@@ -31,10 +32,12 @@ MAX_LABEL_SETS = 64
 
 
 class LabelSetCount(Message):
-    """How many connected devices registered with exactly these labels."""
+    """How many connected devices registered with exactly these labels and data of this fit."""
 
     labels: Labels = Field(default_factory=dict)
     devices: Int = Field(ge=1, le=10**7)
+    # What their data can train (None: devices that registered no data summary, or an edge that does not say).
+    fit: DataFit | None = None
 
 
 class DeviceBrief(Message):

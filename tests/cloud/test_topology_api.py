@@ -149,6 +149,65 @@ async def test_admission_counts_the_connected_devices_the_device_selector_takes(
     assert (await cloud.info(run_id))["status"] == "running"
 
 
+async def test_admission_counts_only_the_devices_whose_data_fits_the_run(cloud: Cloud):
+    """min_devices 2 over digits (1x8x8, 10 classes): three connected devices whose data does not fit (another shape,
+    a label past the classes, no training samples) do not admit it, as no edge would take them as members; two
+    that fit do; devices that registered no data summary are taken, as their edge takes them."""
+    app = cloud.app.state
+    fit = {"samples": 1, "input_shape": [1, 8, 8], "labels": [0, 9]}
+    misfits = [{**fit, "input_shape": [3, 2]}, {**fit, "labels": [0, 12]}, {**fit, "samples": 0}]
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {}, "devices": 1, "fit": m} for m in misfits]
+                 + [{"labels": {"zone": "a"}, "devices": 1, "fit": fit}])
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 2, "start_timeout_s": 3600}))
+    await cloud.action(run_id, "start")
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "waiting"  # 1 of the 4 connected devices can train it
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {}, "devices": 3, "fit": misfits[0]}, {"labels": {}, "devices": 1, "fit": fit},
+                             {"labels": {"zone": "a"}, "devices": 1}])
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "running"
+    audit = (await cloud.admin("GET", "/api/v1/audit")).json()
+    assert [a["detail"] for a in audit if a["action"] == "admit"] == [
+        "2 devices able to train it connected at its sites"]
+
+
+async def test_a_run_waiting_on_misfits_stops_past_its_timeout_saying_so(cloud: Cloud):
+    app = cloud.app.state
+    await report(cloud, 0, "lyon", report_s=60, devices=2, states={"idle": 2}, label_sets=[
+        {"labels": {}, "devices": 2, "fit": {"samples": 1, "input_shape": [3, 2], "labels": [0, 1]}}])
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 2, "start_timeout_s": 0.1}))
+    await cloud.action(run_id, "start")
+    await asyncio.sleep(0.2)
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    info = await cloud.info(run_id)
+    assert info["status"] == "stopped", info
+    assert "0 able to train it connected (2 more whose data does not fit it)" in info["reason"]
+
+
+async def test_an_admitted_run_no_site_has_a_member_for_stops_past_its_timeout_quoting_the_refusals(cloud: Cloud):
+    """Admitted on a device that then left, its site refusing the one left (its data does not fit): at version 0
+    past start_timeout_s, the run stops, quoting the site's refusal."""
+    app = cloud.app.state
+    await report(cloud, 0, "lyon", report_s=60, devices=1, states={"idle": 1},
+                 label_sets=[{"labels": {}, "devices": 1}])
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 1, "start_timeout_s": 0.1}))
+    await cloud.action(run_id, "start")
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "running"
+    refusal = "refused for run 'r': its data does not fit: its samples have shape 3x2 but the run's model takes 1x8x8"
+    await report(cloud, 0, "lyon", report_s=60, devices=1, states={"idle": 1}, runs=[
+        {"run_id": run_id, "version": 0, "tasks": 0, "answered": 0, "failed": 0, "members": 0,
+         "refused": [{"client_id": 11, "error": refusal}]}])
+    await asyncio.sleep(0.2)
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    info = await cloud.info(run_id)
+    assert info["status"] == "stopped", info
+    assert "0 of its sites [0] have a member able to train it" in info["reason"]
+    assert f"device 11 at lyon: {refusal}" in info["reason"]
+
+
 def audit_of(state: Any) -> Auditor:
     return Auditor(state.store, "admission", state.settings.audit_max_entries)
 

@@ -103,3 +103,25 @@ async def test_a_token_bound_to_another_site_is_refused_with_403_and_counted() -
         assert value(scraped, "fl_edge_device_tokens_refused_total", reason="other_site") == 2
         assert value(scraped, "fl_edge_device_tokens_refused_total", reason="invalid") == 1
         assert value(scraped, "fl_edge_device_tokens_refused_total", reason="revoked") == 0
+
+
+async def test_a_device_token_on_the_device_registry_is_forbidden_saying_why(edge: Edge) -> None:
+    """The registry is the operator's: a device's own token is a credential without that right (403), a token
+    that is none, or a revoked one, is no credential (401)."""
+    issued, derived = device_token(CLIENT_TOKEN, 1, "aaaabbbbcccc"), client_token(CLIENT_TOKEN, 2)
+    for client_id, token in ((1, issued), (2, derived)):
+        assert (await register(edge, client_id, token)).status_code == 200
+    for client_id, token in ((1, issued), (2, derived)):
+        r = await edge.http.get("/api/v1/devices", headers=auth(token))
+        detail_of(r, 403, f"client {client_id}'s", "operator", "client secret")
+    for wrong in ("not-a-token", device_token("other-secret", 1, "aaaabbbbcccc"), client_token("other-secret", 2)):
+        detail_of(await edge.http.get("/api/v1/devices", headers=auth(wrong)), 401)
+
+    async def listed(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=["aaaabbbbcccc"])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(listed), base_url="http://cloud") as cloud:
+        await edge.app.state.revocations.refresh(cloud)
+    detail_of(await edge.http.get("/api/v1/devices", headers=auth(issued)), 401)  # revoked: no credential now
+    r = await edge.http.get("/api/v1/devices", headers=auth(CLIENT_TOKEN))
+    assert r.status_code == 200 and [d["client_id"] for d in r.json()] == [1, 2]

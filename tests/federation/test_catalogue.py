@@ -3,6 +3,8 @@
 Partial participation (λ = 0.5) and E = 2 local epochs, so selection, client state, server memory and
 sub-models are all exercised across the services' HTTP APIs; hierarchical runs use two edges.
 """
+from typing import Any
+
 import pytest
 
 from fl_services.shared.core.config import RunConfig
@@ -14,13 +16,18 @@ pytestmark = pytest.mark.anyio
 BASE = dict(model={"name": "mlp"}, data={"dataset": "digits", "partition": "dirichlet", "alpha": 0.5, "num_clients": 6},
             local={"epochs": 2, "batch_size": 16, "lr": 0.05}, fraction=0.5, rounds=3)
 
-FLAT = {
+# The algorithms whose overrides name no client (no cluster map, no capacities): a run over registered devices
+# (tests/federation/test_selected.py) takes them as they are.
+ANY_CLIENTS: dict[str, dict[str, Any]] = {
     "fedavg": {},
     "fedavg-nesterov": {"algorithm": "fedavg", "local": {**BASE["local"], "optimizer": "nesterov", "lr": 0.02}},
     "fedsgd": {"local": {"lr": 0.5, "batch_size": 0}},
     "fedprox": {"params": {"mu": 0.5}},
     "scaffold": {},
     "fedvarp": {},
+}
+FLAT = {
+    **ANY_CLIENTS,
     "clusterfedvarp": {"params": {"num_clusters": 2}},
     "fedrolex": {},
     "fedscavar": {"params": {"mu": 0.1, "num_clusters": 2}},

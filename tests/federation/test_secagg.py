@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fl_services.client.secagg import RoundOver, SecureUpload
+from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import decode
 from fl_services.shared.core.reference import InProcessClients
@@ -107,6 +108,35 @@ async def test_a_round_below_the_threshold_fails_and_is_run_again(fed, monkeypat
     _, history, model = await run(fed.admin, config)
     assert first == {2, 3, 4}
     assert "only 2 devices sent masked inputs; secure aggregation needs 3" in caplog.text
+    assert [c.client_id for c in history[0].clients] == [0, 1, 2, 3, 4]
+    assert_within_fixed_point(model, (await reference(config)).global_state, config)
+
+
+async def test_keys_after_the_deadline_join_while_the_edge_waits_again_for_its_quorum(fed, monkeypatch):
+    """policy.min_fraction 1 with retries: device 4 sends its keys (its answer) only once a deadline of the edge's
+    has passed with the four others in; as a round in the clear would, the edge waits again for the quorum and
+    sums all five devices, instead of closing the roster at four."""
+    first_deadline = asyncio.Event()
+    wait_results = TaskBoard.wait_results
+
+    async def noted(self, *args, **kwargs):
+        answered = await wait_results(self, *args, **kwargs)
+        if len(answered) == 4:  # device 4 is held back: the wait ended at its deadline
+            first_deadline.set()
+        return answered
+
+    post = SecureUpload._post
+
+    async def late_keys(self, step, **body):
+        if step == "keys" and self.task.client_id == 4:
+            await first_deadline.wait()
+        await post(self, step, **body)
+
+    monkeypatch.setattr(TaskBoard, "wait_results", noted)
+    monkeypatch.setattr(SecureUpload, "_post", late_keys)
+    config = secure_config(policy={"deadline_s": 5.0, "min_fraction": 1.0, "max_retries": 3})
+    _, history, model = await run(fed.admin, config)
+    assert first_deadline.is_set()
     assert [c.client_id for c in history[0].clients] == [0, 1, 2, 3, 4]
     assert_within_fixed_point(model, (await reference(config)).global_state, config)
 

@@ -13,6 +13,7 @@ from fl_services.shared.core.reference import Device, joins_of
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from tests.federation.checks import assert_same_model, reference
 from tests.federation.harness import Admin, federation
+from tests.federation.test_catalogue import ANY_CLIENTS
 from tests.integration.test_hfpl_services import CONFIG as HFPL
 
 pytestmark = pytest.mark.anyio
@@ -26,12 +27,7 @@ BASE = dict(model={"name": "mlp"}, data={"dataset": "digits", "num_clients": 6},
             local={"epochs": 2, "batch_size": 16, "lr": 0.05}, fraction=0.5, rounds=3)
 
 CATALOGUE = {
-    "fedavg": {},
-    "fedavg-nesterov": {"algorithm": "fedavg", "local": {**BASE["local"], "optimizer": "nesterov", "lr": 0.02}},
-    "fedsgd": {"local": {"lr": 0.5, "batch_size": 0}},
-    "fedprox": {"params": {"mu": 0.5}},
-    "scaffold": {},
-    "fedvarp": {},
+    **ANY_CLIENTS,
     # 101 and the group=b devices in named clusters; 333 and 517 alone, each in a cluster of its own.
     "clusterfedvarp": {"params": {"clusters": {"101": 0, "group=b": 1}}},
     "fedrolex": {"params": {"capacities": {"101": 0.5, "640": 0.25}}},

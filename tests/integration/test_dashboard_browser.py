@@ -270,6 +270,7 @@ def test_the_run_page_shows_each_rounds_energy_the_running_total_and_each_client
         expect(cells.nth(9)).to_have_text(f"{h.energy_j:.1f} J")
         expect(cells.nth(10)).to_have_text(f"{total:.1f} J")
     expect(page.locator("#energy-total")).to_have_text(f"{total:.1f} J")
+    expect(page.locator("#energy-chart")).to_be_visible()
     assert page.locator("#energy-chart").get_attribute("data-points") == "4"
     last = history[-1]
     clients = page.locator("#clients tbody tr")
@@ -282,6 +283,50 @@ def test_the_run_page_shows_each_rounds_energy_the_running_total_and_each_client
     # Later rounds run the fast rpi4s below their top frequency: the page shows what slowed them down.
     assert any(f < 1.5 for c in last.clients if c.device.profile == "rpi4" for f in c.device.frequencies_ghz)
     screenshot(page, "dashboard-energy.png")
+    watched.assert_clean()
+
+
+def test_the_run_page_shows_no_energy_for_a_run_that_models_no_device(running, watched):
+    """No dvfs section: no device is modelled, so the page shows no energy figure (–) and no energy chart, and the
+    clients' device columns are empty, as the API's history (energy null, no device) says."""
+    _, api = running
+    config = RunConfig(name="browser-no-dvfs", rounds=2, model={"name": "mlp"},
+                       data={"dataset": "digits", "num_clients": 4}, local={"batch_size": 16, "lr": 0.1})
+    run_id, page = watched_to_its_end(running, watched, config)
+    history = api.history(run_id)
+    assert len(history) == 2 and all(h.energy_j is None and all(c.device is None for c in h.clients)
+                                     for h in history)
+    rows = page.locator("#history tbody tr")
+    expect(rows).to_have_count(2)
+    for i in range(2):
+        cells = rows.nth(i).locator("td")
+        expect(cells.nth(9)).to_have_text("–")
+        expect(cells.nth(10)).to_have_text("–")
+    expect(page.locator("#energy-total")).to_have_text("–")
+    expect(page.locator("#energy-chart")).to_be_hidden()
+    clients = page.locator("#clients tbody tr")
+    expect(clients).to_have_count(4)
+    for i in range(4):
+        expect(clients.nth(i).locator("td").nth(8)).to_have_text("–")
+    watched.assert_clean()
+
+
+def test_the_run_page_says_why_the_cloud_stopped_a_run(running, watched):
+    """A run whose devices never came is stopped by the cloud past its start_timeout_s: the status line says
+    stopped, followed by the reason the API gives."""
+    topology, api = running
+    config = RunConfig(name="browser-never-admitted", rounds=2, model={"name": "mlp"},
+                       data={"dataset": "digits", "num_clients": 4},
+                       selection={"sites": ["edge-0"], "min_devices": 1000, "start_timeout_s": 0.5})
+    run_id = api.create_run(config).run_id
+    api.action(run_id, "start")
+    final = api.wait(run_id, timeout_s=120)
+    assert final.status == RunStatus.stopped and final.reason is not None and "1000 devices" in final.reason
+    page = watched.page
+    page.goto(f"{topology.cloud_url}/ui/run.html?id={run_id}")
+    sign_in(page, topology.admin_token)
+    expect(page.locator("#status")).to_have_text("stopped")
+    expect(page.locator("#status-reason")).to_have_text(final.reason)
     watched.assert_clean()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from redis.exceptions import WatchError
@@ -37,7 +38,8 @@ _UPDATABLE = {status.value for status in UPDATABLE}
 
 
 class RedisBuffer(RedisBase):
-    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool) -> SubmitOutcome:
+    async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool,
+                     members: Sequence[int] = ()) -> SubmitOutcome:
         # The blob goes in by a plain SET, the cheapest write of its bytes (and of their append to the AOF),
         # not as an argument of the script: Lua would copy it twice more, and a script's effects are written
         # to the AOF as one more command carrying it. The script then keeps it (or deletes it) atomically.
@@ -48,9 +50,10 @@ class RedisBuffer(RedisBase):
             await asyncio.to_thread(self.bulk.set, staged, blob, px=STAGED_MS)
         outcome, detail = await self.scripts.submit(  # in the order the script's header names them
             keys=[self.k.meta(header.run_id), self.k.idempotency(header.run_id), self.k.slots(header.run_id),
-                  self.k.buffer(header.run_id), self.k.pending(header.run_id), staged],
+                  self.k.buffer(header.run_id), self.k.pending(header.run_id), staged,
+                  self.k.member_sites(header.run_id)],
             args=[header.idempotency_key, header.edge_id, header.base_version,
-                  header.model_dump_json(), "1" if synchronous else "0"],
+                  header.model_dump_json(), "1" if synchronous else "0", ",".join(map(str, members))],
         )
         outcome, detail = outcome.decode(), detail.decode()
         if outcome == "lost":  # its TTL ran out before the script ran: nothing was accepted

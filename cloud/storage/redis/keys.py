@@ -82,6 +82,10 @@ class Keys:
     def pending(self, run_id: str) -> str:  # hash edge_id -> stream entry id of its unconsumed contribution
         return f"{self.prefix}:run:{run_id}:pending"
 
+    def member_sites(self, run_id: str) -> str:  # hash device id -> the edge whose accepted contribution first
+        # declared it: a run over registered devices holds each device at that one site
+        return f"{self.prefix}:run:{run_id}:member-sites"
+
     def contribution(self, run_id: str, token: str) -> str:
         # One contribution's safetensors blob: written by a plain SET (with a TTL) before the submit script,
         # which makes it permanent and names it in its buffer entry, or deletes it if it refuses it.
@@ -97,4 +101,4 @@ class Keys:
         """Every key of one run: what deleting it removes."""
         return [self.meta(run_id), self.global_state(run_id), self.cloud_state(run_id), self.buffer(run_id),
                 self.idempotency(run_id), self.slots(run_id), self.pending(run_id), self.history(run_id),
-                self.lease(run_id)]
+                self.lease(run_id), self.member_sites(run_id)]

@@ -1,11 +1,15 @@
 -- Accepts one contribution into a run's buffer, or refuses it, atomically: {outcome, detail}.
 -- A word after a dollar sign is a placeholder, filled in with keys.py's names when it is loaded (scripts.py).
 -- KEYS: the run's meta hash, idempotency key -> entry id, slot (edge:version) -> idempotency key,
---       the buffer stream, edge -> its entry still in the buffer, the contribution's blob (SET just before)
+--       the buffer stream, edge -> its entry still in the buffer, the contribution's blob (SET just before),
+--       device -> the edge holding it in the run
 local meta, idempotency, slots, buffer, pending, blob = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
--- ARGV: the submission's idempotency key, edge id, base version, header JSON, and
---       '1' if the algorithm is synchronous (a contribution must be on the current version)
+local member_sites = KEYS[7]
+-- ARGV: the submission's idempotency key, edge id, base version, header JSON,
+--       '1' if the algorithm is synchronous (a contribution must be on the current version), and
+--       the devices it declares, each a member at one site only (ids comma-separated; empty: none)
 local key, edge, base_version, header, synchronous = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local members = ARGV[6]
 
 local function refuse(outcome, detail)
   redis.call('DEL', blob)
@@ -25,9 +29,18 @@ if base > version then return refuse('future', tostring(version)) end
 if synchronous == '1' and base ~= version then return refuse('stale', tostring(version)) end
 if redis.call('HEXISTS', slots, slot) == 1 then return refuse('conflict', tostring(version)) end
 if redis.call('HEXISTS', pending, edge) == 1 then return refuse('pending', tostring(version)) end
+local declared = {}
+for device in string.gmatch(members, '[^,]+') do table.insert(declared, device) end
+local held = {}
+for _, device in ipairs(declared) do
+  local site = redis.call('HGET', member_sites, device)
+  if site and site ~= edge then table.insert(held, device .. ':' .. site) end
+end
+if #held > 0 then return refuse('members_elsewhere', table.concat(held, ',')) end
 if redis.call('PERSIST', blob) ~= 1 then return {'lost', blob} end
 local id = redis.call('XADD', buffer, '*', '$blob_key', blob, '$header', header)
 redis.call('HSET', idempotency, key, id)
 redis.call('HSET', slots, slot, key)
 redis.call('HSET', pending, edge, id)
+for _, device in ipairs(declared) do redis.call('HSETNX', member_sites, device, edge) end
 return {'accepted', id}

@@ -53,6 +53,23 @@ class DataSummary(BaseModel):
         return self
 
 
+class DataFit(BaseModel):
+    """What decides whether data can train a run (check_fits), in a few numbers: whether it holds training
+    samples, its sample shape and its lowest and highest labels. A site reports its connected devices counted
+    per fit, so the cloud admits a run on the devices able to train it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    samples: Annotated[Int, Field(ge=0, le=1)] = Field(description="1 if it holds training samples, else 0")
+    input_shape: tuple[Annotated[Int, Field(ge=1, le=MAX_DIMENSION)], ...] = Field(min_length=1, max_length=8)
+    labels: tuple[Label, ...] = Field(max_length=2, description="its lowest and highest label (none: no labels)")
+
+    @classmethod
+    def of(cls, summary: DataSummary) -> DataFit:
+        ends = (summary.labels[0], summary.labels[-1]) if summary.labels else ()
+        return cls(samples=min(summary.samples, 1), input_shape=summary.input_shape, labels=ends)
+
+
 class RunTask(BaseModel):
     """What a run trains, as its data must fit it: the model's input shape and its number of classes."""
 
@@ -80,8 +97,9 @@ def summarize(train: ArrayDataset, held_out: ArrayDataset) -> DataSummary:
     )
 
 
-def check_fits(summary: DataSummary, task: RunTask) -> list[str]:
-    """Why data so summarised cannot train `task` (each reason a phrase about the data); empty if it can."""
+def check_fits(summary: DataSummary | DataFit, task: RunTask) -> list[str]:
+    """Why data so summarised cannot train `task` (each reason a phrase about the data); empty if it can. Its fit
+    (DataFit.of) gives the same verdict: its labels' ends are out of range where any label is."""
     reasons = []
     if summary.samples == 0:
         reasons.append("it holds no training samples")

@@ -16,6 +16,7 @@ import pytest
 from fl_services.cloud.storage import (
     Conflict,
     LeaseLost,
+    MembersElsewhere,
     MemoryStore,
     NotFound,
     StateTooLarge,
@@ -93,9 +94,9 @@ async def commit(store: Store, run_id: str, version: int, *, count: int = 1, acc
 
 
 async def submit(store: Store, run_id: str, edge_id: int = 0, base_version: int = 0, key: str | None = None,
-                 synchronous: bool = True) -> SubmitOutcome:
+                 synchronous: bool = True, members: tuple[int, ...] = ()) -> SubmitOutcome:
     header = contribution_header(run_id, edge_id=edge_id, base_version=base_version, key=key)
-    return await store.submit(header, b"blob of edge %d on %d" % (edge_id, base_version), synchronous)
+    return await store.submit(header, b"blob of edge %d on %d" % (edge_id, base_version), synchronous, members)
 
 
 async def everything(store: Store, run_id: str) -> tuple:
@@ -305,6 +306,38 @@ async def test_a_refused_submission_says_why_and_changes_nothing(
         await submit(store, run_id, edge_id, base_version, key)
     assert refused.value.reason == reason
     assert await everything(store, run_id) == before
+
+
+async def test_a_device_is_held_by_the_edge_that_declared_it_first_whatever_the_history(store: Store) -> None:
+    """One site per device: a contribution declaring a device another edge's accepted one declared is refused,
+    naming each such device and its edge, and changes nothing; after the updates that consumed them too."""
+    run_id = await new_run(store)
+    assert (await submit(store, run_id, edge_id=0, members=(7, 8))).accepted
+    before = await everything(store, run_id)
+    with pytest.raises(MembersElsewhere, match=r"devices \[7, 8\]") as refused:
+        await submit(store, run_id, edge_id=1, members=(7, 8, 9))
+    assert refused.value.holders == {7: 0, 8: 0} and refused.value.reason == "member_elsewhere"
+    assert await everything(store, run_id) == before
+    assert (await submit(store, run_id, edge_id=1, members=(9,))).accepted  # 9 is nobody's yet: edge 1's now
+    assert await commit(store, run_id, 0, count=2)
+    for version in (1, 2):  # consumed: the history holds them, the index still says whose they are
+        with pytest.raises(MembersElsewhere) as refused:
+            await submit(store, run_id, edge_id=0, base_version=version, members=(7, 9))
+        assert refused.value.holders == {9: 1}
+        assert (await submit(store, run_id, edge_id=0, base_version=version, members=(7, 8))).accepted
+        assert (await submit(store, run_id, edge_id=1, base_version=version, members=(9,))).accepted
+        assert await commit(store, run_id, version, count=2)
+    other = await new_run(store)  # another run: its own index
+    assert (await submit(store, other, edge_id=1, members=(7,))).accepted
+
+
+async def test_a_deleted_run_leaves_no_device_held(store: Store) -> None:
+    run_id = await new_run(store)
+    assert (await submit(store, run_id, edge_id=0, members=(7,))).accepted
+    await store.transition(run_id, "stop")
+    await store.delete_run(run_id)
+    await new_run(store, run_id=run_id)
+    assert (await submit(store, run_id, edge_id=1, members=(7,))).accepted
 
 
 async def test_an_unknown_run_refuses_a_contribution(store: Store) -> None:

@@ -110,3 +110,27 @@ def test_the_orchestrator_routes_and_storage_port_load_no_redis() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+async def test_migrating_gives_a_live_run_over_registered_devices_its_member_index(redis_url: str) -> None:
+    """A run accepted contributions before the index of which site holds each device existed: migrating builds it
+    from what was accepted, so a device another site declared first is still refused there."""
+    from fl_services.cloud.storage import MembersElsewhere
+    from fl_services.cloud.storage.redis.connection import clients
+    from fl_services.shared.core.config import RunConfig
+    from fl_services.shared.core.reports import Member
+
+    config = RunConfig.model_validate({**CONFIG.model_dump(), "selection": {"min_devices": 1}})
+    async with clients(redis_url, {}, max_connections=4, pool_timeout_s=5.0) as (client, bulk):
+        keys = Keys(f"test-{uuid.uuid4().hex}")
+        store = RedisStore(client, keys, bulk)
+        await store.create_run("r", config, b"g")
+        await store.transition("r", "start")
+        declared = [Member(client_id=k, num_samples=10) for k in (7, 8)]  # what the index is rebuilt from
+        assert (await store.submit(contribution_header("r", edge_id=0, members=declared), b"b", True, (7, 8))).accepted
+        assert await client.delete(keys.member_sites("r")) == 1  # as a store written before the index
+        await store.migrate()
+        await store.migrate()  # idempotent
+        with pytest.raises(MembersElsewhere) as refused:
+            await store.submit(contribution_header("r", edge_id=1), b"b", True, (8, 9))
+        assert refused.value.holders == {8: 0}

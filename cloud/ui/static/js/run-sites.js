@@ -86,9 +86,6 @@ async function refresh() {
 document.addEventListener("run-update", ({ detail: update }) => {
   for (const h of update.rounds) failedRounds.set(h.version, { round: h.round, failed: h.failed_clients });
   ended = ["finished", "stopped"].includes(update.info.status);
-  // Energy is modelled for every run; the chart is about DVFS, so it shows where a DVFS policy picks frequencies.
-  const dvfs = update.info.config.dvfs.policy !== "max";
-  document.getElementById("energy-chart").closest("figure").hidden = !dvfs;
   drawFailures();
   if (timer === null || ended) refresh();
 });

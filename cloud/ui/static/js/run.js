@@ -22,10 +22,11 @@ function chart(id, series, yLabel) {
   return plot;
 }
 
-// The modelled client energy (DVFS) summed over the history up to each round.
+// The modelled client energy (DVFS) summed over the history up to each round; null where a round has none (a run
+// that models no device: not measured).
 function cumulativeEnergy() {
   let total = 0;
-  return history.map((h) => (total += h.energy_j ?? 0));
+  return history.map((h) => (h.energy_j === null || h.energy_j === undefined ? null : (total += h.energy_j)));
 }
 
 function drawCharts() {
@@ -34,8 +35,10 @@ function drawCharts() {
     history.map((h) => (federated(h) === null ? null : 100 * federated(h).accuracy))]);
   charts.loss.setData([x, history.map((h) => h.train_loss), history.map((h) => h.test_loss)]);
   const cumulative = cumulativeEnergy();
-  charts.energy.setData([x, history.map((h) => h.energy_j ?? 0), cumulative]);
+  charts.energy.setData([x, history.map((h) => h.energy_j ?? null), cumulative]);
   document.getElementById("energy-total").textContent = joules(cumulative.at(-1));
+  // The chart is about DVFS: shown once the run's rounds carry modelled energy.
+  document.getElementById("energy-chart").closest("figure").hidden = !cumulative.some((e) => e !== null);
   document.getElementById("energy-chart").dataset.points = String(history.length);
   // What the browser test counts: points drawn on the accuracy chart.
   document.getElementById("accuracy-chart").dataset.points = String(history.length);
