@@ -7,7 +7,7 @@ service dispatches tasks over HTTP and waits, the reference runner calls `local_
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Collection
 
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, EdgeAggregate
 from fl_services.shared.core.config import RunConfig
@@ -55,12 +55,14 @@ class EdgeRoundOutcome:
 
 async def run_edge_round(
     algorithm: Algorithm, global_: Record, version: int, edge_id: int, edge_state: Record, train: Train,
-    offload: Offload = _inline, members: list[Member] | None = None,
+    offload: Offload = _inline, members: list[Member] | None = None, busy: Collection[int] = (),
 ) -> EdgeRoundOutcome:
     """`members`: the run's devices at this edge for this round, which it selects from (those registered there
-    for a run over registered devices; None: the simulated federation's, RunConfig.clients_of_edge)."""
+    for a run over registered devices; None: the simulated federation's, RunConfig.clients_of_edge). `busy`: those
+    whose late answer is not in a contribution yet (policy.late = 'join', shared/core/late.py), left out."""
     config = algorithm.config
     pool = config.clients_of_edge(edge_id) if members is None else sorted(m.client_id for m in members)
+    pool = [k for k in pool if k not in busy]
     kappa = config.topology.edge_rounds
     edge_global, all_results = global_, list[ClientResult]()
     for e in range(kappa):
@@ -92,7 +94,7 @@ def device_seconds(config: RunConfig, client_id: int, num_samples: int) -> float
 def first_answers(config: RunConfig, results: list[ClientResult]) -> list[ClientResult]:
     """The answers an edge round closes with when every selected device answers in its modelled time: all of
     them, or with policy.answers = K the K of least modelled time (ties: the lower client id), the others
-    late and dropped."""
+    late (dropped, or joined to a later round: policy.late)."""
     k = config.policy.answers
     if k is None or k >= len(results):
         return results
