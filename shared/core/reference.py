@@ -10,10 +10,13 @@ Which edge triples each cloud update consumes is the one thing timing decides. S
 (B = L) consume every edge's triple each time. With B < L (an asynchronous algorithm, or FedAvg's buffered
 averaging) the runner either replays a `schedule` (the (edge, base_version) pairs of each update, e.g. read
 from a service run's history) or simulates virtual time: an edge round of edge l takes `edge_slowdown[l]`
-units (1 by default), or, with `device_time`, `edge_slowdown[l]` times its slowest client's modelled time at
-full speed (the DVFS device model, shared/core/dvfs.py: the emulated devices' wall time over
-dvfs.time_scale); triples enter the buffer in order of completion (ties by edge id), and an edge restarts
-on the version its triple produced, as the services' edges do.
+units (1 by default), or, with `device_time`, `edge_slowdown[l]` times the modelled time of the slowest client
+it closes with (the DVFS device model, shared/core/dvfs.py: the emulated devices' wall time over
+dvfs.time_scale), each client at the frequencies its DVFS policy picks for the budget the edge's pacing gives it
+(shared/core/pacing.py, fed by the modelled times and buffer waits; full speed with policy 'max'; transfers are
+not modelled); triples enter the buffer in order of completion (ties by edge id), and an edge restarts
+on the version its triple produced, as the services' edges do. With policy.late = 'join' a late answer joins its
+edge's first round that closes after it came (shared/core/late.py), or, replaying, the one the history says.
 
 A run over registered devices (RunConfig.selection) is replayed given its `devices`: each with its id, the edge
 (site) it registered at, its data source, its labels and the version from which it is registered (its join, in
@@ -47,6 +50,7 @@ from fl_services.shared.core.federation import (
     participation,
     site_evaluation,
 )
+from fl_services.shared.core.pacing import Pacing
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import Member, RoundRecord
 from fl_services.shared.core.tensors import Tensors
@@ -199,23 +203,33 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
     # Per edge, the late answers not in a contribution yet, by client (policy.late = 'join'): those devices are busy.
     outstanding: dict[int, dict[int, _Late]] = {e: {} for e in config.edge_ids()}
 
-    def seconds(result: ClientResult) -> float:
-        return device_seconds(config, result.client_id, result.num_samples) if device_time else 1.0
+    # Per edge, its DVFS pacing in virtual time (device_time): each task's budget, and so its device's frequencies.
+    pacing = {e: Pacing() for e in config.edge_ids()}
 
     async def start(edge_id: int, version: int, now: float) -> None:
         members = None if devices is None else members_at(config, devices, edge_id, version)
         answered: list[ClientResult] = []
+        chosen: list[int] = []
+        budget: list[float | None] = [None]
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
             tasks_set[0] += len(tasks)
+            chosen.extend(t.client_id for t in tasks)
+            budget[0] = pacing[edge_id].budget(config, chosen) if device_time else None
             answered.extend(await clients.train(tasks))
-            return first_answers(config, answered)
+            return first_answers(config, answered, budget[0])
+
+        def seconds(result: ClientResult) -> float:
+            return device_seconds(config, result.client_id, result.num_samples, budget[0]) if device_time else 1.0
 
         outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
                                        train, members=members, busy=set(outstanding[edge_id]))
         edge_states[edge_id] = outcome.edge_state
         slow = slowdown.get(edge_id, 1.0)
         took = max((seconds(r) for r in outcome.results), default=0.0) if device_time else 1.0
+        if device_time:
+            pacing[edge_id].observed(config, chosen, {
+                r.client_id: (device_seconds(config, r.client_id, r.num_samples), seconds(r)) for r in outcome.results})
         round_ = _Pending(version, outcome, now + slow * took)
         if config.policy.late == "join":
             round_.late = await late.aggregates(algorithm, _joining(outstanding[edge_id], round_, edge_id, joined),
@@ -243,6 +257,9 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
                     await start(edge_id, base, now)
         consumed = [pending.pop(e) for e in arrived]
         now = max([now, *(p.done_at for p in consumed)])
+        if len(consumed) > 1:  # how long each waited in the buffer for the others (DVFS slack, cloud.orchestrator)
+            for e, p in zip(arrived, consumed, strict=True):
+                pacing[e].waited(max(o.done_at for o in consumed if o is not p) - p.done_at)
         contributions = [
             c for e, p in zip(arrived, consumed, strict=True)
             for clients in [tuple(participation(p.outcome.results))]
