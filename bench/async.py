@@ -12,12 +12,17 @@ buffers (tests/federation/test_buffered.py). Devices (≥ 3× speed spread):
 
 Variants: sync (B = 3, every answer); async-cloud (B = 2: the cloud updates with the first two sites' steps, each
 weighted by FedBuff's 1/√(1 + τ)); async-edge (B = 3, each edge round closed at its N − 1 first answers, the
-last dropped); async-both (both). Every variant gets the same client work W = 9·R client tasks (a task set to a
-device counts whether its answer is used or dropped). Per variant, medians over the seeds of: modelled time and
-client tasks until the global model first reaches the target accuracy, and the accuracy once W tasks were
-set. Writes docs/benchmarks/async.{md,json,png}.
+last dropped); async-both (both); async-edge-join and async-both-join (the late answer kept and sent with the
+edge's next contribution, weighted by its own staleness: policy.late = 'join'); and DVFS's policies (sync-deadline,
+async-both-join-deadline, async-both-join-slack: each device at the frequencies the edge's pacing budget lets it
+pick, modelled in virtual time; energy is not counted here). Every variant gets the same client work W = 9·R client
+tasks (a task set to a device counts whether its answer is used or dropped). Per variant, medians over the seeds of:
+modelled time and client tasks until the global model first reaches the target accuracy, and the accuracy once W
+tasks were set. Writes docs/benchmarks/async.{md,json,png}; `--variants` runs only those, keeping the stored runs
+of the others (virtual time and accuracy are deterministic given the seed, not measured on the machine).
 
     ./fl python bench/async.py [--devices 3] [--rounds 10] [--target 0.85] [--seeds 0 1 2] [--workers 2]
+                               [--variants async-both-join ...]
     ./fl python bench/async.py --render          rewrite async.{md,png} from async.json
 """
 from __future__ import annotations
@@ -38,7 +43,13 @@ from fl_services.shared.core.reference import run_reference
 DOCS = BENCHMARKS
 SITES = 3
 PROFILES = [["rpi4", "odroid-xu4-a15"], ["rpi4", "jetson-nano"], ["rpi-zero-2w", "odroid-xu4-a7"]]
-VARIANTS = {"sync": (3, False), "async-cloud": (2, False), "async-edge": (3, True), "async-both": (2, True)}
+# Per variant: B, whether edge rounds close at N − 1 answers, what becomes of the late one, DVFS's policy.
+VARIANTS = {"sync": (3, False, "drop", "max"), "async-cloud": (2, False, "drop", "max"),
+            "async-edge": (3, True, "drop", "max"), "async-both": (2, True, "drop", "max"),
+            "async-edge-join": (3, True, "join", "max"), "async-both-join": (2, True, "join", "max"),
+            "sync-deadline": (3, False, "drop", "deadline"),
+            "async-both-join-deadline": (2, True, "join", "deadline"),
+            "async-both-join-slack": (2, True, "join", "slack")}
 
 
 def profile(client_id: int, devices: int) -> str:
@@ -49,24 +60,25 @@ def profile(client_id: int, devices: int) -> str:
 
 
 def config_for(variant: str, devices: int, updates: int, seed: int) -> RunConfig:
-    buffer, edge_async = VARIANTS[variant]
+    buffer, edge_async, late, dvfs = VARIANTS[variant]
     clients = SITES * devices
     return RunConfig.model_validate({
         "name": variant, "rounds": updates, "seed": seed, "model": {"name": "cnn"},
         "data": {"dataset": "mnist5k", "num_clients": clients},
         "local": {"epochs": 1, "batch_size": 32, "lr": 0.1},
         "topology": {"num_edges": SITES, "buffer_size": buffer},
-        "policy": {"answers": devices - 1 if edge_async else None},
-        "dvfs": {"clients": {k: {"profile": profile(k, devices)} for k in range(clients)}},
+        "policy": {"answers": devices - 1 if edge_async else None, "late": late},
+        "dvfs": {"policy": dvfs, "clients": {k: {"profile": profile(k, devices)} for k in range(clients)}},
     })
 
 
 def one_run(variant: str, devices: int, rounds: int, seed: int) -> dict:
     torch.set_num_threads(1)
-    buffer, _ = VARIANTS[variant]
+    buffer, edge_async, late, _ = VARIANTS[variant]
     work = SITES * devices * rounds
-    # Enough updates to set W tasks: each sets about B·N (its consumed edges restart on N devices each).
-    updates = math.ceil(work / (buffer * devices)) + 1
+    # Enough updates to set W tasks: each sets about B·N (its consumed edges restart on N devices each), or, joining
+    # late answers, at least B·(N − 1) (a device whose late answer is not sent yet gets no task).
+    updates = math.ceil(work / (buffer * (devices - 1 if late == "join" else devices))) + 1
     started = time.perf_counter()
     result = run_reference(config_for(variant, devices, updates, seed), device_time=True)
     return {"variant": variant, "seed": seed, "work": work, "seconds": time.perf_counter() - started,
@@ -84,7 +96,7 @@ def figures(run: dict, target: float) -> dict:
 
 def table(runs: list[dict], target: float) -> list[dict]:
     rows = []
-    for variant in VARIANTS:
+    for variant in [v for v in VARIANTS if any(r["variant"] == v for r in runs)]:
         mine = [figures(r, target) for r in runs if r["variant"] == variant]
         rows.append({"variant": variant, **{k: statistics.median(f[k] for f in mine) for k in mine[0]}})
     sync = rows[0]["time"]
@@ -156,15 +168,24 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.85)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="run only these, keeping the stored "
+                        "runs of the others (same devices, rounds and seeds)")
     parser.add_argument("--render", action="store_true", help="rewrite async.{md,png} from async.json")
     args = parser.parse_args()
     if args.render:
         render(json.loads((DOCS / "async.json").read_text()), earlier_stamp(DOCS / "async.md"))
         return
     line = stamp()
+    kept = []
+    if args.variants:
+        stored = json.loads((DOCS / "async.json").read_text())
+        if stored["args"] != {"devices": args.devices, "rounds": args.rounds, "seeds": args.seeds}:
+            raise SystemExit(f"the stored runs are of {stored['args']}: run every variant")
+        kept = [r for r in stored["runs"] if r["variant"] not in args.variants]
     with ProcessPoolExecutor(args.workers) as pool:
-        futures = [pool.submit(one_run, v, args.devices, args.rounds, s) for s in args.seeds for v in VARIANTS]
-        runs = [f.result() for f in futures]
+        futures = [pool.submit(one_run, v, args.devices, args.rounds, s) for s in args.seeds
+                   for v in args.variants or VARIANTS]
+        runs = kept + [f.result() for f in futures]
     data = {"target": args.target, "runs": runs,
             "args": {"devices": args.devices, "rounds": args.rounds, "seeds": args.seeds}}
     (DOCS / "async.json").write_text(json.dumps(data, indent=1))
