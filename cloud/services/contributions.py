@@ -96,8 +96,8 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
     _check_samples(config, everyone, members)
     repeated = sorted(k for k, n in Counter(c.client_id for c in everyone).items() if n > topology.edge_rounds)
     if repeated:
-        raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}), late parts "
-                             f"included; more often: {repeated}")
+        raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
+                             f"more often: {repeated}{' (its late parts included)' if header.late else ''}")
     _check_weight(algorithm, header.clients, header.weight)
     _check_evaluation(config, header)
     if config.secure_aggregation.cloud:

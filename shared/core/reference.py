@@ -213,10 +213,11 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
         budget: list[float | None] = [None]
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+            # Of each edge round; what is kept is the last one's (policy.late = 'join' takes κ = 1).
             tasks_set[0] += len(tasks)
-            chosen.extend(t.client_id for t in tasks)
+            chosen[:] = [t.client_id for t in tasks]
             budget[0] = pacing[edge_id].budget(config, chosen) if device_time else None
-            answered.extend(await clients.train(tasks))
+            answered[:] = await clients.train(tasks)
             return first_answers(config, answered, budget[0])
 
         def seconds(result: ClientResult) -> float:
