@@ -31,6 +31,7 @@ from fl_services.cloud.storage import (
     Store,
     now,
 )
+from fl_services.shared.core import late
 from fl_services.shared.core.algorithms import privacy, registry
 from fl_services.shared.core.algorithms.base import Algorithm, Contribution
 from fl_services.shared.core.cloud_round import (
@@ -43,7 +44,7 @@ from fl_services.shared.core.cloud_round import (
 )
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.device import CPU, computing_on
-from fl_services.shared.core.federation import cloud_evaluates, contribution, evaluate_global
+from fl_services.shared.core.federation import cloud_evaluates, evaluate_global
 from fl_services.shared.core.records import decode, decode_state, encode
 from fl_services.shared.core.reports import RoundRecord
 from fl_services.shared.runtime.log import bind
@@ -347,7 +348,8 @@ class Orchestrator:
                 evaluate: bool) -> tuple[list[Contribution], CloudRoundOutcome]:
         global_, _ = decode(global_blob, GlobalStateHeader)
         cloud_state = decode_state(state_blob) if state_blob else {}
-        contributions = [contribution(algorithm.config, e.header, decode_state(e.blob)) for e in entries]
+        contributions = [c for e in entries
+                         for c in late.contributions(algorithm.config, e.header, decode_state(e.blob))]
         return contributions, run_cloud_round(algorithm, global_, contributions, cloud_state, version, evaluate)
 
 

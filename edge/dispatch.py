@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 import httpx
 from prometheus_client import Counter
 
 from fl_services.edge.tasks import Task, TaskBoard
+from fl_services.shared.core import late
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult
 from fl_services.shared.core.config import RoundPolicy
 from fl_services.shared.core.edge_round import ClientTask
 from fl_services.shared.core.federation import participation, site_evaluation
+from fl_services.shared.core.late import LateAggregate
 from fl_services.shared.core.records import Record, encode
 from fl_services.shared.core.reports import ClientFailure, EdgeContributionHeader, Member
 from fl_services.shared.wire.client_edge import ClientTaskHeader
@@ -69,16 +71,20 @@ class Dispatch:
         max_retries, goes on with any answer, waiting for a first one only until the cloud `moved_on`.
         A client's reported failure ends the wait for it; the failures left unanswered join `failures`.
         (A run that ends meanwhile cancels the whole round: see EdgeRoundLoop._forget_ended.)"""
-        run_id = header.run_id
-        # With policy.answers = K, the round closes at the K-th answer; the tasks still open are withdrawn
-        # below, so a later answer is refused (409) and dropped.
+        run_id, version = header.run_id, header.version
+        # With policy.answers = K, the round closes at the K-th answer. The tasks still open are withdrawn below, so
+        # a later answer is refused (409) and dropped; or, with policy.late = 'join', they stay open, and an answer
+        # that comes joins a later round (EdgeRoundLoop.run_round, shared/core/late.py).
+        join = policy.late == "join"
         enough, quorum = policy.enough(len(tasks)), policy.quorum(len(tasks))
-        await self.board.post(tasks)
-        log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, header.version)
+        await self.board.post(tasks, keep_late=join)
+        log.info("edge %d: posted %d tasks of run %s, version %d", self.edge_id, len(tasks), run_id, version)
+        closed: set[int] = set()  # the clients whose answers the round closes with
         try:
             for attempt in range(policy.max_retries + 1):
-                results = await self.board.wait_results(run_id, policy.deadline_s, enough=enough)
+                results = await self.board.wait_results(run_id, policy.deadline_s, enough=enough, version=version)
                 if len(results) >= quorum:
+                    closed = {r.client_id for r in results}
                     return results
                 if attempt < policy.max_retries:
                     log.warning("edge %d: %d/%d answered (quorum %d); waiting again (retry %d of %d)",
@@ -94,15 +100,20 @@ class Dispatch:
                 if await moved_on():
                     raise RoundAbandoned(f"run {run_id} moved on from version {header.version}")
                 # Every client may have reported failure: wait the deadline for a result all the same.
-                results = await self.board.wait_results(run_id, policy.deadline_s, failures_settle=False)
+                results = await self.board.wait_results(run_id, policy.deadline_s, failures_settle=False,
+                                                        version=version)
             log.warning("edge %d: proceeding below quorum with %d results", self.edge_id, len(results))
+            closed = {r.client_id for r in results}
             return results
         finally:
-            failures.extend(self.board.failures(run_id))
-            await self.board.clear(run_id)
+            failures.extend(self.board.failures(run_id, version))
+            # Kept with policy.late = 'join': older rounds' late tasks, and this round's open ones once it closed.
+            await self.board.clear(run_id, (lambda t: t.header.version < version or bool(
+                closed and t.failure is None and t.header.client_id not in closed)) if join else None)
 
     async def submit(self, header: GlobalStateHeader, tensors: Record, weight: float,
-                     results: list[ClientResult], failures: list[ClientFailure], members: list[Member]) -> None:
+                     results: list[ClientResult], failures: list[ClientFailure], members: list[Member],
+                     late_parts: Sequence[LateAggregate] = ()) -> None:
         clients = participation(results)
         message = EdgeContributionHeader(
             run_id=header.run_id,
@@ -115,8 +126,9 @@ class Dispatch:
             failures=failures,
             members=members,
             evaluation=site_evaluation(clients),
+            late=[p.part() for p in late_parts],
         )
-        blob = await asyncio.to_thread(encode, tensors, message)
+        blob = await asyncio.to_thread(encode, late.merged(tensors, list(late_parts)), message)
         # Re-sent through a passing fault: the cloud counts an idempotency key once.
         response = await self.cloud.post(f"/api/v1/edges/{self.edge_id}/contributions", **binary_body(blob),
                                          extensions=DEDUPLICATED)

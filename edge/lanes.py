@@ -13,6 +13,7 @@ from fl_services.edge.pacing import EdgePacing
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import RunTask
+from fl_services.shared.core.late import LateAnswer
 from fl_services.shared.core.records import Record, decode_state, encode
 from fl_services.shared.core.tensors import PayloadError
 from fl_services.shared.runtime.files import atomic_write
@@ -47,6 +48,9 @@ class Lane:
     # Devices registered here that another site holds in this run (device -> its edge), as the cloud said when it
     # refused a contribution declaring them: a device is one member of the federation.
     elsewhere: dict[int, int] = field(default_factory=dict)
+    # Late answers taken off the board for the next contribution (policy.late = 'join'), until it is sent. Kept in
+    # memory only: an edge that restarts drops them (their devices' tasks are gone with its board).
+    joined: list[LateAnswer] = field(default_factory=list)
 
 
 class StateFiles:

@@ -23,6 +23,7 @@ from fl_services.edge.revocations import Revocations
 from fl_services.edge.secagg import SecureRound, collect_secure, round_name, site_key, site_public_key
 from fl_services.edge.services import devices
 from fl_services.edge.tasks import ForeignClient, TaskBoard
+from fl_services.shared.core import late
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.data.summary import RunTask
@@ -324,6 +325,10 @@ class EdgeRoundLoop:
                             f"its selection takes{refused}")
         failures: list[ClientFailure] = list(membership.refused)  # of every edge round
         pacing = lane.pacing
+        # policy.late = 'join': a device whose late answer is in no contribution yet gets no task (shared/core/late.py)
+        join = header.config.policy.late == "join"
+        busy = (self.board.late_clients(header.run_id, header.version)
+                | {a.result.client_id for a in lane.joined}) if join else set()
         pacing.heard(header)
 
         async def train(tasks: list[ClientTask]) -> list[ClientResult] | SecureSum:
@@ -341,13 +346,17 @@ class EdgeRoundLoop:
             results = await self.dispatch.collect(header, posted, header.config.policy, failures,
                                                   partial(self._moved_on, header), partial(self._all_failed, header))
             pacing.observe(header.config, chosen, results)
+            if join:  # the late answers that came by the time the round closed join its contribution
+                answers, failed = await self.board.take_late(header.run_id, header.version)
+                lane.joined.extend(answers)
+                failures.extend(failed)
             return results
 
         started = time.monotonic()
         before = lane.edge_state  # algorithms return new dicts: this one stays as it is
         try:
             outcome = await run_edge_round(algorithm, global_, header.version, self.edge_id, before, train,
-                                           offload=asyncio.to_thread,
+                                           offload=asyncio.to_thread, busy=busy,
                                            members=None if header.config.selection is None else membership.declared())
             lane.edge_state = outcome.edge_state
             await asyncio.to_thread(self.states.save, header.run_id, lane.edge_state)  # encodes and fsyncs
@@ -357,12 +366,14 @@ class EdgeRoundLoop:
             if header.config.secure_aggregation.cloud:  # the cloud sees only the sum over every site
                 tensors = await asyncio.to_thread(sites.mask, header.config, header.run_id, header.version,
                                                   self.edge_id, self.site_key, tensors)
+            parts = await late.aggregates(algorithm, lane.joined, self.edge_id, asyncio.to_thread)
             try:
                 await self.dispatch.submit(header, tensors, outcome.aggregate.weight,
-                                           outcome.results, failures, membership.declared())
+                                           outcome.results, failures, membership.declared(), parts)
             except MembersElsewhere as exc:  # re-run (below) without them: they train at the site that holds them
                 lane.elsewhere.update(exc.holders)
                 raise
+            lane.joined = []  # sent: their devices take tasks again
             self.metrics.round_seconds.observe(time.monotonic() - started)
             log.debug("edge %d: version %d done with %d results", self.edge_id, header.version, len(outcome.results))
         except BaseException:

@@ -10,10 +10,12 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.federation import device_evaluates
+from fl_services.shared.core.late import LateAnswer
 from fl_services.shared.core.records import Record, flatten
 from fl_services.shared.core.reports import ClientFailure, FailureKind, HeldOut
 from fl_services.shared.core.tensors import InvalidContent, SharedEncoding
@@ -176,23 +178,28 @@ class TaskBoard:
 
     def tallies(self) -> list[tuple[str, int, int, int, int]]:
         """Per run on the board: (run_id, the version its round trains, its tasks, answered, reported failed and
-        not answered)."""
-        return [(run_id, next(iter(tasks.values())).header.version, len(tasks),
-                 sum(t.result is not None for t in tasks.values()),
-                 sum(t.result is None and t.failure is not None for t in tasks.values()))
-                for run_id, tasks in sorted(self._tasks.items())]
+        not answered), of the run's newest round (not its late tasks, policy.late = 'join')."""
+        tallies = []
+        for run_id, tasks in sorted(self._tasks.items()):
+            version = max(t.header.version for t in tasks.values())
+            newest = [t for t in tasks.values() if t.header.version == version]
+            tallies.append((run_id, version, len(newest), sum(t.result is not None for t in newest),
+                            sum(t.result is None and t.failure is not None for t in newest)))
+        return tallies
 
     def _known(self, client_id: int) -> None:
         if client_id not in self.clients:
             raise UnknownClient(f"unknown client {client_id}; register first")
 
     # ---- round side ----------------------------------------------------------------------------
-    async def post(self, tasks: list[Task]) -> None:
-        """A round's tasks, replacing the previous ones of their run."""
+    async def post(self, tasks: list[Task], keep_late: bool = False) -> None:
+        """A round's tasks, replacing the previous ones of their run; with `keep_late`, but its tasks of older
+        versions, whose answers may still join a later round (policy.late = 'join')."""
         shared: dict[tuple[tuple[str, int], ...], SharedEncoding] = {}
         async with self._answered:
             for run_id in {t.header.run_id for t in tasks}:
-                self._drop(run_id)
+                version = min(t.header.version for t in tasks if t.header.run_id == run_id)
+                self._drop(run_id, partial(_older, version) if keep_late else None)
             for t in tasks:
                 if t.encoding is None:  # the same tensor objects (FedAvg's global state): one encoding
                     flat = flatten(t.tensors)
@@ -205,20 +212,39 @@ class TaskBoard:
             self._answered.notify_all()
         self._wake(t.header.client_id for t in tasks)
 
-    async def clear(self, run_id: str | None = None) -> None:
-        """Drops the run's tasks (None: every run's)."""
+    async def clear(self, run_id: str | None = None, keep: Callable[[Task], bool] | None = None) -> None:
+        """Drops the run's tasks (None: every run's), but those `keep` takes."""
         async with self._answered:
             for run in [run_id] if run_id is not None else list(self._tasks):
-                self._drop(run)
+                self._drop(run, keep)
 
-    def _drop(self, run_id: str) -> None:
-        for client_id in self._tasks.pop(run_id, {}):
+    def _drop(self, run_id: str, keep: Callable[[Task], bool] | None = None) -> None:
+        tasks = self._tasks.pop(run_id, {})
+        kept = {k: t for k, t in tasks.items() if keep is not None and keep(t)}
+        for client_id in tasks.keys() - kept.keys():
             del self._posted[(run_id, client_id)]
+        if kept:
+            self._tasks[run_id] = kept
 
-    def _of(self, run_id: str | None) -> list[tuple[int, Task]]:
-        """The (client_id, task) of the run (None: of every run)."""
+    def _of(self, run_id: str | None, version: int | None = None) -> list[tuple[int, Task]]:
+        """The (client_id, task) of the run (None: of every run), of its round on `version` if given."""
         runs = [self._tasks.get(run_id, {})] if run_id is not None else list(self._tasks.values())
-        return [item for tasks in runs for item in tasks.items()]
+        return [(k, t) for tasks in runs for k, t in tasks.items() if version is None or t.header.version == version]
+
+    def late_clients(self, run_id: str, version: int) -> set[int]:
+        """The clients holding a task of the run older than `version` (policy.late = 'join'): busy."""
+        return {k for k, t in self._of(run_id) if t.header.version < version}
+
+    async def take_late(self, run_id: str, version: int) -> tuple[list[LateAnswer], list[ClientFailure]]:
+        """The run's tasks older than `version` that were answered, or reported failed, since their rounds closed,
+        taken off the board (policy.late = 'join'); the others stay open."""
+        async with self._answered:
+            done = [(k, t) for k, t in self._of(run_id) if t.header.version < version
+                    and (t.result is not None or t.failure is not None)]
+            self._drop(run_id, lambda t: all(t is not d for _, d in done))
+        return ([LateAnswer(t.header.version, t.result) for _, t in done if t.result is not None],
+                [ClientFailure(client_id=k, error=t.failure, kind=t.failure_kind) for k, t in done
+                 if t.result is None and t.failure is not None])
 
     async def close(self) -> None:
         """The edge is stopping: every waiting and future fetch answers "no task" at once."""
@@ -231,26 +257,27 @@ class TaskBoard:
         """Tasks posted and not answered yet, of every run."""
         return sum(1 for _, t in self._of(None) if t.result is None)
 
-    def results(self, run_id: str | None = None) -> list[ClientResult]:
-        """The results received for the run's tasks (None: every run's)."""
-        return [t.result for _, t in self._of(run_id) if t.result is not None]
+    def results(self, run_id: str | None = None, version: int | None = None) -> list[ClientResult]:
+        """The results received for the run's tasks (None: every run's), of its round on `version` if given."""
+        return [t.result for _, t in self._of(run_id, version) if t.result is not None]
 
-    def failures(self, run_id: str | None = None) -> list[ClientFailure]:
+    def failures(self, run_id: str | None = None, version: int | None = None) -> list[ClientFailure]:
         return [ClientFailure(client_id=k, error=t.failure, kind=t.failure_kind)
-                for k, t in sorted(self._of(run_id), key=lambda x: x[0])
+                for k, t in sorted(self._of(run_id, version), key=lambda x: x[0])
                 if t.result is None and t.failure is not None]
 
     async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True,
-                           enough: int | None = None) -> list[ClientResult]:
-        """Returns when every task of the run is answered (or, if `failures_settle`, reported failed: no point
-        waiting for those), or `enough` of them are, or at the deadline, with what has arrived."""
+                           enough: int | None = None, version: int | None = None) -> list[ClientResult]:
+        """Returns when every task of the run (of its round on `version`, if given) is answered (or, if
+        `failures_settle`, reported failed: no point waiting for those), or `enough` of them are, or at the
+        deadline, with what has arrived."""
         def done() -> bool:
-            tasks = self._of(run_id)
+            tasks = self._of(run_id, version)
             return (enough is not None and sum(t.result is not None for _, t in tasks) >= enough) or all(
                 t.result is not None or (failures_settle and t.failure is not None) for _, t in tasks)
 
         await wait_until(self._answered, done, timeout)
-        return self.results(run_id)
+        return self.results(run_id, version)
 
     # ---- client side ---------------------------------------------------------------------------
     async def fetch(self, client_id: int, timeout: float) -> Task | None:
@@ -366,3 +393,7 @@ class TaskBoard:
             task.failure, task.failure_kind = report.error, report.kind
             self._answered.notify_all()
             return True
+
+
+def _older(version: int, task: Task) -> bool:
+    return task.header.version < version

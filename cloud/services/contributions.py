@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import Store, SubmitOutcome
+from fl_services.shared.core import late
 from fl_services.shared.core.algorithms.base import Algorithm
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.federation import site_evaluation
 from fl_services.shared.core.records import Record
-from fl_services.shared.core.reports import EdgeContributionHeader
+from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
 from fl_services.shared.core.secagg import sites
 from fl_services.shared.core.tensors import InvalidContent
 
@@ -55,24 +56,35 @@ def check_contribution(algorithm: Algorithm, global_: Record, header: EdgeContri
     topology = config.topology
     if header.edge_id not in config.edge_ids():
         raise InvalidContent(f"edge {header.edge_id} is not part of this run ({topology.num_edges} edges)")
+    if header.late and config.policy.late != "join":
+        raise InvalidContent("this run drops late answers (policy.late 'drop'): a contribution carries no late part")
+    tensors, parts = late.split(header, tensors)
     ids = [c.client_id for c in header.clients]
     members = _members(config, header)
-    foreign = sorted(set(ids) - set(members))
+    everyone = [*header.clients, *(c for p in header.late for c in p.clients)]
+    foreign = sorted({c.client_id for c in everyone} - set(members))
     if foreign:
         raise InvalidContent(f"clients must be clients of edge {header.edge_id} (its members this round); not its "
                              f"clients: {foreign}")
-    _check_samples(config, header, members)
-    repeated = sorted(k for k, n in Counter(ids).items() if n > topology.edge_rounds)
+    _check_samples(config, everyone, members)
+    repeated = sorted(k for k, n in Counter(c.client_id for c in everyone).items() if n > topology.edge_rounds)
     if repeated:
         raise InvalidContent(f"a client appears at most once per edge round ({topology.edge_rounds}); "
-                             f"more often: {repeated}")
-    _check_weight(algorithm, header)
+                             f"more often: {repeated}{' (its late parts included)' if header.late else ''}")
+    _check_weight(algorithm, header.clients, header.weight)
     _check_evaluation(config, header)
     if config.secure_aggregation.cloud:
         sites.check_masked(algorithm, global_, ids, tensors)
     else:
         algorithm.check_contribution(global_, ids, tensors, header.weight, header.edge_id,
                                      None if config.selection is None else len(members))
+    for part in header.late:
+        if part.base_version >= header.base_version:
+            raise InvalidContent(f"a late part is of an earlier round than its contribution's (version "
+                                 f"{header.base_version}), not of version {part.base_version}")
+        _check_weight(algorithm, part.clients, part.weight)
+        algorithm.check_contribution(global_, [c.client_id for c in part.clients], parts[part.base_version],
+                                     part.weight, header.edge_id)
 
 
 def _check_evaluation(config: RunConfig, header: EdgeContributionHeader) -> None:
@@ -104,10 +116,10 @@ def _members(config: RunConfig, header: EdgeContributionHeader) -> dict[int, int
     return declared
 
 
-def _check_samples(config: RunConfig, header: EdgeContributionHeader, members: dict[int, int | None]) -> None:
+def _check_samples(config: RunConfig, clients: list[ClientParticipation], members: dict[int, int | None]) -> None:
     """A client's counted samples: its declared count where the edge knows it, and at most the run's cap."""
     cap = config.max_samples_per_device
-    for c in header.clients:
+    for c in clients:
         known = members.get(c.client_id)
         if cap is not None and c.num_samples > cap:
             raise InvalidContent(f"client {c.client_id} counts {c.num_samples} samples, over the run's "
@@ -117,11 +129,11 @@ def _check_samples(config: RunConfig, header: EdgeContributionHeader, members: d
                                  f"{known}")
 
 
-def _check_weight(algorithm: Algorithm, header: EdgeContributionHeader) -> None:
+def _check_weight(algorithm: Algorithm, clients: list[ClientParticipation], weight: float) -> None:
     # The weight of some of the listed clients: all of them (FedAvg, pFedMe's S), or those of the last of
     # κ edge rounds; so between one client's weight and all of theirs.
-    weights = [algorithm.client_weight(c.num_samples) for c in header.clients]
+    weights = [algorithm.client_weight(c.num_samples) for c in clients]
     low, high = min(weights), sum(weights)
-    if not low * (1 - 1e-9) <= header.weight <= high * (1 + 1e-9):
-        raise InvalidContent(f"weight {header.weight:.12g} is not one its clients give: expected between "
+    if not low * (1 - 1e-9) <= weight <= high * (1 + 1e-9):
+        raise InvalidContent(f"weight {weight:.12g} is not one its clients give: expected between "
                              f"{low:.12g} (one client) and {high:.12g} (all of them)")

@@ -126,7 +126,8 @@ def round_record(version: int, contributions: list[Contribution], outcome: Cloud
         contributions=[
             ContributionRecord(edge_id=c.edge_id, base_version=c.base_version, staleness=version - c.base_version,
                                weight=c.weight, staleness_weight=1.0 if s is None else s, dropped=s is None,
-                               members=None if c.members is None else sorted(m.client_id for m in c.members))
+                               members=None if c.members is None else sorted(m.client_id for m in c.members),
+                               **({"joined": True, "clients": list(c.clients)} if c.joined else {}))
             for c, s in zip(contributions, scales, strict=True)
         ],
         train_loss=sum(c.loss * c.num_samples for c in clients) / samples,

@@ -199,9 +199,14 @@ class RoundPolicy(Strict):
     max_retries: Int = Field(3, ge=0, description="re-runs of a round whose quorum failed")
     answers: Int | None = Field(None, ge=1, le=100_000, description=(
         "K: an edge round closes as soon as K of its selected devices answered (buffered averaging at the "
-        "edge), the later answers dropped; more than an edge selects means all of them. Unset: it waits for "
+        "edge), the later answers dropped or joined to its next round (policy.late); more than an edge selects "
+        "means all of them. Unset: it waits for "
         "every one (or the deadline, with min_fraction). The reference runner takes the K devices of least "
         "modelled time (dvfs), which the services match where the devices are emulated (dvfs.time_scale)"))
+    late: Literal["drop", "join"] = Field("drop", description=(
+        "what becomes of an answer that comes after its edge round closed (policy.answers = K): 'drop' refuses it; "
+        "'join' keeps it for the edge's next contribution, where it counts as a step computed on its own "
+        "version (the cloud weighs it by its staleness), and its device gets no new task until then"))
 
     def enough(self, selected: int) -> int | None:
         """The answers that close a round of `selected` tasks (policy.answers, at most all of them); None: every

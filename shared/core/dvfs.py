@@ -146,6 +146,16 @@ def pick_frequency(profile: DeviceProfile, cycles_per_epoch: float, epochs_left:
     return min(feasible, key=lambda f: (epoch_energy(profile, max(samples_equiv, 1e-12), f), f))
 
 
+def paced_seconds(profile: DeviceProfile, samples: float, epochs: int, budget_s: float | None) -> float:
+    """A device's modelled compute time for `epochs` epochs of `samples` when each epoch runs at the frequency
+    `pick_frequency` gives it within what is left of `budget_s` (None: the top frequency)."""
+    cycles, elapsed = profile.cycles_per_sample * samples, 0.0
+    for epoch in range(epochs):
+        f = pick_frequency(profile, cycles, epochs - epoch, None if budget_s is None else budget_s - elapsed)
+        elapsed += cycles / (f * GHZ)
+    return elapsed
+
+
 # ---- the epoch hook ---------------------------------------------------------------------------------
 EPOCH_HOOK: ContextVar[Callable[[int], None] | None] = ContextVar("dvfs_epoch_hook", default=None)
 

@@ -7,11 +7,11 @@ service dispatches tasks over HTTP and waits, the reference runner calls `local_
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Collection
 
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, EdgeAggregate
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.dvfs import epoch_seconds
+from fl_services.shared.core.dvfs import epoch_seconds, paced_seconds
 from fl_services.shared.core.federation import client_round
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import Member
@@ -55,12 +55,14 @@ class EdgeRoundOutcome:
 
 async def run_edge_round(
     algorithm: Algorithm, global_: Record, version: int, edge_id: int, edge_state: Record, train: Train,
-    offload: Offload = _inline, members: list[Member] | None = None,
+    offload: Offload = _inline, members: list[Member] | None = None, busy: Collection[int] = (),
 ) -> EdgeRoundOutcome:
     """`members`: the run's devices at this edge for this round, which it selects from (those registered there
-    for a run over registered devices; None: the simulated federation's, RunConfig.clients_of_edge)."""
+    for a run over registered devices; None: the simulated federation's, RunConfig.clients_of_edge). `busy`: those
+    whose late answer is not in a contribution yet (policy.late = 'join', shared/core/late.py), left out."""
     config = algorithm.config
     pool = config.clients_of_edge(edge_id) if members is None else sorted(m.client_id for m in members)
+    pool = [k for k in pool if k not in busy]
     kappa = config.topology.edge_rounds
     edge_global, all_results = global_, list[ClientResult]()
     for e in range(kappa):
@@ -82,21 +84,25 @@ async def run_edge_round(
     return EdgeRoundOutcome(aggregate, edge_state, all_results, None if members is None else tuple(members))
 
 
-def device_seconds(config: RunConfig, client_id: int, num_samples: int) -> float:
-    """Client `client_id`'s modelled time for its local training at full speed: E epochs of its samples on its
-    device (RunConfig.dvfs), in device seconds (an emulated device's wall time over dvfs.time_scale)."""
+def device_seconds(config: RunConfig, client_id: int, num_samples: int, budget_s: float | None = None) -> float:
+    """Client `client_id`'s modelled time for its local training: E epochs of its samples on its device
+    (RunConfig.dvfs), in device seconds (an emulated device's wall time over dvfs.time_scale), at full speed, or
+    given a task's DVFS budget at the frequencies its client picks to meet it (shared/core/pacing.py)."""
     _, profile, _ = config.dvfs.device(client_id)
-    return config.local.epochs * epoch_seconds(profile, num_samples, profile.f_max)
+    if budget_s is None:
+        return config.local.epochs * epoch_seconds(profile, num_samples, profile.f_max)
+    return paced_seconds(profile, num_samples, config.local.epochs, budget_s)
 
 
-def first_answers(config: RunConfig, results: list[ClientResult]) -> list[ClientResult]:
-    """The answers an edge round closes with when every selected device answers in its modelled time: all of
-    them, or with policy.answers = K the K of least modelled time (ties: the lower client id), the others
-    late and dropped."""
+def first_answers(config: RunConfig, results: list[ClientResult], budget_s: float | None = None) -> list[ClientResult]:
+    """The answers an edge round closes with when every selected device answers in its modelled time (given the
+    round's DVFS budget, if any): all of them, or with policy.answers = K the K of least modelled time (ties: the
+    lower client id), the others late (dropped, or joined to a later round: policy.late)."""
     k = config.policy.answers
     if k is None or k >= len(results):
         return results
-    fastest = sorted(results, key=lambda r: (device_seconds(config, r.client_id, r.num_samples), r.client_id))[:k]
+    fastest = sorted(results, key=lambda r: (device_seconds(config, r.client_id, r.num_samples, budget_s),
+                                             r.client_id))[:k]
     kept = {r.client_id for r in fastest}
     return [r for r in results if r.client_id in kept]
 

@@ -10,10 +10,13 @@ Which edge triples each cloud update consumes is the one thing timing decides. S
 (B = L) consume every edge's triple each time. With B < L (an asynchronous algorithm, or FedAvg's buffered
 averaging) the runner either replays a `schedule` (the (edge, base_version) pairs of each update, e.g. read
 from a service run's history) or simulates virtual time: an edge round of edge l takes `edge_slowdown[l]`
-units (1 by default), or, with `device_time`, `edge_slowdown[l]` times its slowest client's modelled time at
-full speed (the DVFS device model, shared/core/dvfs.py: the emulated devices' wall time over
-dvfs.time_scale); triples enter the buffer in order of completion (ties by edge id), and an edge restarts
-on the version its triple produced, as the services' edges do.
+units (1 by default), or, with `device_time`, `edge_slowdown[l]` times the modelled time of the slowest client
+it closes with (the DVFS device model, shared/core/dvfs.py: the emulated devices' wall time over
+dvfs.time_scale), each client at the frequencies its DVFS policy picks for the budget the edge's pacing gives it
+(shared/core/pacing.py, fed by the modelled times and buffer waits; full speed with policy 'max'; transfers are
+not modelled); triples enter the buffer in order of completion (ties by edge id), and an edge restarts
+on the version its triple produced, as the services' edges do. With policy.late = 'join' a late answer joins its
+edge's first round that closes after it came (shared/core/late.py), or, replaying, the one the history says.
 
 A run over registered devices (RunConfig.selection) is replayed given its `devices`: each with its id, the edge
 (site) it registered at, its data source, its labels and the version from which it is registered (its join, in
@@ -27,6 +30,7 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from fl_services.shared.core import late
 from fl_services.shared.core.algorithms import privacy, registry
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult, Contribution
 from fl_services.shared.core.cloud_round import round_record, run_cloud_round
@@ -46,12 +50,16 @@ from fl_services.shared.core.federation import (
     participation,
     site_evaluation,
 )
+from fl_services.shared.core.pacing import Pacing
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.reports import Member, RoundRecord
 from fl_services.shared.core.tensors import Tensors
 
 # One cloud update's buffer: (edge_id, base_version) per triple.
 Schedule = list[list[tuple[int, int]]]
+# Late answers joined to a contribution (policy.late = 'join'): per (edge_id, base_version) of the contribution that
+# carried them, each part's (base_version, client ids).
+Joins = dict[tuple[int, int], list[tuple[int, list[int]]]]
 
 
 @dataclass(frozen=True)
@@ -114,22 +122,34 @@ class _Pending:
     base_version: int
     outcome: EdgeRoundOutcome
     done_at: float
+    late: list[late.LateAggregate] = field(default_factory=list)  # the late answers it carries
+
+
+@dataclass(frozen=True)
+class _Late:
+    answer: late.LateAnswer
+    done_at: float  # when it came, in virtual time
 
 
 def run_reference(config: RunConfig, rounds: int | None = None, *, schedule: Schedule | None = None,
                   edge_slowdown: dict[int, float] | None = None, device_time: bool = False,
                   clients: type[InProcessClients] = InProcessClients,
-                  devices: list[Device] | None = None) -> ReferenceResult:
-    """`devices`: a run over registered devices' devices (config.selection), which it needs and only it takes."""
+                  devices: list[Device] | None = None, joined: Joins | None = None) -> ReferenceResult:
+    """`devices`: a run over registered devices' devices (config.selection), which it needs and only it takes.
+    `joined`: with a `schedule` of a run whose late answers join later rounds (policy.late = 'join'), which joined
+    which (`joined_of`); in virtual time, a late answer joins its edge's first round that closes after it came."""
     rounds = privacy.rounds_to_run(config) if rounds is None else rounds
     if schedule is not None and len(schedule) < rounds:
         raise ValueError(f"the schedule covers {len(schedule)} updates, not {rounds}")
+    if (schedule is not None and config.policy.late == "join") != (joined is not None):
+        raise ValueError("a schedule of a run whose late answers join later rounds (policy.late 'join') is replayed "
+                         "given which joined which (joined_of), and only it")
     if (devices is None) != (config.selection is None):
         raise ValueError("a run over registered devices (selection) is replayed given its devices, and only it")
     strangers = sorted({d.edge_id for d in devices or []} - set(config.edge_ids()))
     if strangers:
         raise ValueError(f"devices registered at edges {strangers}, which are not the run's {config.edge_ids()}")
-    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, device_time, clients, devices))
+    return asyncio.run(_run(config, rounds, schedule, edge_slowdown or {}, device_time, clients, devices, joined))
 
 
 def members_at(config: RunConfig, devices: list[Device], edge_id: int, version: int) -> list[Member]:
@@ -154,31 +174,71 @@ def joins_of(history: list[RoundRecord]) -> dict[int, int]:
 
 def schedule_of(history: list[RoundRecord]) -> Schedule:
     """The buffers a (service) run consumed, in its order, for `run_reference(schedule=...)`."""
-    return [[(c.edge_id, c.base_version) for c in record.contributions] for record in history]
+    return [[(c.edge_id, c.base_version) for c in record.contributions if not c.joined] for record in history]
+
+
+def joined_of(history: list[RoundRecord]) -> Joins:
+    """Which late answers joined which contribution in a run with policy.late = 'join', for
+    `run_reference(joined=...)`: a joined part follows its edge's contribution in its record."""
+    joins: Joins = {}
+    for record in history:
+        carrier: dict[int, int] = {}
+        for c in record.contributions:
+            if c.joined:
+                joins.setdefault((c.edge_id, carrier[c.edge_id]), []).append((c.base_version, list(c.clients or [])))
+            else:
+                carrier[c.edge_id] = c.base_version
+    return joins
 
 
 async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdown: dict[int, float],
                device_time: bool, clients_type: type[InProcessClients],
-               devices: list[Device] | None) -> ReferenceResult:
+               devices: list[Device] | None, joined: Joins | None) -> ReferenceResult:
     algorithm = registry.create(config)
     clients = clients_type(algorithm) if devices is None else clients_type(algorithm, devices)
     globals_ = [algorithm.init_global(initial_model(config))]
     edge_states: dict[int, Record] = {e: {} for e in config.edge_ids()}
     pending: dict[int, _Pending] = {}
     tasks_set = [0]  # client tasks the edges have set so far
+    # Per edge, the late answers not in a contribution yet, by client (policy.late = 'join'): those devices are busy.
+    outstanding: dict[int, dict[int, _Late]] = {e: {} for e in config.edge_ids()}
 
-    async def train(tasks: list[ClientTask]) -> list[ClientResult]:
-        tasks_set[0] += len(tasks)
-        return first_answers(config, await clients.train(tasks))
+    # Per edge, its DVFS pacing in virtual time (device_time): each task's budget, and so its device's frequencies.
+    pacing = {e: Pacing() for e in config.edge_ids()}
 
     async def start(edge_id: int, version: int, now: float) -> None:
         members = None if devices is None else members_at(config, devices, edge_id, version)
+        answered: list[ClientResult] = []
+        chosen: list[int] = []
+        budget: list[float | None] = [None]
+
+        async def train(tasks: list[ClientTask]) -> list[ClientResult]:
+            # Of each edge round; what is kept is the last one's (policy.late = 'join' takes κ = 1).
+            tasks_set[0] += len(tasks)
+            chosen[:] = [t.client_id for t in tasks]
+            budget[0] = pacing[edge_id].budget(config, chosen) if device_time else None
+            answered[:] = await clients.train(tasks)
+            return first_answers(config, answered, budget[0])
+
+        def seconds(result: ClientResult) -> float:
+            return device_seconds(config, result.client_id, result.num_samples, budget[0]) if device_time else 1.0
+
         outcome = await run_edge_round(algorithm, globals_[version], version, edge_id, edge_states[edge_id],
-                                       train, members=members)
+                                       train, members=members, busy=set(outstanding[edge_id]))
         edge_states[edge_id] = outcome.edge_state
-        took = max((device_seconds(config, r.client_id, r.num_samples) for r in outcome.results), default=0.0) \
-            if device_time else 1.0
-        pending[edge_id] = _Pending(version, outcome, now + slowdown.get(edge_id, 1.0) * took)
+        slow = slowdown.get(edge_id, 1.0)
+        took = max((seconds(r) for r in outcome.results), default=0.0) if device_time else 1.0
+        if device_time:
+            pacing[edge_id].observed(config, chosen, {
+                r.client_id: (device_seconds(config, r.client_id, r.num_samples), seconds(r)) for r in outcome.results})
+        round_ = _Pending(version, outcome, now + slow * took)
+        if config.policy.late == "join":
+            round_.late = await late.aggregates(algorithm, _joining(outstanding[edge_id], round_, edge_id, joined),
+                                                edge_id)
+            kept = {r.client_id for r in outcome.results}
+            outstanding[edge_id].update({r.client_id: _Late(late.LateAnswer(version, r), now + slow * seconds(r))
+                                         for r in answered if r.client_id not in kept})
+        pending[edge_id] = round_
 
     result = ReferenceResult(algorithm.model_parameters(globals_[0]), globals_[0], client_states=clients.states)
     run_started = started = datetime.now(timezone.utc)
@@ -198,11 +258,16 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
                     await start(edge_id, base, now)
         consumed = [pending.pop(e) for e in arrived]
         now = max([now, *(p.done_at for p in consumed)])
+        if len(consumed) > 1:  # how long each waited in the buffer for the others (DVFS slack, cloud.orchestrator)
+            for e, p in zip(arrived, consumed, strict=True):
+                pacing[e].waited(max(o.done_at for o in consumed if o is not p) - p.done_at)
         contributions = [
-            Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight, clients,
-                         members=p.outcome.members, evaluation=site_evaluation(clients))
-            for e, p in zip(arrived, consumed, strict=True)
+            c for e, p in zip(arrived, consumed, strict=True)
             for clients in [tuple(participation(p.outcome.results))]
+            for c in [Contribution(e, p.base_version, p.outcome.aggregate.tensors, p.outcome.aggregate.weight,
+                                   clients, members=p.outcome.members, evaluation=site_evaluation(clients)),
+                      *(Contribution(e, a.base_version, a.aggregate.tensors, a.aggregate.weight,
+                                     tuple(participation(a.results)), joined=True) for a in p.late)]
         ]
         outcome = run_cloud_round(algorithm, globals_[version], contributions, result.cloud_state, version)
         finished = datetime.now(timezone.utc)
@@ -217,3 +282,20 @@ async def _run(config: RunConfig, rounds: int, schedule: Schedule | None, slowdo
             for e in arrived:
                 await start(e, version + 1, now)
     return result
+
+
+def _joining(outstanding: dict[int, _Late], round_: _Pending, edge_id: int,
+             joined: Joins | None) -> list[late.LateAnswer]:
+    """The late answers `round_`'s contribution carries, taken out of `outstanding`: those `joined` says (a replay),
+    else those that came by the time it closed."""
+    if joined is None:
+        chosen = [k for k, a in outstanding.items() if a.done_at <= round_.done_at]
+    else:
+        chosen = []
+        for version, ids in joined.get((edge_id, round_.base_version), []):
+            missing = [k for k in ids if k not in outstanding or outstanding[k].answer.base_version != version]
+            if missing:
+                raise ValueError(f"edge {edge_id}'s contribution of version {round_.base_version} carries late answers "
+                                 f"of version {version} from clients {missing}, which have none outstanding")
+            chosen += ids
+    return [outstanding.pop(k).answer for k in sorted(chosen)]

@@ -163,6 +163,15 @@ class Member(Message):
     labels: Labels = Field(default_factory=dict)
 
 
+class LatePart(Message):
+    """Late answers (policy.late = 'join') that came with an edge's contribution: those computed on `base_version`,
+    their weighted sum travelling in the tensor groups named `<group>@<base_version>` (shared/core/late.py)."""
+
+    base_version: Int = Field(ge=0)
+    weight: Float = Field(gt=0, allow_inf_nan=False)
+    clients: list[ClientParticipation] = Field(min_length=1, max_length=100_000)
+
+
 class EdgeContributionHeader(Message):
     run_id: str = Field(min_length=1, max_length=64)
     edge_id: Int = Id
@@ -177,6 +186,8 @@ class EdgeContributionHeader(Message):
     members: list[Member] | None = Field(None, max_length=1_000_000)
     # The site's evaluation of base_version: the sample-weighted mean of its clients' `evaluation`s (None: none).
     evaluation: HeldOut | None = None
+    # Answers of the edge's earlier rounds that came after those closed (policy.late = 'join'), per base version.
+    late: list[LatePart] = Field(default_factory=list, max_length=1000)
 
 
 # ---- control API (admin <-> cloud) ------------------------------------------------------------
@@ -209,6 +220,10 @@ class ContributionRecord(Message):
     # dropped instead, staler than topology.staleness.max.
     staleness_weight: Float = 1.0
     dropped: bool = False
+    # Late answers (policy.late = 'join'): this step is theirs, computed on base_version, and came with the edge's
+    # contribution listed before it in the same record; `clients` are those devices.
+    joined: bool = False
+    clients: list[Int] | None = None
 
 
 class RoundRecord(Message):

@@ -116,6 +116,9 @@ class Contribution:
     members: tuple[Member, ...] | None = None
     # The site's evaluation of base_version on its clients' held-out splits (federated evaluation), if any.
     evaluation: HeldOut | None = None
+    # Late answers (policy.late = 'join'): the step of those computed on base_version that came with the edge's
+    # contribution of a later round, weighed by their own staleness.
+    joined: bool = False
 
     @property
     def clients(self) -> tuple[int, ...]:
@@ -194,6 +197,8 @@ class Algorithm(Generic[P]):
             raise ConfigError("topology.buffer_size", f"topology.buffer_size ({config.topology.buffer_size}) cannot "
                               f"exceed num_edges ({config.topology.num_edges}): an edge has one contribution in the "
                               "buffer at a time")
+        if config.policy.late == "join":
+            cls._check_join(config)
         if not cls.multi_edge and config.topology.num_edges > 1:
             raise ConfigError("topology.num_edges", f"{cls.name} keeps global server memory and runs with one edge "
                               "only")
@@ -214,6 +219,35 @@ class Algorithm(Generic[P]):
             if config.privacy.dp_sgd_noise_multiplier is not None:
                 raise ConfigError("privacy.dp_sgd_noise_multiplier", f"{cls.name} does not support DP-SGD "
                                   "(privacy.dp_sgd_noise_multiplier must be unset); fedavg does")
+
+    @classmethod
+    def _check_join(cls, config: RunConfig) -> None:
+        """policy.late = 'join' sends a late answer's step with the edge's next contribution, weighed by the cloud as
+        one computed on its own version: only where that step is what the cloud averages, alone and in the open."""
+        why = None
+        if config.policy.answers is None:
+            why = "it needs policy.answers = K: a round that waits for every answer has no late one"
+        elif not cls.synchronous or cls.stale_refusal is not None:
+            why = (f"{cls.name} cannot weigh a step computed on an older version by its staleness; fedavg, fedprox "
+                   "and fedsgd can")
+        elif config.topology.edge_rounds > 1:
+            why = ("with topology.edge_rounds > 1 a round's answers are steps on the edge's own model, which a late "
+                   "one misses")
+        elif config.aggregation.edge != "mean" or config.aggregation.cloud != "mean":
+            why = ("robust aggregation counts each device (aggregation.edge) or each site (aggregation.cloud) once per "
+                   "round, which a late step counted with a later round's breaks: use 'mean'")
+        elif config.privacy.noise != "off" or config.privacy.dp_sgd_noise_multiplier is not None:
+            why = "differential privacy accounts each device's step in its own round, not in a later one"
+        elif config.secure_aggregation.edge or config.secure_aggregation.cloud:
+            why = ("secure aggregation's masks cancel only within the round whose devices made them: a late device's "
+                   "masked step cannot join another round's sum")
+        elif config.selection is not None:
+            why = "a run over registered devices declares each round's members, which a late answer is not"
+        elif config.evaluation != "cloud":
+            why = ("a late device's held-out evaluation is of an older version than its site's record: use "
+                   "evaluation 'cloud'")
+        if why is not None:
+            raise ConfigError("policy.late", f"policy.late = 'join' does not apply here: {why}")
 
     @classmethod
     def asynchronous(cls, config: RunConfig) -> bool:
