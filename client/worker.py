@@ -78,7 +78,6 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record,
     started = time.perf_counter()
     pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
                   backend_for(settings.dvfs_backend, settings.cpufreq_root))
-    job = local_job(config, header.client_id, header.round, data)
     # Before training: the device evaluates the global model it received, the task's version (federated evaluation).
     evaluation = evaluate_held_out(algorithm, job, task, settings.compute_device)
     with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
