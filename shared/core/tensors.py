@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import torch
 from pydantic import BaseModel, ValidationError
 from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 from safetensors.numpy import save as st_save_numpy
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 Tensors = dict[str, torch.Tensor]

@@ -34,7 +34,8 @@ async def send(edge: Edge, items: list[tuple[int, str, bytes]], token: str = CLI
 
 def outcomes(response) -> list[tuple[int, str, int]]:
     assert response.status_code == 200, response.text
-    return [(o.client_id, o.task_id, o.status) for o in ResultBatchReceipt.model_validate_json(response.content).results]
+    receipt = ResultBatchReceipt.model_validate_json(response.content)
+    return [(o.client_id, o.task_id, o.status) for o in receipt.results]
 
 
 def refused_total(edge: Edge, reason: str) -> float:
