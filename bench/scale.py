@@ -368,8 +368,7 @@ How to read it:
   a pair, not across pairs.
 - {equality}
 - {learning}
-- s/round leaves out round 1: for Flower it includes starting Ray (about {ray_start:.0f} s here), for ours starting
-  the processes and reading the data.
+- s/round leaves out round 1: {round_one}
 - Memory is the peak of the summed RSS of every process of each system while it ran, sampled the same way on
   both sides: ours counts the cloud, the edge, two client processes and Redis (each a Python process with torch
   loaded); Flower its driver (the ServerApp) and Ray's processes (GCS, raylet, the two workers and Ray's own
@@ -397,15 +396,19 @@ def reading(figures: dict) -> str:
                    f"epoch(s) of {figures['samples']} samples per client: too few steps to learn in "
                    f"{figures['rounds']} rounds (more rounds or samples per client would, at a cost this shared "
                    "host could not afford at 1,000 clients)." if stalled else "."))
-    ray_start = statistics.median(starts) if starts else float("nan")
-    return READING.format(equality=equality, learning=learning, ray_start=ray_start)
+    round_one = (f"for Flower it includes starting Ray (about {statistics.median(starts):.0f} s here), for ours "
+                 "starting\n  the processes and reading the data." if starts else
+                 "for ours it includes starting the processes and reading the data (Flower did not run here:\n"
+                 "  `--no-flower`).")
+    return READING.format(equality=equality, learning=learning, round_one=round_one)
 
 
 def document(figures: dict) -> str:
+    flower = f"Flower {figures['flower_version']}" if "flower_version" in figures else "Flower not run"
     return (f"# Many logical clients on one host: ours, Flower's simulation, the training alone\n\n"
             f"Made by `bench/scale.py` ({figures['rounds']} rounds per run, {figures['samples']} samples per client, "
-            f"E = {figures['epochs']}, B = {figures['batch_size']}; every figure in `scale.json`; Flower "
-            f"{figures.get('flower_version', '–')}).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n"
+            f"E = {figures['epochs']}, B = {figures['batch_size']}; every figure in `scale.json`; "
+            f"{flower}).\n\n{__doc__.split(chr(10) * 2)[1]}\n\n"
             f"{table(figures)}\n\n![seconds per round](scale.png)\n\n{reading(figures)}")
 
 

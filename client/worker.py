@@ -44,9 +44,17 @@ from fl_services.shared.core.reports import FailureKind
 from fl_services.shared.core.tensors import PayloadError, message_of
 from fl_services.shared.core.user_code import UserCodeError
 from fl_services.shared.runtime.log import bind
+from fl_services.shared.wire import bundle
 from fl_services.shared.wire.bundle import BundleItem
-from fl_services.shared.wire.client_edge import ClientFailureReport, ClientResultHeader, ClientTaskHeader
+from fl_services.shared.wire.client_edge import (
+    ClientFailureReport,
+    ClientResultHeader,
+    ClientTaskHeader,
+    ResultBatchReceipt,
+    ResultOutcome,
+)
 from fl_services.shared.wire.http import binary_body
+from fl_services.shared.wire.protocol import RESULT_BUNDLE
 from fl_services.shared.wire.retry import DEDUPLICATED
 
 log = logging.getLogger(__name__)
@@ -70,7 +78,6 @@ def compute(settings: ClientSettings, header: ClientTaskHeader, task: Record,
     started = time.perf_counter()
     pacer = Pacer(config, header.client_id, len(data.train), header.budget_s, record_bytes(task),
                   backend_for(settings.dvfs_backend, settings.cpufreq_root))
-    job = local_job(config, header.client_id, header.round, data)
     # Before training: the device evaluates the global model it received, the task's version (federated evaluation).
     evaluation = evaluate_held_out(algorithm, job, task, settings.compute_device)
     with pacer.installed():  # DVFS before each local epoch (client/dvfs.py)
@@ -125,6 +132,10 @@ class ResultRefused(Exception):
     """The edge refused a result for good (a 4xx other than a token's or a stale task's)."""
 
 
+class ResultDeferred(Exception):
+    """The edge did not take a result now (its client over the rate of results): the task comes again later."""
+
+
 def failure_kind(exc: BaseException) -> FailureKind:
     """The kind of a task's failure, for the history and the metrics (shared/core/reports.py, FailureKind)."""
     if isinstance(exc, PayloadError):
@@ -153,6 +164,10 @@ class RoundRobin:
         self.executor = executor
         self._queues: dict[str, deque[tuple[Callable[[], Any], asyncio.Future[Any]]]] = {}  # the next key first
         self._busy = False
+
+    def busy(self) -> bool:
+        """Whether a job runs or waits: more results are on their way."""
+        return self._busy or bool(self._queues)
 
     async def run(self, key: str, job: Callable[[], T]) -> T:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -212,6 +227,13 @@ class Worker:
         # client as dropped for that round.
         self.failed: set[str] = set()
         self._handling: set[asyncio.Task[None]] = set()
+        # Results waiting to go up together in a result bundle (`submit`), each with its outcome's future; the
+        # clients that speak with the edges' secret (not their own token) and several of them: a bundle is the
+        # secret's to send.
+        self._queued: list[tuple[int, str, bytes, asyncio.Future[ResultOutcome | None]]] = []
+        self._more = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self.bundles = len(client_ids) > 1 and any(k not in settings.client_tokens for k in client_ids)
 
     @property
     def stopped(self) -> dict[int, str]:
@@ -225,6 +247,8 @@ class Worker:
         finally:
             for task in self._handling:
                 task.cancel()
+            if self._sender is not None:
+                self._sender.cancel()
 
     def _deliver(self, item: BundleItem) -> None:
         task = asyncio.create_task(self._handle(item))
@@ -276,7 +300,7 @@ class Worker:
                     update, result_header)
                 self.completed += 1
             else:
-                release = await self.upload(client_id, header, result)
+                release = await self.submit(client_id, header, result)
             log.debug("client %d: task %s done", client_id, header.task_id)
         except ClientStopped as exc:
             self.feed.stop(client_id, str(exc))
@@ -306,29 +330,117 @@ class Worker:
             log.warning("client %d: edge did not take the failure report of task %s: %s %s", client_id,
                         task_id, response.status_code, response.text[:300])
 
+    async def submit(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> bool:
+        """Sends the result, with others of this process's clients where it can (a result bundle), else on its own
+        (`upload`); False if the edge refused it for good (the task is not to be fetched again)."""
+        if not self.bundles or client_id in self.settings.client_tokens:
+            return await self.upload(client_id, header, blob)
+        outcome: asyncio.Future[ResultOutcome | None] = asyncio.get_running_loop().create_future()
+        self._queued.append((client_id, header.task_id, blob, outcome))
+        self._more.set()
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_queued())
+        answer = await outcome
+        if answer is None:  # sent on its own: alone in its bundle, too large for one, or an edge without bundles
+            return await self.upload(client_id, header, blob)
+        if answer.status in (401, 403):
+            raise ClientStopped(f"the edge refuses this client's token (HTTP {answer.status}: {answer.detail})")
+        if answer.status == 404:
+            raise Unregistered()
+        if answer.status == 429:
+            raise ResultDeferred(answer.detail)
+        return await self._settle(client_id, header, answer.status, answer.detail)
+
+    async def _send_queued(self) -> None:
+        """Sends the queued results, in bundles of up to BUNDLE_ITEMS results and BUNDLE_BYTES bytes, until none is
+        left. While the training thread has more tasks of the process, a bundle waits up to BUNDLE_WAIT_S for
+        their results: one request then carries many, where sending each at once made bundles of one or two."""
+        while self._queued:
+            waited_since = time.monotonic()
+            while len(self._queued) < BUNDLE_ITEMS and self.trainer.busy():
+                left = BUNDLE_WAIT_S - (time.monotonic() - waited_since)
+                if left <= 0:
+                    break
+                self._more.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._more.wait(), left)
+            size, count = 0, 0
+            for _, _, blob, _ in self._queued[:BUNDLE_ITEMS]:
+                if count and size + len(blob) > BUNDLE_BYTES:
+                    break
+                size, count = size + len(blob), count + 1
+            batch, self._queued = self._queued[:count], self._queued[count:]
+            try:
+                outcomes = await self._send_bundle(batch) if len(batch) > 1 else [None]
+            except Exception as exc:  # never CancelledError: a stop ends the waiting tasks themselves
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (*_, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():
+                    future.set_result(outcome)
+
+    async def _send_bundle(self, batch: list[tuple[int, str, bytes, asyncio.Future[ResultOutcome | None]]]
+                           ) -> list[ResultOutcome | None]:
+        """Each result's outcome, or None for each where it is to be sent on its own (the edge predates result
+        bundles or refuses this process's token for them, or the bundle was too large for it)."""
+        body = bundle.pack([(client_id, task_id, blob, b"") for client_id, task_id, blob, _ in batch])
+        # Re-sent through a passing fault: each result is accepted once, and a repeat's outcome is a 409.
+        response = await self.edge.post("/api/v1/clients/results", content=body,
+                                        headers={"Content-Type": RESULT_BUNDLE, **self.feed.auth[batch[0][0]]},
+                                        extensions=DEDUPLICATED)
+        if response.status_code in (401, 403, 404, 405):
+            # An edge without the route, or a token that is not the edges' secret (a device token hosting several
+            # clients): every result on its own from now on, where each gets its own answer.
+            log.info("the edge takes no result bundles from this process (HTTP %d: %s): sending each result on "
+                     "its own", response.status_code, _detail(response))
+            self.bundles = False
+            return [None] * len(batch)
+        if response.status_code == 413:  # larger than the edge takes: these on their own
+            return [None] * len(batch)
+        response.raise_for_status()  # e.g. a 5xx past the retries: the tasks are fetched again after a wait
+        outcomes = ResultBatchReceipt.model_validate_json(response.content).results
+        if [(o.client_id, o.task_id) for o in outcomes] != [(k, t) for k, t, _, _ in batch]:
+            raise ValueError("the edge's answer to a result bundle does not name its results in order")
+        return list(outcomes)
+
     async def upload(self, client_id: int, header: ClientTaskHeader, blob: bytes) -> bool:
-        """Sends the result; False if the edge refused it for good (the task is not to be fetched again)."""
+        """Sends the result on its own; False if the edge refused it for good (the task is not to be fetched
+        again)."""
         # Re-sent through a passing fault: the edge accepts one result per task id and answers a repeat 409.
         response = await self.edge.post(f"/api/v1/clients/{client_id}/results",
                                         **binary_body(blob, self.feed.auth[client_id]), extensions=DEDUPLICATED)
-        if response.status_code == 409:
-            # Already accepted (a retried upload) or the round moved on: nothing left to do either way.
-            log.info("client %d: task %s: %s", client_id, header.task_id, _detail(response))
-        elif response.status_code in (401, 403, 404):
+        if response.status_code in (401, 403, 404):
             check(response)
-        elif response.status_code >= 400:
+        return await self._settle(client_id, header, response.status_code,
+                                  _detail(response) if response.status_code >= 400 else None)
+
+    async def _settle(self, client_id: int, header: ClientTaskHeader, status: int, detail: str | None) -> bool:
+        """What the edge's answer to a result means here; False if it refused the result for good."""
+        if status == 409:
+            # Already accepted (a retried upload) or the round moved on: nothing left to do either way.
+            log.info("client %d: task %s: %s", client_id, header.task_id, detail)
+        elif status >= 400:
             # E.g. a diverged update beyond the edge's bounds (422): the same result would be refused again,
             # so it is not re-sent. Reported as the task's failure: the round stops waiting for this client
             # instead of waiting until its deadline.
-            log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id,
-                      response.status_code, response.text[:300])
+            log.error("client %d: edge refused task %s: %s %s", client_id, header.task_id, status, detail)
             self.failed.add(header.task_id)
             await self.report_failure(client_id, header.task_id, ResultRefused(
-                f"the edge refused the result: {response.status_code} {_detail(response)}"))
+                f"the edge refused the result: {status} {detail}"))
             return False
         else:
             self.completed += 1
         return True
+
+
+# A result bundle's bounds: a CNN's results are ~180 KB each (128 of them 23 MB, under an edge's default 64 MiB
+# max_payload_bytes); a result larger than BUNDLE_BYTES goes alone. BUNDLE_WAIT_S is the most a result waits for
+# others while the training thread has more of the process's tasks.
+BUNDLE_ITEMS = 128
+BUNDLE_BYTES = 16 * 2**20
+BUNDLE_WAIT_S = 0.25
 
 
 def _train(settings: ClientSettings, header: ClientTaskHeader, item: BundleItem, models: ModelPool) -> bytes:

@@ -118,6 +118,10 @@ async def client_auth(request: Request) -> ClientAuth:
                       state.settings.site_name, state.metrics.device_tokens_refused)
     if "client_id" in request.path_params:
         auth.check(_client_id(request.path_params["client_id"]))
+    elif request.url.path.endswith("/results") and not same_token(auth.token, auth.secret):
+        # A result bundle answers many clients' tasks: the secret's to send, as a device token acts as its one client.
+        raise auth.refuse(Refusal("invalid", "a result bundle is sent with the edge's client secret; a device "
+                                             "token sends its client's result to /api/v1/clients/{client_id}/results"))
     elif not same_token(auth.token, auth.secret):
         # A device registering, or a process polling for its clients' tasks: the ids (and, polling, each one's
         # own token) are in the body. At most the route's own limit is read (413 beyond; the route then reads

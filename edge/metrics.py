@@ -15,6 +15,9 @@ from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
 from fl_services.shared.wire.client_edge import ClientResultHeader
 
 RESULTS_ROUTE = "/api/v1/clients/{client_id}/results"
+# A result bundle's results are counted one by one where they are taken (edge/services/clients.py); a bundle
+# refused whole (unreadable, too large, over the open uploads) counts as one refusal here.
+RESULT_BUNDLE_ROUTE = "/api/v1/clients/results"
 # Refusals of a result: the task board's (edge/tasks.py TaskConflict reasons) and those of the request.
 REFUSALS = ("stale", "duplicate", "unreadable", "unauthorized", "not_found", "too_large", "invalid")
 _TRAIN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -51,11 +54,16 @@ class EdgeMetrics(ServiceMetrics):
         self.client_failures = self.refusals("fl_edge_client_failures", "Tasks clients reported they could not "
                                              "train, by kind (shared/core/reports.py, FailureKind)", FAILURE_KINDS)
         self.observe_route("POST", RESULTS_ROUTE, self._result)
+        self.observe_route("POST", RESULT_BUNDLE_ROUTE, self._bundle)
 
     def _result(self, status: int, outcome: str | None, _: dict) -> None:
         if status == 202:
             self.results.inc()
         else:
+            self.refused.labels(refusal_reason(status, outcome)).inc()
+
+    def _bundle(self, status: int, outcome: str | None, _: dict) -> None:
+        if status >= 400:
             self.refused.labels(refusal_reason(status, outcome)).inc()
 
     def trained(self, header: ClientResultHeader) -> None:

@@ -359,11 +359,58 @@ class TaskBoard:
                 # duplicate), the round ended (409 stale), or it was posted again with the same task id.
                 current = self.task_for(client_id, header.task_id)
                 if current is task:
-                    task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss,
-                                               tensors, header.metrics, header.device, header.evaluation)
+                    self._record(task, client_id, header, tensors)
                     self._answered.notify_all()
                     return
             task = current  # posted again while the check ran: check against the task now open
+
+    async def accept_many(self, results: list[tuple[int, ClientResultHeader, Record]]) -> list[Exception | None]:
+        """`accept` for many results at once (a client process's result bundle), each on its own: what refused
+        each (InvalidContent, TaskConflict or UnknownClient), None for those accepted. Their checks run in one
+        worker-thread hop, and they are recorded under one acquisition of the board."""
+        outcomes: list[Exception | None] = [None] * len(results)
+        admitted: dict[int, Task] = {}
+        for i, (client_id, header, _) in enumerate(results):
+            try:
+                admitted[i] = self.admissible(client_id, header)
+            except (InvalidContent, TaskConflict, UnknownClient) as exc:
+                outcomes[i] = exc
+
+        def check_all() -> None:
+            for i, task in admitted.items():
+                try:
+                    task.check(results[i][2])
+                except InvalidContent as exc:
+                    outcomes[i] = exc
+
+        await asyncio.to_thread(check_all)
+        moved = []  # posted again while the checks ran: checked again, one by one, against the task now open
+        async with self._answered:
+            for i, task in admitted.items():
+                client_id, header, tensors = results[i]
+                if outcomes[i] is not None:
+                    continue
+                try:
+                    current = self.task_for(client_id, header.task_id)  # e.g. the same result twice in one bundle
+                except (TaskConflict, UnknownClient) as exc:
+                    outcomes[i] = exc
+                    continue
+                if current is task:
+                    self._record(task, client_id, header, tensors)
+                else:
+                    moved.append(i)
+            self._answered.notify_all()
+        for i in moved:
+            try:
+                await self.accept(*results[i])
+            except (InvalidContent, TaskConflict, UnknownClient) as exc:
+                outcomes[i] = exc
+        return outcomes
+
+    @staticmethod
+    def _record(task: Task, client_id: int, header: ClientResultHeader, tensors: Record) -> None:
+        task.result = ClientResult(client_id, task.counted_samples(header.num_samples), header.loss, tensors,
+                                   header.metrics, header.device, header.evaluation)
 
     def admissible(self, client_id: int, header: ClientResultHeader) -> Task:
         """The open task a result answers, its header's claims checked (sample count, evaluation); raises as

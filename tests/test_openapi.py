@@ -78,7 +78,11 @@ def test_the_served_document_is_valid_openapi_and_declares_auth_errors_and_binar
             if guarded:
                 unauthorized = op["responses"]["401"]["content"]["application/json"]["schema"]
                 assert unauthorized == error_ref, (method, path)
-            if method == "post" and path.endswith(("/contributions", "/results")):
+            if method == "post" and path == "/api/v1/clients/results":  # a result bundle: each result's outcome in 200
+                content = op["requestBody"]["content"]
+                assert content["application/vnd.fl.result-bundle"]["schema"]["format"] == "binary"
+                assert {"200", "400", "413"} <= set(op["responses"]), (method, path)
+            elif method == "post" and path.endswith(("/contributions", "/results")):
                 content = op["requestBody"]["content"]
                 assert content["application/vnd.safetensors"]["schema"]["format"] == "binary"
                 assert {"400", "404", "409", "413", "422"} <= set(op["responses"]), (method, path)

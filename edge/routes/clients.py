@@ -4,25 +4,27 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
-from fastapi import Depends, Request, Response, status
+from fastapi import Depends, HTTPException, Request, Response, status
 
 from fl_services.edge.deps import BoardDep, ClientAuthDep, MetricsDep, RoundLoopDep, client_auth
 from fl_services.edge.services import clients
-from fl_services.shared.core.tensors import InvalidContent
+from fl_services.shared.core.tensors import InvalidContent, PayloadError
 from fl_services.shared.server.auth import guarded_router
-from fl_services.shared.server.bodies import binary, read_json, read_message, reject, same_as_url
+from fl_services.shared.server.bodies import binary, read_body, read_json, read_message, reject, same_as_url
 from fl_services.shared.server.docs import binary_answer_doc, binary_body_doc, json_body_doc
 from fl_services.shared.server.errors import error_responses
 from fl_services.shared.server.longpoll import PollTimeout, capped_wait
 from fl_services.shared.server.quotas import open_request, rate_limited
+from fl_services.shared.wire import bundle
 from fl_services.shared.wire.client_edge import (
     ClientFailureReport,
     ClientRegistration,
     ClientResultHeader,
+    ResultBatchReceipt,
     ResultReceipt,
     TaskPoll,
 )
-from fl_services.shared.wire.protocol import TASK_BUNDLE
+from fl_services.shared.wire.protocol import RESULT_BUNDLE, TASK_BUNDLE
 
 # Every route checks the caller's token: the edge's client secret, or the own token of the client that
 # the route names (registration: the body's client_id); anything else is 401.
@@ -64,6 +66,34 @@ async def tasks(request: Request, board: BoardDep, loop: RoundLoopDep, auth: Cli
     if reply.bundle is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT, headers=reply.headers)
     return Response(reply.bundle, media_type=TASK_BUNDLE, headers=reply.headers)
+
+
+@router.post("/results", responses=error_responses(400, 408, 413, 429), openapi_extra=binary_body_doc(RESULT_BUNDLE))
+async def results(request: Request, board: BoardDep, metrics: MetricsDep) -> ResultBatchReceipt:
+    """A client process's results of many of its logical clients in one upload (a result bundle, shared/wire/bundle.py:
+    each item a result message as the per-client route takes it), sent with the edge's client secret. Each result is
+    taken or refused on its own: its outcome is the status the per-client route would have answered (202 accepted;
+    409, 404, 422, 400, 429 refused, with the reason), and a refused result refuses nothing else. 400 for a body that
+    is not a result bundle."""
+    body = await read_body(request, request.app.state.max_payload_bytes)
+    try:
+        items = await asyncio.to_thread(bundle.unpack, body)
+    except PayloadError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+    if not items:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "the result bundle holds no result")
+
+    async def over_rate(client_id: int) -> str | None:
+        try:
+            await rate_limited(request, "result", client_id)
+        except HTTPException as exc:
+            return str(exc.detail)
+        return None
+
+    # Counted with the per-client uploads of its first client: the body is held in memory while its results are taken.
+    async with open_request(request, "result", items[0].client_id):
+        outcomes = await clients.accept_results(board=board, metrics=metrics, items=items, over_rate=over_rate)
+    return ResultBatchReceipt(results=outcomes)
 
 
 @router.post("/{client_id}/results", status_code=status.HTTP_202_ACCEPTED,

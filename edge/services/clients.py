@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.round_loop import EdgeRoundLoop
-from fl_services.edge.tasks import TaskBoard
-from fl_services.shared.core.records import Record
+from fl_services.edge.tasks import TaskBoard, TaskConflict, UnknownClient
+from fl_services.shared.core.records import Record, decode
+from fl_services.shared.core.tensors import InvalidContent, PayloadError
+from fl_services.shared.server.metrics import refusal_reason
 from fl_services.shared.wire import bundle
-from fl_services.shared.wire.client_edge import ClientRegistration, ClientResultHeader, TaskPoll
+from fl_services.shared.wire.bundle import BundleItem
+from fl_services.shared.wire.client_edge import ClientRegistration, ClientResultHeader, ResultOutcome, TaskPoll
 from fl_services.shared.wire.protocol import LIVE_RUNS, REFUSED_CLIENTS, UNKNOWN_CLIENTS
 
 
@@ -61,3 +64,64 @@ async def accept_result(*, board: TaskBoard, metrics: EdgeMetrics, header: Clien
     counts the training it reports."""
     await board.accept(header.client_id, header, tensors)  # checks the tensors on a worker thread too
     metrics.trained(header)
+
+
+# A result bundle's refusals, each with the status the per-client route answers it with (edge/main.py's errors).
+_STATUS = ((InvalidContent, 422), (PayloadError, 400), (UnknownClient, 404), (TaskConflict, 409))
+
+
+def _refused(metrics: EdgeMetrics, item: BundleItem, exc: Exception) -> ResultOutcome:
+    """The outcome of a refused result, counted as the per-client route counts it (a conflict by its reason)."""
+    status = next(code for kind, code in _STATUS if isinstance(exc, kind))
+    metrics.refused.labels(refusal_reason(status, exc.reason if isinstance(exc, TaskConflict) else None)).inc()
+    return ResultOutcome(client_id=item.client_id, task_id=item.task_id, status=status, detail=str(exc)[:1000])
+
+
+def _read(item: BundleItem) -> tuple[Record, ClientResultHeader]:
+    """One result of a bundle, decoded and checked against the names the bundle gives it (PayloadError,
+    InvalidContent)."""
+    tensors, header = decode(item.message(), ClientResultHeader)
+    if (header.client_id, header.task_id) != (item.client_id, item.task_id):
+        raise InvalidContent(f"the bundle names task {item.task_id!r} of client {item.client_id}, its result "
+                             f"task {header.task_id!r} of client {header.client_id}")
+    return tensors, header
+
+
+async def accept_results(*, board: TaskBoard, metrics: EdgeMetrics, items: list[BundleItem],
+                         over_rate: Callable[[int], Awaitable[str | None]]) -> list[ResultOutcome]:
+    """Takes a result bundle's results, each on its own as the per-client route takes one: a refused result
+    refuses nothing else. One outcome per item, in order. `over_rate(client_id)` says why a client is over its
+    rate of results (None: it is not): its results are refused with 429."""
+    outcomes: list[ResultOutcome | None] = [None] * len(items)
+    over = {k: why for k in dict.fromkeys(item.client_id for item in items) if (why := await over_rate(k)) is not None}
+    for i, item in enumerate(items):
+        if item.client_id in over:
+            metrics.refused.labels(refusal_reason(429, None)).inc()
+            outcomes[i] = ResultOutcome(client_id=item.client_id, task_id=item.task_id, status=429,
+                                        detail=over[item.client_id])
+
+    def read_all() -> list[tuple[int, tuple[Record, ClientResultHeader] | PayloadError]]:
+        read: list[tuple[int, tuple[Record, ClientResultHeader] | PayloadError]] = []
+        for i, item in enumerate(items):
+            if outcomes[i] is None:
+                try:
+                    read.append((i, _read(item)))
+                except PayloadError as exc:  # InvalidContent too
+                    read.append((i, exc))
+        return read
+
+    readable = []
+    for i, got in await asyncio.to_thread(read_all):  # decoding copies every tensor: not on the loop
+        if isinstance(got, PayloadError):
+            outcomes[i] = _refused(metrics, items[i], got)
+        else:
+            readable.append((i, *got))
+    refusals = await board.accept_many([(items[i].client_id, header, tensors) for i, tensors, header in readable])
+    for (i, _, header), refusal in zip(readable, refusals, strict=True):
+        if refusal is None:
+            metrics.trained(header)
+            metrics.results.inc()
+            outcomes[i] = ResultOutcome(client_id=header.client_id, task_id=header.task_id, status=202)
+        else:
+            outcomes[i] = _refused(metrics, items[i], refusal)
+    return [outcome for outcome in outcomes if outcome is not None]

@@ -33,6 +33,7 @@ from fl_services.shared.core.algorithms.base import Algorithm, ClientUpdate, Loc
 from fl_services.shared.core.data import ArrayDataset
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.tensors import Tensors
+from fl_services.shared.core.training import device_of
 
 CPU = torch.device("cpu")
 COMPUTE_DEVICE: ContextVar[torch.device] = ContextVar("compute_device", default=CPU)
@@ -122,8 +123,11 @@ def dataset_to(data: ArrayDataset, device: torch.device) -> ArrayDataset:
 
 
 def _built_on(factory: Callable[..., nn.Module], device: torch.device, *args: Any, **kwargs: Any) -> nn.Module:
-    # Built (and seeded) on the CPU, as everywhere, then moved: the device starts from the same weights.
-    return factory(*args, **kwargs).to(device)
+    # Built (and seeded) on the CPU, as everywhere, then moved: the device starts from the same weights. A model
+    # already there (on the CPU, or kept by a client process, client/models.py) is not moved: `to` walks every
+    # module even then.
+    model = factory(*args, **kwargs)
+    return model if device_of(model) == device else model.to(device)
 
 
 def job_on(job: LocalJob, device: torch.device) -> LocalJob:

@@ -72,9 +72,10 @@ def spec_of(record: Record) -> RecordSpec:
     return {group: leaf.spec_of(members) for group, members in record.items()}
 
 
-def check(record: Record, expected: RecordSpec) -> None:
-    """Groups, names, shapes, dtypes as expected and every value finite, or InvalidContent says which."""
-    leaf.check_tensors(flatten(record), flatten(expected))
+def check(record: Record, expected: RecordSpec, max_abs: float | None = None) -> None:
+    """Groups, names, shapes, dtypes as expected and every value finite (and within ±`max_abs` where given), or
+    InvalidContent says which."""
+    leaf.check_tensors(flatten(record), flatten(expected), max_abs)
 
 
 def non_finite(record: Record) -> list[str]:

@@ -19,11 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fl_services.shared.wire.protocol import SAFETENSORS
 
 
-def binary_body_doc() -> dict[str, Any]:
-    """OpenAPI for a route that reads a safetensors message with `read_message` (any content type is read
-    as safetensors; clients send application/vnd.safetensors)."""
+def binary_body_doc(media_type: str = SAFETENSORS) -> dict[str, Any]:
+    """OpenAPI for a route that reads a binary body: a safetensors message with `read_message` by default (any
+    content type is read as safetensors; clients send application/vnd.safetensors), or `media_type` (a bundle)."""
     octets = {"schema": {"type": "string", "format": "binary"}}
-    return {"requestBody": {"required": True, "content": {SAFETENSORS: octets, "application/octet-stream": octets}}}
+    return {"requestBody": {"required": True, "content": {media_type: octets, "application/octet-stream": octets}}}
 
 
 def binary_answer_doc(description: str, media_type: str = SAFETENSORS, **extra: Any) -> dict[int | str, Any]:

@@ -1,10 +1,12 @@
-"""Several task messages in one body: the edge's answer to a client process's batch long-poll.
+"""Several messages in one body: the edge's answer to a client process's batch long-poll (tasks), and a client
+process's upload of many of its logical clients' results at once.
 
 The tasks of a round mostly send the same tensors (FedAvg's global state) under different headers, so a
 bundle carries each distinct tensor data once: an item is its message's head (the safetensors length and
 JSON header, which hold the task header) and a reference to a shared data segment; head + segment is the
 whole message, byte for byte what the per-client route sends. 500 tasks of a 44k-parameter CNN are 88 MB
-as whole messages; as heads and one segment, about 1.5 MB.
+as whole messages; as heads and one segment, about 1.5 MB. Results share no tensors: each is its whole message as
+its head, with one empty segment.
 
 Layout: an 8-byte little-endian length, a JSON index of that length ({"items": [{"client_id", "task_id",
 "head", "data"}], "segments": [sizes]}: "head" the head's size, "data" its segment's position), the heads
@@ -67,20 +69,20 @@ def pack(items: Sequence[tuple[int, str, bytes, bytes]]) -> bytes:
 def unpack(body: bytes) -> list[BundleItem]:
     """The items `pack` wrote; PayloadError if the body is not such a bundle."""
     if len(body) < _LENGTH.size:
-        raise PayloadError("task bundle is too short")
+        raise PayloadError("bundle is too short")
     (length,) = _LENGTH.unpack_from(body)
     start = _LENGTH.size + length
     if start > len(body):
-        raise PayloadError("task bundle index length exceeds the body")
+        raise PayloadError("bundle index length exceeds the body")
     try:
         index = _Index.model_validate_json(body[_LENGTH.size : start])
     except ValidationError as exc:
-        raise PayloadError(f"task bundle index is invalid: {exc.errors(include_url=False, include_input=False)}"
+        raise PayloadError(f"bundle index is invalid: {exc.errors(include_url=False, include_input=False)}"
                            ) from exc
     if any(item.data >= len(index.segments) for item in index.items) or any(s < 0 for s in index.segments):
-        raise PayloadError("task bundle refers to a data segment it does not hold")
+        raise PayloadError("bundle refers to a data segment it does not hold")
     if start + sum(item.head for item in index.items) + sum(index.segments) != len(body):
-        raise PayloadError("task bundle sizes do not add up to its body")
+        raise PayloadError("bundle sizes do not add up to its body")
     view = memoryview(body)
     heads = []
     for item in index.items:

@@ -85,3 +85,24 @@ class ClientTaskHeader(Message):
 
 class ResultReceipt(Message):
     accepted: bool
+
+
+class ResultOutcome(Message):
+    """What became of one result of a result bundle: `status` the one the per-client route would have answered
+    (202 accepted; 409 stale or duplicate, 404 unknown client, 422 invalid, 400 unreadable, 429 over the rate),
+    `detail` why it was refused."""
+
+    client_id: Int
+    task_id: str
+    status: Int
+    detail: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == 202
+
+
+class ResultBatchReceipt(Message):
+    """The answer to a result bundle: one outcome per result, in the bundle's order."""
+
+    results: list[ResultOutcome]

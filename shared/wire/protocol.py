@@ -13,6 +13,8 @@ from collections.abc import Mapping
 SAFETENSORS = "application/vnd.safetensors"
 # The media type of a task bundle: several task messages in one body (shared/wire/bundle.py).
 TASK_BUNDLE = "application/vnd.fl.task-bundle"
+# ... and of a result bundle: several logical clients' result messages in one upload (the same layout).
+RESULT_BUNDLE = "application/vnd.fl.result-bundle"
 # The header of a batch long-poll's answer (200 and 204) that lists the asked-for client ids the edge does not
 # know (it restarted, or they are not its clients), comma-separated: the client process registers them again.
 UNKNOWN_CLIENTS = "X-FL-Unknown-Clients"

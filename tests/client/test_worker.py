@@ -25,6 +25,7 @@ from fl_services.client.worker import Worker
 from fl_services.edge.tasks import Task
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import check, spec_of
+from fl_services.shared.core.tensors import InvalidContent
 from fl_services.shared.wire.client_edge import ClientTaskHeader
 from fl_services.shared.wire.http import make_client
 from fl_services.shared.wire.protocol import LIVE_RUNS, client_token, issue_device_tokens
@@ -80,12 +81,15 @@ def answered(edge: Edge) -> set[int]:
 
 @asynccontextmanager
 async def running_worker(edge: Edge, ids: list[int], state_dir: Path, token: str = CLIENT_TOKEN,
-                         fault: Fault | None = None, **settings: Any
+                         fault: Fault | None = None, bundles: bool | None = None, **settings: Any
                          ) -> AsyncIterator[tuple[Worker, asyncio.Task, EdgeDouble]]:
+    """`bundles`: whether its clients' results go up in result bundles (None: as the worker decides)."""
     config = ClientSettings(**{"client_token": token, "state_dir": state_dir, **FAST, **settings})
     double = EdgeDouble(edge.app, fault)
     async with make_client("http://edge", token, config.long_poll_s, transport=double) as http:
         worker = Worker(config, ids, http)
+        if bundles is not None:
+            worker.bundles = bundles
         run = asyncio.create_task(worker.run())
         try:
             yield worker, run, double
@@ -131,7 +135,7 @@ async def test_a_result_the_edge_refuses_is_reported_as_the_tasks_failure(tmp_pa
 
     async with running_edge() as edge:
         await edge.board.post([make_task(0), make_task(1)])
-        async with running_worker(edge, [0, 1], tmp_path, fault=refuse) as (worker, run, double):
+        async with running_worker(edge, [0, 1], tmp_path, fault=refuse, bundles=False) as (worker, run, double):
             await until(lambda: answered(edge) == {1} and edge.board.failures(), run)
             [failure] = edge.board.failures()
             assert failure.client_id == 0 and "422 update beyond the bounds" in failure.error
@@ -289,6 +293,61 @@ async def test_a_process_with_a_token_per_client_serves_them_all_and_a_revoked_o
             assert not run.done()
 
 
+async def test_the_results_of_many_clients_go_up_together_in_result_bundles(tmp_path):
+    """While the training thread has more of the process's tasks, their results wait for each other: a few
+    requests carry them all (one per result before), and each counts once."""
+    ids = list(range(4))
+    async with running_edge() as edge:
+        await edge.board.post([make_task(k) for k in ids])
+        async with running_worker(edge, ids, tmp_path) as (worker, run, double):
+            assert worker.bundles
+            await until(lambda: answered(edge) == set(ids) and worker.completed == len(ids), run)
+            singles = sum(double.count("POST", f"/api/v1/clients/{k}/results") for k in ids)
+            bundles = double.count("POST", "/api/v1/clients/results", 200)
+            assert bundles >= 1 and singles + bundles < len(ids), (singles, bundles)
+            assert not worker.failed
+
+
+async def test_a_result_refused_within_a_bundle_is_that_tasks_failure_alone(tmp_path):
+    """The edge takes a bundle's results one by one: client 0's result, refused (422), is reported as its task's
+    failure and not sent again; the other clients' results of the same bundle are accepted."""
+    def refuse(tensors: Any) -> None:
+        raise InvalidContent("tensor 'w' has values beyond ±1e+06")
+
+    ids = list(range(4))
+    async with running_edge() as edge:
+        tasks = [make_task(k) for k in ids]
+        tasks[0].check = refuse
+        await edge.board.post(tasks)
+        async with running_worker(edge, ids, tmp_path) as (worker, run, double):
+            await until(lambda: answered(edge) == {1, 2, 3} and edge.board.failures(), run)
+            [failure] = edge.board.failures()
+            assert failure.client_id == 0 and "422 tensor 'w' has values beyond" in failure.error
+            assert make_task(0).header.task_id in worker.failed and worker.completed == 3
+            sent = double.count("POST", "/api/v1/clients/results") + double.count("POST", "/api/v1/clients/0/results")
+            await asyncio.sleep(0.5)
+            assert double.count("POST", "/api/v1/clients/results") + double.count(
+                "POST", "/api/v1/clients/0/results") == sent  # not re-sent
+            assert double.count("POST", "/api/v1/clients/results", 200) >= 1
+
+
+async def test_an_edge_without_result_bundles_gets_each_result_on_its_own(tmp_path):
+    """An edge that predates result bundles answers their route 404: the process sends every result on its own
+    from then on, and every one counts."""
+    def old_edge(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path == "/api/v1/clients/results":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return None
+
+    ids = list(range(4))
+    async with running_edge() as edge:
+        await edge.board.post([make_task(k) for k in ids])
+        async with running_worker(edge, ids, tmp_path, fault=old_edge) as (worker, run, double):
+            await until(lambda: answered(edge) == set(ids) and worker.completed == len(ids), run)
+            assert not worker.bundles and double.count("POST", "/api/v1/clients/results") == 1
+            assert sum(double.count("POST", f"/api/v1/clients/{k}/results", 202) for k in ids) == len(ids)
+
+
 async def test_a_refused_result_is_not_sent_again_and_again(tmp_path):
     """A 422 for a result (say, values beyond the edge's bounds) would be the same for the same result:
     the client drops that task instead of re-sending it in a tight loop (208 uploads in 2 s, once)."""
@@ -299,7 +358,7 @@ async def test_a_refused_result_is_not_sent_again_and_again(tmp_path):
 
     async with running_edge() as edge:
         await edge.board.post([make_task(0), make_task(1)])
-        async with running_worker(edge, [0, 1], tmp_path, fault=fault) as (_, run, double):
+        async with running_worker(edge, [0, 1], tmp_path, fault=fault, bundles=False) as (_, run, double):
             await until(lambda: answered(edge) == {1} and double.count("POST", "/api/v1/clients/0/results") >= 1, run)
             await asyncio.sleep(1.0)
             assert double.count("POST", "/api/v1/clients/0/results") == 1

@@ -24,6 +24,20 @@ def test_roundtrip_is_bit_exact_and_typed():
         assert torch.equal(got[name], tensors[name]) and got[name].dtype == tensors[name].dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool])
+def test_every_dtype_is_written_as_safetensors_torch_writer_writes_it(dtype):
+    """The numpy writer (used where it can, for speed) and the torch writer (bfloat16) make the same bytes."""
+    from safetensors.torch import save
+
+    tensors = {"w": (torch.randn(3, 4) * 9).to(dtype), "scalar": torch.tensor(2).to(dtype),
+               "empty": torch.zeros(0, 2, dtype=dtype), "strided": (torch.randn(4, 3) * 9).to(dtype).t()}
+    metadata = {"message": header().model_dump_json()}
+    assert encode(tensors, header()) == save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+    got, _ = decode(encode(tensors, header()), ClientResultHeader)
+    assert all(torch.equal(got[k], v) and got[k].dtype == dtype for k, v in tensors.items())
+
+
 @pytest.mark.parametrize("blob", [b"", b"abc", b"\xff" * 8 + b"{}", (10).to_bytes(8, "little") + b"not json!!"])
 def test_garbage_is_a_payload_error(blob):
     with pytest.raises(PayloadError):
