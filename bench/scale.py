@@ -206,6 +206,13 @@ def flower_python(venv: Path) -> Path:
     if not stamp_file.exists():
         print(f"building Flower's venv in {venv} from {REQUIREMENTS.name} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        # torch's CPU build from PyTorch's index where it answers (a plain requirement pulls a CUDA build),
+        # else from the default index, as ./fl installs ours.
+        cpu = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--timeout", "10",
+                              "--retries", "0", "torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu"],
+                             capture_output=True)
+        if cpu.returncode != 0:
+            print("PyTorch's CPU index is unreachable; torch from the default index", flush=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True)
         stamp_file.touch()
     return python
