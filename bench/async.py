@@ -391,20 +391,20 @@ def plot(runs: list[dict], target: float, devices: int, names: list[str]) -> Non
 
 DVFS_WHY = {
     "deadline": (
-        "An edge gives its round's tasks a budget, W = the slowest selected device's full-speed time, only once it "
+        "An edge gives its round's tasks a budget, D = the slowest selected device's full-speed time, only once it "
         "has heard every one of them (shared/core/pacing.py, the edge's own rule), and the faster ones slow down to "
         "meet it. Closing at K = N − 1, the late device's answer never closes a round, so the edge never hears it "
         "and every round that sets it a task runs at full speed; the rounds in which it is busy (its late answer "
-        "not sent yet) close with all their answers, at W, the slower device's own full-speed time. So in virtual "
+        "not sent yet) close with all their answers, at D, the slower device's own full-speed time. So in virtual "
         "time, where every device meets its budget and nothing else takes time, `deadline` changes no round's "
         "length: it lands on async-both-join's figures exactly, saving energy at no modelled time. The services "
         "measured +7.6% wall time for `deadline` at B = 2 in their own setup (docs/benchmarks/energy.md: no "
         "K-of-N, its own devices); in this model a budget costs no time, so such a cost comes from what the model "
         "leaves out (transfers, the services' overheads, budgets met in wall time)."),
     "slack": (
-        "`slack` adds to W the time the edge's last contribution waited in the cloud's buffer for the other one "
+        "`slack` adds to D the time the edge's last contribution waited in the cloud's buffer for the other one "
         "(B = 2; cloud.orchestrator's buffer waits, here in modelled time), less what its devices already ran "
-        "beyond W: the fast site that came first slows down to come with the other. That moves when each "
+        "beyond D: the fast site that came first slows down to come with the other. That moves when each "
         "contribution arrives, so the buffers, and with them the accuracies, differ from async-both-join's."),
 }
 
