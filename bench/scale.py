@@ -22,7 +22,7 @@ Flower its driver and all of Ray's processes), measured the same way on both sid
 Also, for ours: wake-up p99 (from the edge posting a round's tasks to each task being held by its client
 process, from the services' log times) and /health of an edge holding `--polls` per-client long-polls.
 
-    ./fl bench/scale.py [--sizes 10 100 1000] [--rounds 3] [--pairs 2] [--polls 1000] [--out docs/benchmarks]
+    ./fl bench/scale.py [--sizes 10 100 500 1000] [--rounds 6] [--pairs 2] [--polls 1000] [--out docs/benchmarks]
 """
 from __future__ import annotations
 
@@ -445,8 +445,8 @@ def plot(figures: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500, 1000])
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=8, help="training rows per client")
     parser.add_argument("--epochs", type=int, default=1)
