@@ -1,5 +1,7 @@
 """fedctl as an operator meets it: a mistake is one error line, naming the file (and line) or the variable to
-set, and exit status 1, not a traceback."""
+set, and exit status 1, not a traceback. The config mistakes run fedctl's entry point in this process (what
+the console script runs, without a fresh interpreter importing torch each time); the unreachable cloud runs it
+as a process, as an operator does."""
 from __future__ import annotations
 
 import os
@@ -17,6 +19,22 @@ def _fedctl(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "fl_services.fedctl", *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=ROOT)
+
+
+def _fedctl_here(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """`fedctl ARGS` through the console script's entry point in this process: its exit status and output."""
+    from fl_services.fedctl.__main__ import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["fedctl", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["fedctl", *args], code, out.out, out.err)
 
 
 def _closed_port() -> int:
@@ -49,21 +67,21 @@ def one_error_line(done: subprocess.CompletedProcess) -> str:
     ("missing.json", None, ["missing.json: cannot read it: No such file or directory"]),
 ], ids=["invalid-field", "a-list", "a-string", "json-syntax", "toml-syntax", "yaml-syntax", "yaml-field",
         "algorithm-refuses", "missing-file"])
-def test_an_invalid_config_is_one_error_line_naming_the_file(tmp_path, name, text, expected):
+def test_an_invalid_config_is_one_error_line_naming_the_file(tmp_path, capsys, monkeypatch, name, text, expected):
     bad = tmp_path / name
     if text is not None:
         bad.write_text(text)
-    line = one_error_line(_fedctl("create", str(bad), "--cloud", f"http://127.0.0.1:{_closed_port()}"))
+    line = one_error_line(_fedctl_here(capsys, monkeypatch, "create", str(bad), "--cloud",
+                                       f"http://127.0.0.1:{_closed_port()}"))
     assert all(fragment in line for fragment in expected), line
 
 
-def test_yaml_without_pyyaml_is_refused_clearly(tmp_path):
+def test_yaml_without_pyyaml_is_refused_clearly(tmp_path, capsys, monkeypatch):
     config = tmp_path / "run.yaml"
     config.write_text("rounds: 2\n")
-    blocker = tmp_path / "sitecustomize.py"  # what a venv without pyyaml meets: `import yaml` fails
-    blocker.write_text("import sys\nsys.modules['yaml'] = None\n")
-    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
-    line = one_error_line(_fedctl("create", str(config), "--cloud", f"http://127.0.0.1:{_closed_port()}", env=env))
+    monkeypatch.setitem(sys.modules, "yaml", None)  # what a venv without pyyaml meets: `import yaml` fails
+    line = one_error_line(_fedctl_here(capsys, monkeypatch, "create", str(config), "--cloud",
+                                       f"http://127.0.0.1:{_closed_port()}"))
     assert "run.yaml: reading YAML needs the pyyaml package (pip install pyyaml)" in line, line
 
 
