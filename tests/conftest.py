@@ -1,8 +1,9 @@
-"""Shared test fixtures: one real, private redis-server per test session."""
+"""Shared test fixtures: one real, private redis-server per test session; the wheel, built once."""
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,12 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def anyio_backend() -> str:
     """The services run on asyncio; anyio tests need not try trio."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once for the tests that install it into fresh venvs (the services' install
+    and a device's)."""
+    from tests.integration.test_wheel import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel-build"))

@@ -14,7 +14,7 @@ from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
-from tests.integration.test_wheel import build_wheel, install, run
+from tests.integration.test_wheel import install, run
 from tests.test_packaging import SERVER_SIDE
 
 pytestmark = pytest.mark.slow
@@ -36,9 +36,8 @@ def site_packages_bytes(venv: Path, without: tuple[str, ...] = ()) -> int:
 
 
 @pytest.fixture(scope="module")
-def device(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("device")
-    venv = install(build_wheel(tmp), tmp / "venv")
+def device(tmp_path_factory, wheel: Path) -> Path:
+    venv = install(wheel, tmp_path_factory.mktemp("device") / "venv")
     print(f"device venv: {site_packages_bytes(venv) / 2**20:.0f} MiB, "
           f"{site_packages_bytes(venv, ('torch',)) / 2**20:.0f} MiB without torch")
     return venv

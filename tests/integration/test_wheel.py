@@ -98,10 +98,9 @@ def install(wheel: Path, venv: Path, extras: str = "") -> Path:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Path:
+def venv(tmp_path_factory, wheel: Path) -> Path:
     """A fresh venv (outside the repository) holding the wheel with every extra (the services' install)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    return install(build_wheel(tmp), tmp / "venv", "[all]")
+    return install(wheel, tmp_path_factory.mktemp("wheel") / "venv", "[all]")
 
 
 def test_the_wheel_imports_from_its_own_venv_and_has_the_console_scripts(venv):
