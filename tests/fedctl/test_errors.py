@@ -4,10 +4,12 @@ the console script runs, without a fresh interpreter importing torch each time);
 as a process, as an operator does."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -27,12 +29,22 @@ def _fedctl_here(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess
 
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.setattr(sys, "argv", ["fedctl", *args])
+    # What main() sets for its process (the retry logger's level, any root handler writing to this test's captured
+    # stderr) is put back: the next tests share this process.
+    retry, root = logging.getLogger("fl_services.shared.wire.retry"), logging.getLogger()
+    levels, handlers = (retry.level, root.level), root.handlers[:]
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
     capsys.readouterr()
     try:
         main()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        retry.setLevel(levels[0])
+        root.setLevel(levels[1])
+        root.handlers[:] = handlers
     out = capsys.readouterr()
     return subprocess.CompletedProcess(["fedctl", *args], code, out.out, out.err)
 
