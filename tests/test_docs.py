@@ -3,6 +3,7 @@ relative link of README.md and docs/ leads to a file that exists, and docs/ buil
 (mkdocs, strict: every anchor resolves) with every page in its navigation."""
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import re
 import subprocess
@@ -82,3 +83,49 @@ def test_the_site_builds_offline_in_strict_mode(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     assert (tmp_path / "site" / "tutorial-first-run" / "index.html").exists()
+
+
+# `./fl WORD` as the docs give it in code (a fence, an inline span), and the benchmarks', the examples' and the
+# compose files' usage lines (a line that starts with it, in a docstring or a comment): WORD must be one of ./fl's
+# own commands, a script that exists, or a module the venv can run.
+FL_COMMAND = re.compile(r"\./fl ([A-Za-z][\w./-]*)")
+USAGE_LINE = re.compile(r"^[\s#$]*\./fl ([A-Za-z][\w./-]*)", re.MULTILINE)
+INLINE = re.compile(r"`[^`\n]+`")
+
+
+def fl_cases() -> list[list[str]]:
+    """The patterns of ./fl's dispatch (`case "$cmd" in … esac`), in order, each case's alternatives."""
+    script = (ROOT / "fl").read_text()
+    body = script[script.index('case "$cmd" in'):]
+    body = body[:body.index("\nesac")]
+    return [label.split("|") for label in re.findall(r"^\s+([^\s#()][^\s()]*)\)", body, re.MULTILINE)]
+
+
+def fl_words() -> dict[str, set[str]]:
+    words: dict[str, set[str]] = {}
+    sources = [*pages(), *(ROOT / "bench").glob("*.py"), *(ROOT / "examples").rglob("*.py"),
+               *(ROOT / "docker").rglob("*.yml")]
+    for path in sources:
+        text = path.read_text()
+        found = (FL_COMMAND.findall("\n".join([*FENCE.findall(text), *INLINE.findall(text)]))
+                 if path.suffix == ".md" else USAGE_LINE.findall(text))
+        for word in found:
+            words.setdefault(word.rstrip("."), set()).add(str(path.relative_to(ROOT)))
+    return words
+
+
+def test_every_fl_command_the_docs_give_is_one_fl_runs():
+    cases, words = fl_cases(), fl_words()
+    assert ["demo"] in cases and ["*"] in cases and {"python", "demo", "fedctl"} <= set(words), (cases, sorted(words))
+    wrong = []
+    for word, where in sorted(words.items()):
+        case = next(c for c in cases if any(fnmatch.fnmatchcase(word, pattern) for pattern in c))
+        if case == ["*.py"]:
+            ok = (ROOT / word).is_file()
+        elif case == ["*"]:  # ./fl runs `python -m WORD`
+            ok = importlib.util.find_spec(word.split(".")[0]) is not None
+        else:
+            ok = True
+        if not ok:
+            wrong.append(f"./fl {word} (in {', '.join(sorted(where))})")
+    assert not wrong, "commands ./fl cannot run: " + "; ".join(wrong)
