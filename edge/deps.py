@@ -78,6 +78,9 @@ class ClientAuth:
             return None
         grant = None if client_id is None else device_token_grant(self.secret, token, client_id)
         if grant is None:
+            own = self.issued_own(token)
+            if own is not None and client_id is not None:  # genuine, and its id is in it: no secret is told
+                return Refusal("invalid", f"this device token acts for client {own} only, not client {client_id}")
             return INVALID
         token_id, site = grant
         if token_id in self.revoked:
@@ -86,6 +89,13 @@ class ClientAuth:
             return Refusal("other_site", f"this device token ({token_id}) may join site {site!r} only; this edge is "
                                          f"site {self.site!r}")
         return None
+
+    def issued_own(self, token: str | None = None) -> int | None:
+        """The client an issued device token (default: the bearer token) names, if it is genuinely that client's
+        (revoked or not, bound to any site); None for any other token."""
+        token = self.token if token is None else token
+        issued = issued_token_parts(token)
+        return issued[0] if issued is not None and device_token_grant(self.secret, token, issued[0]) else None
 
     def genuine(self, client_ids: list[int | None]) -> bool:
         """Whether the bearer token itself is a credential: the secret, or a token of one of `client_ids` (issued
@@ -143,8 +153,15 @@ async def client_auth(request: Request) -> ClientAuth:
         except (ValueError, TypeError, AttributeError, RecursionError):  # malformed: only the secret gets its 4xx
             pass
         ids = [k if isinstance(k, int) and not isinstance(k, bool) else None for k in claimed]
+        own = auth.issued_own()
+        if own is not None and all(k is None for k in ids):
+            # The body names no client, but the token names its own and is genuine: the route's 422 says what is
+            # wrong with the body, where "invalid bearer token" would send its holder after the wrong thing.
+            if (refusal := auth.refusal(own)) is not None:
+                raise auth.refuse(refusal)
+            return auth
         if not auth.genuine(ids):
-            raise auth.refuse(INVALID)
+            raise auth.refuse(auth.refusal(next((k for k in ids if k is not None), None)) or INVALID)
         reasons = [auth.refusal(k, t if isinstance(t := tokens.get(str(k)), str) else None) for k in ids]
         if None not in reasons:
             raise auth.refuse(reasons[0] or INVALID)

@@ -125,3 +125,35 @@ async def test_a_device_token_on_the_device_registry_is_forbidden_saying_why(edg
     detail_of(await edge.http.get("/api/v1/devices", headers=auth(issued)), 401)  # revoked: no credential now
     r = await edge.http.get("/api/v1/devices", headers=auth(CLIENT_TOKEN))
     assert r.status_code == 200 and [d["client_id"] for d in r.json()] == [1, 2]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[1]", b"{}", b'{"client_id": "1"}', b'{"client_id": 1, "x": 1}'],
+                         ids=["not-json", "array", "empty", "string-id", "extra"])
+async def test_an_issued_token_with_a_bad_registration_is_told_what_is_wrong_with_the_body(edge: Edge,
+                                                                                           body: bytes) -> None:
+    """The token names its client and is genuine: its holder's mistake is the body (422), not the token."""
+    before = await edge.snapshot()
+    r = await edge.http.post("/api/v1/clients", content=body, headers={
+        **auth(device_token(CLIENT_TOKEN, 1, "aaaabbbbcccc")), "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert await edge.snapshot() == before
+    # A token of another secret, even one naming a client, is still refused as a token.
+    r = await edge.http.post("/api/v1/clients", content=body, headers={
+        **auth(device_token("another secret", 1, "aaaabbbbcccc")), "Content-Type": "application/json"})
+    assert detail_of(r, 401) == "invalid bearer token"
+
+
+async def test_an_issued_token_acting_for_another_client_is_told_which_it_acts_for(edge: Edge) -> None:
+    mine = device_token(CLIENT_TOKEN, 1, "aaaabbbbcccc")
+    assert (await register(edge, 1, mine)).status_code == 200
+    await edge.open_tasks(2)
+    before = await edge.snapshot(1, 2)
+    detail_of(await register(edge, 2, mine), 401, "acts for client 1 only, not client 2")
+    r = await edge.http.get("/api/v1/clients/2/task", params={"timeout": 0}, headers=auth(mine))
+    detail_of(r, 401, "acts for client 1 only, not client 2")
+    r = await edge.http.post("/api/v1/clients/tasks", json={"client_ids": [2], "timeout": 0}, headers=auth(mine))
+    detail_of(r, 401, "acts for client 1 only, not client 2")
+    assert await edge.snapshot(1, 2) == before
+    # A forged one (another secret's) says nothing of whom it would act for.
+    forged = device_token("another secret", 1, "aaaabbbbcccc")
+    assert detail_of(await register(edge, 2, forged), 401) == "invalid bearer token"
