@@ -189,6 +189,12 @@ def create(config: Optional[Path] = typer.Argument(None, help="RunConfig as .jso
 def control(run_id: str, action: str = typer.Argument(..., help="start | pause | resume | stop"),
             cloud: str = CLOUD, token: str = TOKEN) -> None:
     """Start, pause, resume or stop a run."""
+    from typing import get_args
+
+    from fl_services.shared.wire.admin import RunAction
+
+    if action not in get_args(RunAction):
+        raise typer.BadParameter(f"{action!r}: start, pause, resume or stop", param_hint="action")
     with cloud_api(cloud, token) as api:
         typer.echo(api.action(run_id, action).status.value)
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
 
 from fl_services.cloud.audit import Auditor
 from fl_services.cloud.config import CloudSettings
@@ -13,10 +12,10 @@ from fl_services.cloud.storage import Conflict, Store
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import decode
 from fl_services.shared.core.tensors import encode
-from fl_services.shared.wire.admin import RunInfo
+from fl_services.shared.wire.admin import RunAction, RunInfo
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
-Action = Literal["start", "pause", "resume", "stop"]
+Action = RunAction
 
 
 async def create(*, store: Store, settings: CloudSettings, audit: Auditor, config: RunConfig) -> RunInfo:

@@ -13,6 +13,9 @@ from fl_services.shared.core.reports import FailureKind, Labels, Message, RoundR
 from fl_services.shared.wire.edge_cloud import DeviceBrief, DeviceState, LabelSetCount, SiteRefusal, SiteRun
 from fl_services.shared.wire.protocol import TOKEN_ID
 
+# What an administrator may do to a run (POST /api/v1/runs/{run_id}/<action>).
+RunAction = Literal["start", "pause", "resume", "stop"]
+
 
 class RunInfo(Message):
     run_id: str

@@ -50,3 +50,11 @@ def test_issue_token_with_a_site_binds_the_token_to_it():
     assert device_token_grant("s3cret", result.stdout.strip(), 7) == (token_id, "clinic-a")
     refused = CliRunner().invoke(app, ["issue-token", "7", "--site", "clinic~a", "--secret", "s3cret"])
     assert refused.exit_code == 2 and "--site" in refused.output
+
+
+def test_control_refuses_an_action_it_does_not_have_before_calling_the_cloud():
+    """A misspelt action is a usage error naming the four, not the cloud's '404 Not Found' for a run that exists
+    (the cloud here is unreachable: a call would fail otherwise)."""
+    result = CliRunner().invoke(app, ["control", "abc123", "strat", "--cloud", "http://127.0.0.1:9"])
+    assert result.exit_code == 2, result.output
+    assert "'strat': start, pause, resume or stop" in " ".join(result.output.split()), result.output
