@@ -153,8 +153,7 @@ async def client_auth(request: Request) -> ClientAuth:
         except (ValueError, TypeError, AttributeError, RecursionError):  # malformed: only the secret gets its 4xx
             pass
         ids = [k if isinstance(k, int) and not isinstance(k, bool) else None for k in claimed]
-        own = auth.issued_own()
-        if own is not None and all(k is None for k in ids):
+        if all(k is None for k in ids) and (own := auth.issued_own()) is not None:
             # The body names no client, but the token names its own and is genuine: the route's 422 says what is
             # wrong with the body, where "invalid bearer token" would send its holder after the wrong thing.
             if (refusal := auth.refusal(own)) is not None:

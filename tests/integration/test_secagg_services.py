@@ -2,8 +2,6 @@
 edge unmasks only its devices' sum, the cloud only the sites' total, and the model equals plain FedAvg within the
 fixed-point bound. What needs no process (dropouts, malformed shares, what the edge and the cloud receive):
 tests/federation/test_secagg.py."""
-import time
-
 import pytest
 
 from fl_services.shared.core.config import RunConfig
@@ -20,11 +18,6 @@ def test_both_tiers_over_processes_equal_fedavg_within_the_fixed_point_bound(tmp
     info_level = {"FL_EDGE_LOG_LEVEL": "info"}
     with federation(tmp_path_factory, num_clients=6, num_edges=2, procs_per_edge=1,
                     edge_env={0: info_level, 1: info_level}) as (topo, api):
-        # The topology is ready once the edges answer and hold their clients; each registers its site key with the
-        # cloud as it starts its loop, which a loaded host may not have reached yet, and the run needs both keys.
-        deadline = time.monotonic() + 60
-        while sorted(s.edge_id for s in api.sites()) != [0, 1] and time.monotonic() < deadline:
-            time.sleep(0.2)
         final, history, model = run(api, config)
         logs = [(topo.workdir / f"edge{e}.log").read_text() for e in (0, 1)]
     keys = final.config.secure_aggregation.site_keys

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,6 +25,11 @@ def federation(tmp_path_factory, num_clients: int, num_edges: int = 1, procs_per
                        workdir=workdir, redis_url=os.environ.get("REDIS_URL"), edge_env=edge_env or {},
                        extra_env=extra_env or {}, client_env=client_env or {}) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
+        # The topology is ready once the edges answer and hold their clients; each registers with the cloud (its
+        # site, its site key) as its loop starts, which a loaded host may not have reached yet.
+        deadline = time.monotonic() + 60
+        while sorted(s.edge_id for s in api.sites()) != list(range(num_edges)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         yield topo, api
 
 
