@@ -69,12 +69,15 @@ class TaskFeed:
         self.registered: set[int] = set()
         # Task ids received and not to be received again: in progress (until answered) or given up on.
         self.holding: set[str] = set()
+        # Held task ids the edge posted again meanwhile (a failed round run again with the same ids): once one is
+        # released, the poll in flight, which names it held, is asked again, or the task would wait a long-poll.
+        self._posted_again: set[str] = set()
         # Logical clients ended for good, with the reason.
         self.stopped: dict[int, str] = {}
         self._registering: dict[int, asyncio.Task[None]] = {}
         self._live: set[str] | None = None  # the runs the edge last named live
         self._ends: dict[str, asyncio.Event] = {}  # set when the edge no longer names the run live
-        self._joined = asyncio.Event()  # a client was registered: the poll in flight does not ask for it
+        self._ask_again = asyncio.Event()  # a client was registered (or a task released): the poll in flight is stale
         # A few registrations at a time: 1,000 at once held the edge's loop for seconds (its /health with it).
         self._registrations = asyncio.Semaphore(REGISTRATIONS_AT_ONCE)
         # Each logical client speaks with its own token (client_tokens) where it has one: a revoked one ends
@@ -106,11 +109,18 @@ class TaskFeed:
         if client_id not in self.stopped and client_id not in self._registering:
             self._registering[client_id] = asyncio.create_task(self._register(client_id))
 
+    def release(self, task_id: str) -> None:
+        """The task is answered (or given up for this attempt): it may come again."""
+        self.holding.discard(task_id)
+        if task_id in self._posted_again:
+            self._posted_again.discard(task_id)
+            self._ask_again.set()
+
     def stop(self, client_id: int, reason: str) -> None:
         log.error("client %d: stopped for good: %s", client_id, reason)
         self.stopped[client_id] = reason
         self.registered.discard(client_id)
-        self._joined.set()  # the poll in flight may be for stopped clients only
+        self._ask_again.set()  # the poll in flight may be for stopped clients only
 
     async def _register(self, client_id: int) -> None:
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s, jitter=0.5)
@@ -136,7 +146,7 @@ class TaskFeed:
                               type(exc).__name__, exc, delay)
                     await asyncio.sleep(delay)
             self.registered.add(client_id)
-            self._joined.set()
+            self._ask_again.set()
         finally:
             del self._registering[client_id]
 
@@ -146,18 +156,18 @@ class TaskFeed:
             if len(self.stopped) == len(self.client_ids):
                 reasons = "; ".join(f"client {k}: {why}" for k, why in sorted(self.stopped.items()))
                 raise ClientsStopped(f"every logical client of this process stopped for good ({reasons})")
-            self._joined.clear()
+            self._ask_again.clear()
             if not self.registered:
-                await self._joined.wait()
+                await self._ask_again.wait()
                 continue
             polled = sorted(self.registered)
             poll = asyncio.create_task(self._poll(polled))
-            joined = asyncio.create_task(self._joined.wait())
+            asked = asyncio.create_task(self._ask_again.wait())
             try:
-                await asyncio.wait({poll, joined}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({poll, asked}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                joined.cancel()
-            if not poll.done():  # a client joined (or stopped): ask again with the clients as they are now
+                asked.cancel()
+            if not poll.done():  # a client joined or stopped, or a task came free: ask again as things are now
                 poll.cancel()
                 await asyncio.gather(poll, return_exceptions=True)
                 if self._registering:  # more are joining (a start): one new poll for a batch of them
@@ -207,6 +217,10 @@ class TaskFeed:
         items = bundle.unpack(response.content)
         log.info("received %d tasks", len(items))  # with its time: bench/scale.py's wake-up latency
         for item in items:
-            if item.task_id not in self.holding and item.client_id in self.registered:
+            if item.client_id not in self.registered:
+                continue
+            if item.task_id in self.holding:
+                self._posted_again.add(item.task_id)
+            else:
                 self.holding.add(item.task_id)
                 self.deliver(item)

@@ -316,7 +316,7 @@ class Worker:
             await asyncio.sleep(delay)
         finally:
             if release:
-                self.feed.holding.discard(item.task_id)
+                self.feed.release(item.task_id)
 
     async def report_failure(self, client_id: int, task_id: str, exc: Exception) -> None:
         """Tells the edge why the task cannot be trained here (e.g. the run's model package is missing from

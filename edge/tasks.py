@@ -289,11 +289,14 @@ class TaskBoard:
 
     async def fetch_many(self, client_ids: list[int], holding: set[str], timeout: float) -> list[Task]:
         """Every open task of the known clients among `client_ids` but those in `holding` (a client process's
-        batch long-poll), oldest first; waits up to `timeout` for one."""
+        batch long-poll), oldest first; waits up to `timeout` for one. A task in `holding` posted again after the
+        poll began (a failed round re-run with the same task ids) is handed out all the same: the process may have
+        finished it meanwhile, and would otherwise learn of it only at its next poll, a long-poll later."""
         self.seen(client_ids)
+        since = self._posts
         def ready() -> list[Task]:
             found = [t for k in client_ids if k in self.clients for t in self._open_tasks(k)
-                     if t.header.task_id not in holding]
+                     if t.header.task_id not in holding or self._posted[(t.header.run_id, k)] > since]
             return sorted(found, key=lambda t: self._posted[(t.header.run_id, t.header.client_id)])
         return await self._wait_for_tasks(client_ids, ready, timeout)
 

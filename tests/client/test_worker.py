@@ -20,7 +20,7 @@ import pytest
 
 from fl_services.client import worker as worker_module
 from fl_services.client.config import ClientSettings
-from fl_services.client.feed import ClientsStopped
+from fl_services.client.feed import ClientsStopped, TaskFeed
 from fl_services.client.worker import Worker
 from fl_services.edge.tasks import Task
 from fl_services.shared.core.config import RunConfig
@@ -410,3 +410,28 @@ async def test_an_emulated_hold_ends_with_its_run(tmp_path):
             live.clear()  # the run is stopped
             await until(lambda: not worker._handling, run, timeout=10)
             assert double.count("POST", "/api/v1/clients/0/results") == 0
+
+
+async def test_a_held_task_posted_again_is_fetched_again_once_released_not_a_long_poll_later(tmp_path):
+    """A failed round runs again with the same task ids while the process still holds one (a secure round's device
+    waiting out its phase): once it lets go of the task, the feed asks again at once for the task posted again."""
+    delivered: list[str] = []
+    config = ClientSettings(client_token=CLIENT_TOKEN, state_dir=tmp_path, **{**FAST, "long_poll_s": 60})
+    async with running_edge() as edge:
+        async with make_client("http://edge", CLIENT_TOKEN, config.long_poll_s,
+                               transport=EdgeDouble(edge.app)) as http:
+            feed = TaskFeed(config, http, [0], lambda item: delivered.append(item.task_id))
+            run = asyncio.create_task(feed.run())
+            try:
+                await until(lambda: 0 in edge.board.clients, run)
+                await edge.board.post([make_task(0)])
+                await until(lambda: len(delivered) == 1, run)
+                await edge.board.post([make_task(0)])  # the round run again while the task is held
+                await asyncio.sleep(0.2)
+                assert len(delivered) == 1  # not handed to the clients twice at once
+                feed.release(delivered[0])
+                await until(lambda: len(delivered) == 2, run, timeout=10)
+                assert delivered[1] == delivered[0]
+            finally:
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)

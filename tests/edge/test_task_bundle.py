@@ -102,6 +102,22 @@ async def test_a_post_wakes_the_polls_of_its_clients_only() -> None:
     assert await asyncio.wait_for(other, 1) == []
 
 
+async def test_a_held_task_posted_again_during_the_poll_is_handed_out_at_once() -> None:
+    """A failed round runs again with the same task ids: a poll that began while the process held them (it named
+    them in `holding`) gets them at the post, not a long-poll later; one begun after the post leaves them out."""
+    board = TaskBoard()
+    board.register(ClientRegistration(client_id=0))
+    await board.post([task("run", 0)])
+    held = {task("run", 0).header.task_id}
+    assert await board.fetch_many([0], held, timeout=0) == []
+    waiting = asyncio.create_task(board.fetch_many([0], held, timeout=30))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await board.post([task("run", 0)])  # the round run again
+    assert [t.header.task_id for t in await asyncio.wait_for(waiting, 1)] == list(held)
+    assert await board.fetch_many([0], held, timeout=0) == []
+
+
 async def test_a_round_encodes_the_tensors_its_tasks_share_once() -> None:
     """Every task of a round that sends the same tensors (FedAvg's global state) shares one encoding."""
     board = TaskBoard()
