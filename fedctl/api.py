@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
@@ -10,11 +11,13 @@ import httpx
 from fl_services.fedctl.errors import CloudError
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RoundRecord, RunStatus
-from fl_services.shared.core.tensors import Tensors, decode_tensors
 from fl_services.shared.wire.admin import AuditRecord, Revocation, RevokedToken, RunInfo, RunSites, SiteInfo
 from fl_services.shared.wire.http import env_proxy
 from fl_services.shared.wire.retry import SyncRetryTransport
 from fl_services.shared.wire.tls import client_context
+
+if TYPE_CHECKING:
+    from fl_services.shared.core.tensors import Tensors
 
 
 def _detail(response: httpx.Response) -> str:
@@ -103,6 +106,9 @@ class CloudAPI:
         return [RoundRecord.model_validate(x) for x in self._get(f"{_run_path(run_id)}/history").json()]
 
     def model(self, run_id: str) -> Tensors:
+        # torch is imported here alone: every other command of fedctl (and of this client) starts without it (~1 s).
+        from fl_services.shared.core.tensors import decode_tensors
+
         return decode_tensors(self._get(f"{_run_path(run_id)}/model").content)
 
     def wait(self, run_id: str, timeout_s: float = 600.0, poll_s: float = 0.5, on_poll=None) -> RunInfo:

