@@ -11,7 +11,9 @@ Prints, on this machine:
   the topology (Redis' own), fsynced, after each submit, which the submit is measured against (the median of
   the pairs' ratios), and a plain SET of as many bytes into the same Redis, the floor of a submit that makes
   the contribution durable there before answering; interleaved with them, the same submits to a second cloud
-  whose blobs go to files on that volume (FL_CLOUD_BLOB_DIR), each against the write after it;
+  whose blobs go to files on that volume (FL_CLOUD_BLOB_DIR), each against the write after it; each submit
+  and each write starts once the update before it is evaluated and neither Redis rewrites its AOF (which
+  each 60 MB update soon sets off);
 - aggregation: `edge_aggregate` of 100 float32 updates of a 1.6M-parameter model (the CNN's size in the
   issue) against a plain copy of the same 100 updates into one buffer (bytes read per second), through the
   fused kernel (numba, `shared/core/algorithms/fused.py`) and through torch's ops alone;
@@ -261,12 +263,29 @@ def transfers(cloud: Cloud, megabytes: float, repeats: int) -> dict[str, float]:
     return figures
 
 
-def submits(clouds: list[Cloud], megabytes: float, repeats: int,
-            directory: str) -> tuple[int, list[tuple[float, float, float]]]:
+def settled(redis_urls: list[str], timeout_s: float = 120) -> None:
+    """Returns once no Redis of `redis_urls` rewrites its AOF in the background: each update appends a 60 MB
+    global state to it, and the rewrites that follow would otherwise load the disk under whichever submit or
+    write comes next, at random."""
+    clients = [redis.Redis.from_url(url) for url in redis_urls]
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(int(c.info("persistence")["aof_rewrite_in_progress"]) or
+                  int(c.info("persistence")["aof_rewrite_scheduled"]) for c in clients):
+            if time.monotonic() > deadline:
+                raise RuntimeError("an AOF rewrite did not end in time")
+            time.sleep(0.05)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def submits(clouds: list[Cloud], megabytes: float, repeats: int, directory: str,
+            redis_urls: list[str]) -> tuple[int, list[tuple[float, float, float]]]:
     """A contribution of `megabytes` on the wire submitted `repeats` times to each cloud in turn (the update each
     triggers waited out, untimed), each submit followed by a plain fsynced write of as many bytes to a file in
-    `directory`: the contribution's size, and for each cloud the submit's median, the write's and the median of
-    each submit over the write that followed it."""
+    `directory`, both once the Redis of `redis_urls` rewrite no AOF: the contribution's size, and for each cloud
+    the submit's median, the write's and the median of each submit over the write that followed it."""
     config = mlp_config(megabytes, bytes_per_wire_parameter(RunConfig()))
     run_ids = [cloud.start_run(config) for cloud in clouds]
     pairs: list[list[tuple[float, float]]] = [[] for _ in clouds]
@@ -274,8 +293,11 @@ def submits(clouds: list[Cloud], megabytes: float, repeats: int,
         turns = list(zip(clouds, run_ids, pairs, strict=True))
         for cloud, run_id, timed in turns[::-1] if version % 2 else turns:  # neither always after the other
             blob = wire_contribution(config, run_id, version)
+            settled(redis_urls)
             submit = seconds(lambda: cloud.submit(blob))  # noqa: B023 (called at once)
             cloud.wait_version(run_id, version + 1)
+            cloud.wait_evaluated(run_id)  # its evaluation runs after the update: not under the next write
+            settled(redis_urls)
             timed.append((submit, fsynced_write_seconds(directory, len(blob), 1)))
     for cloud, run_id in zip(clouds, run_ids, strict=True):
         cloud.stop_run(run_id)
@@ -382,11 +404,12 @@ def main() -> None:
         print(f"update latency (submit → next version served), CNN: {latency * 1000:.0f} ms "
               f"(of which evaluation alone takes {evaluation * 1000:.0f} ms)", flush=True)
         f = transfers(cloud, args.megabytes, args.repeats)
-        if topo.redis_url is None:
+        if topo.redis_url is None or in_files.redis_url is None:
             raise RuntimeError("the topology started no Redis")
         floor = redis_set_seconds(topo.redis_url, int(args.megabytes * 1e6), args.repeats)
         write_alone = fsynced_write_seconds(str(topo.workdir), int(args.megabytes * 1e6), args.repeats)
-        nbytes, measured = submits([cloud, Cloud(in_files.cloud_url)], args.megabytes, args.repeats, str(workdir))
+        nbytes, measured = submits([cloud, Cloud(in_files.cloud_url)], args.megabytes, args.repeats, str(workdir),
+                                   [topo.redis_url, in_files.redis_url])
     shutil.rmtree(workdir, ignore_errors=True)
     loop_per_mb = loopback / (args.megabytes)
     print(f"fetch of a {f['fetch_mb']:.1f} MB global state: {f['fetch_s'] * 1000:.0f} ms, "
