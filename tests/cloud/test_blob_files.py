@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from fl_services.cloud.config import CloudSettings
 from fl_services.cloud.storage import StorageUnavailable, now
 from fl_services.cloud.storage.blob_files import BlobFiles
-from fl_services.cloud.storage.redis import Entry, Keys, RedisStore
+from fl_services.cloud.storage.redis import Entry, Keys, RedisStore, redis_store
 from fl_services.shared.core.reports import RoundRecord
 from tests.cloud.harness import (
     Cloud,
@@ -249,3 +250,19 @@ def test_a_blob_is_durable_under_its_name_or_not_there(tmp_path: Path) -> None:
     files.delete([name, name])  # deleting what is gone is no error (a sweep and an update may both)
     with pytest.raises(FileNotFoundError):
         files.read(name)
+
+
+async def test_a_cloud_sweeps_old_orphans_as_it_starts(redis_url: str, tmp_path: Path) -> None:
+    files = BlobFiles(tmp_path, f"test-{uuid.uuid4().hex}", orphan_s=60)
+    files.prepare()
+    orphan, young = files.new_name(), files.new_name()
+    files.write(orphan, b"left by a cloud killed before its submit script")
+    age(files.directory, 120)
+    files.write(young, b"a submit of another replica, about to run its script")
+    async with redis_store(redis_url, {}, prefix=files.directory.name, max_connections=4, pool_timeout_s=5,
+                           blob_dir=tmp_path, blob_orphan_s=60):
+        deadline = time.monotonic() + 10
+        while (files.directory / orphan).exists():
+            assert time.monotonic() < deadline, "the orphan was not swept at start"
+            await asyncio.sleep(0.02)
+    assert os.listdir(files.directory) == [young]
