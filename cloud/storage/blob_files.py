@@ -37,11 +37,15 @@ class BlobFiles:
         """`blob` under `name`, durable when this returns: a crash leaves either no file of that name or all of
         it (at worst a partial file under another name, swept by age)."""
         partial = self.directory / f"{_PARTIAL}{name}"
-        with open(partial, "xb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(partial, self.directory / name)
+        try:
+            with open(partial, "xb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(partial, self.directory / name)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         _fsync_directory(self.directory)
 
     def read(self, name: str) -> bytes:

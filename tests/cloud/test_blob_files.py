@@ -266,3 +266,17 @@ async def test_a_cloud_sweeps_old_orphans_as_it_starts(redis_url: str, tmp_path:
             assert time.monotonic() < deadline, "the orphan was not swept at start"
             await asyncio.sleep(0.02)
     assert os.listdir(files.directory) == [young]
+
+
+async def test_a_blob_that_cannot_be_written_is_a_503_and_leaves_nothing(
+        cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id, global_ = await running_run(cloud, two_edge_config(), edges=(0, 1))
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    answer = await cloud.submit(0, contribution(global_, run_id, edge_id=0))
+    monkeypatch.undo()
+    assert answer.status_code == 503 and "No space left" in answer.text
+    assert await store_of(cloud).buffered(run_id, 2) == [] and blob_files(cloud, tmp_path) == []  # no partial

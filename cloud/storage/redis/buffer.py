@@ -59,7 +59,11 @@ class RedisBuffer(RedisBase):
             # Durable on the shared volume before the script references it: an accepted entry's file is there.
             file = self.files.new_name()
             staged = self.k.swept_blob_file(file)
-            await asyncio.to_thread(self.files.write, file, blob)
+            try:
+                await asyncio.to_thread(self.files.write, file, blob)
+            except OSError as exc:  # the volume full or away: nothing was accepted, the edge retries (503)
+                raise StorageUnavailable(f"could not write the contribution's blob to {self.files.directory}: "
+                                         f"{exc}") from exc
         # Should the script fail (Redis away) the file stays: the script may have run, and a sweep deletes it by
         # age if no entry references it.
         outcome, detail = await self.scripts.submit(  # in the order the script's header names them
@@ -72,7 +76,8 @@ class RedisBuffer(RedisBase):
         if file and outcome != "accepted" and self.files is not None:
             await asyncio.to_thread(self.files.delete, [file])
         if outcome == "lost":  # its TTL ran out (or it was swept) before the script ran: nothing was accepted
-            raise StorageUnavailable(f"the contribution's blob {detail} expired before it could be buffered")
+            raise StorageUnavailable(f"the contribution's blob {detail} expired (or was swept as an orphan) before it "
+                                     "could be buffered")
         buffered = await self.r.xlen(self.k.buffer(run_id))
         if outcome in ("accepted", "duplicate"):
             return SubmitOutcome(True, outcome == "duplicate", buffered)
