@@ -8,8 +8,12 @@ Prints, on this machine:
 - submit: an edge's `POST …/contributions` of a contribution of `--megabytes` on the wire (zeros of the
   algorithm's wire spec: what an edge sends), until the 202; the cloud update it triggers is waited out
   before the next submit and not counted; beside it, a plain write of as many bytes to a file on the volume of
-  the topology (Redis' own), fsynced, which the submit is measured against, and a plain SET of as many bytes
-  into the same Redis, the floor of a submit that makes the contribution durable there before answering;
+  the topology (Redis' own), fsynced, after each submit, which the submit is measured against (the median of
+  the pairs' ratios), and a plain SET of as many bytes into the same Redis, the floor of a submit that makes
+  the contribution durable there before answering; interleaved with them, the same submits to a second cloud
+  whose blobs go to files on that volume (FL_CLOUD_BLOB_DIR), each against the write after it; each submit
+  and each write starts once the update before it is evaluated and neither Redis rewrites its AOF (which
+  each 60 MB update soon sets off);
 - aggregation: `edge_aggregate` of 100 float32 updates of a 1.6M-parameter model (the CNN's size in the
   issue) against a plain copy of the same 100 updates into one buffer (bytes read per second), through the
   fused kernel (numba, `shared/core/algorithms/fused.py`) and through torch's ops alone;
@@ -27,13 +31,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -172,14 +179,18 @@ from starlette.routing import Route
 blob = bytes(int(sys.argv[1]))
 async def serve(request):
     return Response(blob, media_type="application/octet-stream")
-uvicorn.run(Starlette(routes=[Route("/blob", serve)]), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
-            http="h11")
+async def take(request):
+    await request.body()
+    return Response(status_code=202)
+uvicorn.run(Starlette(routes=[Route("/blob", serve), Route("/blob", take, methods=["POST"])]), host="127.0.0.1",
+            port=int(sys.argv[2]), log_level="warning", http="h11")
 """
 
 
-def bare_fetch_seconds(nbytes: int, repeats: int) -> float:
-    """A GET of `nbytes` held in memory by a bare Starlette route under uvicorn's h11 server, read by httpx: the
-    same HTTP stack as a fetch, without the cloud (what bounds a fetch from below)."""
+def bare_route_seconds(nbytes: int, repeats: int) -> tuple[float, float]:
+    """A GET of `nbytes` held in memory by a bare Starlette route under uvicorn's h11 server, read by httpx, and a
+    POST of as many bytes from httpx that such a route reads whole: the same HTTP stack as a fetch and a submit,
+    without the cloud (what bounds each from below)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -195,7 +206,11 @@ def bare_fetch_seconds(nbytes: int, repeats: int) -> float:
                     if time.monotonic() > deadline or server.poll() is not None:
                         raise
                     time.sleep(0.1)
-            return statistics.median(seconds(lambda: http.get("/blob").content) for _ in range(repeats))
+            fetch = statistics.median(seconds(lambda: http.get("/blob").content) for _ in range(repeats))
+            payload = bytes(nbytes)
+            upload = statistics.median(seconds(lambda: http.post("/blob", content=payload).raise_for_status())
+                                       for _ in range(repeats))
+            return fetch, upload
     finally:
         server.terminate()
         server.wait()
@@ -245,18 +260,49 @@ def transfers(cloud: Cloud, megabytes: float, repeats: int) -> dict[str, float]:
     figures["fetch_mb"] = len(blob) / 1e6
     figures["fetch_s"] = statistics.median(seconds(lambda: cloud.fetch(run_id)) for _ in range(repeats))
     cloud.stop_run(run_id)
-    # Submit: a contribution of `megabytes` on the wire; the update it triggers is waited out, untimed.
-    config = mlp_config(megabytes, bytes_per_wire_parameter(RunConfig()))
-    run_id = cloud.start_run(config)
-    times = []
-    for version in range(repeats):
-        blob = wire_contribution(config, run_id, version)
-        times.append(seconds(lambda: cloud.submit(blob)))  # noqa: B023 (called at once)
-        cloud.wait_version(run_id, version + 1)
-    figures["submit_mb"] = len(blob) / 1e6
-    figures["submit_s"] = statistics.median(times)
-    cloud.stop_run(run_id)
     return figures
+
+
+def settled(redis_urls: list[str], timeout_s: float = 120) -> None:
+    """Returns once no Redis of `redis_urls` rewrites its AOF in the background: each update appends a 60 MB
+    global state to it, and the rewrites that follow would otherwise load the disk under whichever submit or
+    write comes next, at random."""
+    clients = [redis.Redis.from_url(url) for url in redis_urls]
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(int(c.info("persistence")["aof_rewrite_in_progress"]) or
+                  int(c.info("persistence")["aof_rewrite_scheduled"]) for c in clients):
+            if time.monotonic() > deadline:
+                raise RuntimeError("an AOF rewrite did not end in time")
+            time.sleep(0.05)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def submits(clouds: list[Cloud], megabytes: float, repeats: int, directory: str,
+            redis_urls: list[str]) -> tuple[int, list[tuple[float, float, float]]]:
+    """A contribution of `megabytes` on the wire submitted `repeats` times to each cloud in turn (the update each
+    triggers waited out, untimed), each submit followed by a plain fsynced write of as many bytes to a file in
+    `directory`, both once the Redis of `redis_urls` rewrite no AOF: the contribution's size, and for each cloud
+    the submit's median, the write's and the median of each submit over the write that followed it."""
+    config = mlp_config(megabytes, bytes_per_wire_parameter(RunConfig()))
+    run_ids = [cloud.start_run(config) for cloud in clouds]
+    pairs: list[list[tuple[float, float]]] = [[] for _ in clouds]
+    for version in range(repeats):
+        turns = list(zip(clouds, run_ids, pairs, strict=True))
+        for cloud, run_id, timed in turns[::-1] if version % 2 else turns:  # neither always after the other
+            blob = wire_contribution(config, run_id, version)
+            settled(redis_urls)
+            submit = seconds(lambda: cloud.submit(blob))  # noqa: B023 (called at once)
+            cloud.wait_version(run_id, version + 1)
+            cloud.wait_evaluated(run_id)  # its evaluation runs after the update: not under the next write
+            settled(redis_urls)
+            timed.append((submit, fsynced_write_seconds(directory, len(blob), 1)))
+    for cloud, run_id in zip(clouds, run_ids, strict=True):
+        cloud.stop_run(run_id)
+    return len(blob), [(statistics.median(s for s, _ in timed), statistics.median(w for _, w in timed),
+                        statistics.median(s / w for s, w in timed)) for timed in pairs]
 
 
 def seconds(step: Callable[[], object]) -> float:
@@ -343,29 +389,43 @@ def main() -> None:
     loopback = loopback_seconds(int(args.megabytes * 1e6), args.repeats)
     print(f"loopback TCP, {args.megabytes:g} MB: {loopback * 1000:.1f} ms ({args.megabytes / 1e3 / loopback:.2f} GB/s)",
           flush=True)
-    bare = bare_fetch_seconds(int(args.megabytes * 1e6), args.repeats)
+    bare, upload = bare_route_seconds(int(args.megabytes * 1e6), args.repeats)
     print(f"a bare uvicorn (h11) route serving {args.megabytes:g} MB to httpx: {bare * 1000:.0f} ms, "
-          f"{bare / loopback:.1f}× loopback", flush=True)
+          f"{bare / loopback:.1f}× loopback; reading as many POSTed by httpx: {upload * 1000:.0f} ms, "
+          f"{upload / loopback:.1f}× loopback", flush=True)
     env = {"FL_CLOUD_MAX_PAYLOAD_BYTES": str(4 * 2**30), "FL_CLOUD_LOG_LEVEL": "warning"}
-    with LocalTopology(num_clients=0, num_edges=0, admin_token=ADMIN, edge_token=EDGE, extra_env=env) as topo:
+    # Two topologies on one volume: blobs in Redis, and blobs in files there (FL_CLOUD_BLOB_DIR).
+    workdir = Path(tempfile.mkdtemp(prefix="fl-bench-"))
+    with LocalTopology(num_clients=0, num_edges=0, admin_token=ADMIN, edge_token=EDGE, extra_env=env) as topo,\
+            LocalTopology(num_clients=0, num_edges=0, admin_token=ADMIN, edge_token=EDGE, workdir=workdir,
+                          extra_env={**env, "FL_CLOUD_BLOB_DIR": str(workdir / "blobs")}) as in_files:
         cloud = Cloud(topo.cloud_url)
         latency = update_latency(cloud, args.repeats)
         print(f"update latency (submit → next version served), CNN: {latency * 1000:.0f} ms "
               f"(of which evaluation alone takes {evaluation * 1000:.0f} ms)", flush=True)
         f = transfers(cloud, args.megabytes, args.repeats)
-        if topo.redis_url is None:
+        if topo.redis_url is None or in_files.redis_url is None:
             raise RuntimeError("the topology started no Redis")
         floor = redis_set_seconds(topo.redis_url, int(args.megabytes * 1e6), args.repeats)
-        write = fsynced_write_seconds(str(topo.workdir), int(f["submit_mb"] * 1e6), args.repeats)
+        write_alone = fsynced_write_seconds(str(topo.workdir), int(args.megabytes * 1e6), args.repeats)
+        nbytes, measured = submits([cloud, Cloud(in_files.cloud_url)], args.megabytes, args.repeats, str(workdir),
+                                   [topo.redis_url, in_files.redis_url])
+    shutil.rmtree(workdir, ignore_errors=True)
     loop_per_mb = loopback / (args.megabytes)
     print(f"fetch of a {f['fetch_mb']:.1f} MB global state: {f['fetch_s'] * 1000:.0f} ms, "
           f"{f['fetch_s'] / (loop_per_mb * f['fetch_mb']):.1f}× loopback")
-    print(f"submit of a {f['submit_mb']:.1f} MB contribution: {f['submit_s'] * 1000:.0f} ms, "
-          f"{f['submit_s'] / (loop_per_mb * f['submit_mb']):.1f}× loopback")
-    print(f"  {f['submit_s'] / write:.1f}× a plain fsynced write of the same bytes to a file on this volume "
-          f"({write * 1000:.0f} ms)")
-    print(f"  of which no less than a plain SET of {args.megabytes:g} MB into this Redis (AOF, fsync always): "
-          f"{floor * 1000:.0f} ms, {floor / loopback:.1f}× loopback")
+    print(f"a plain SET of {args.megabytes:g} MB into this Redis (AOF, fsync always): {floor * 1000:.0f} ms, "
+          f"{floor / loopback:.1f}× loopback, {floor / write_alone:.1f}× a plain fsynced write of as many bytes to "
+          f"a file on this volume ({write_alone * 1000:.0f} ms, just after)")
+    for where, (submit, write, ratio) in zip(["in Redis", "in a file on this volume (FL_CLOUD_BLOB_DIR)"],
+                                             measured, strict=True):
+        print(f"submit of a {nbytes / 1e6:.1f} MB contribution, its blob {where}: {submit * 1000:.0f} ms, "
+              f"{submit / (loop_per_mb * nbytes / 1e6):.1f}× loopback; {ratio:.1f}× a plain fsynced write of the "
+              f"same bytes to a file on this volume (median of the pairs; the writes' median {write * 1000:.0f} ms)")
+    write = statistics.median(w for _, w, _ in measured)
+    print(f"  the HTTP stack alone (the bare route reading a POST of {args.megabytes:g} MB): {upload / write:.1f}× "
+          f"the writes' median ({write * 1000:.0f} ms)")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
 if __name__ == "__main__":

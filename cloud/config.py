@@ -46,6 +46,14 @@ class CloudSettings(ServerSettings):
         "How long a request waits for a free Redis connection before it answers 503."))
     key_prefix: str = Field("fl", description=(
         "Every key lives under this prefix, so several clouds (or test sessions) can share one Redis."))
+    blob_dir: Path | None = Field(None, description=(
+        "A directory for contributions' blobs, on a volume every replica mounts at this path: each blob is written "
+        "there, fsynced, before its submit is buffered, and only its name goes into Redis (a write at disk speed, "
+        "where storing the bytes in Redis waits for its AOF). Unset: the blobs are kept in Redis. Replicas must "
+        "all set it, or all leave it unset, once contributions are buffered in files."))
+    blob_orphan_s: float = Field(3600.0, gt=0, description=(
+        "A blob file that no buffered contribution references (its cloud stopped between the write and the "
+        "buffering) is deleted once it is this many seconds old; checked at start and every quarter of it."))
     admin_token: str = Field("dev-admin-token", description=(
         'The administrator\'s bearer token (the control API, the dashboard); named "admin" in the audit log.'))
     admin_tokens: dict[str, str] = Field(default_factory=dict, description=(
@@ -87,6 +95,16 @@ class CloudSettings(ServerSettings):
             raise ValueError(f"FL_CLOUD_STORAGE=memory keeps every run in this one process, lost when it stops, "
                              f"and the cloud listens on {self.host}, beyond loopback: listen on 127.0.0.1 for "
                              "development, or keep the state in Redis (FL_CLOUD_STORAGE=redis)")
+        return self
+
+    @model_validator(mode="after")
+    def _blob_files_beside_redis(self) -> Self:
+        if self.blob_dir is not None and self.storage != "redis":
+            raise ValueError("blob_dir keeps contributions' blobs in files shared by the replicas of a cloud on "
+                             "Redis; FL_CLOUD_STORAGE=memory keeps them in this process: unset blob_dir")
+        if self.blob_dir is not None and (self.key_prefix in ("", ".", "..") or "/" in self.key_prefix):
+            raise ValueError(f"key_prefix {self.key_prefix!r} names the blob directory's subdirectory: use a name "
+                             "without '/'")
         return self
 
     @model_validator(mode="after")

@@ -87,7 +87,8 @@ async def opened_store(settings: CloudSettings) -> AsyncIterator[Store]:
         return
     async with redis_store(settings.redis_url, settings.redis_options(), prefix=settings.key_prefix,
                            max_connections=settings.redis_max_connections,
-                           pool_timeout_s=settings.redis_pool_timeout_s) as store:
+                           pool_timeout_s=settings.redis_pool_timeout_s, blob_dir=settings.blob_dir,
+                           blob_orphan_s=settings.blob_orphan_s) as store:
         yield store
 
 

@@ -33,11 +33,14 @@ def updates_computed(url: str) -> float:
     return value(samples(httpx.get(f"{url}/metrics", timeout=10).text), "fl_cloud_update_duration_seconds_count")
 
 
-def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(tmp_path):
+@pytest.mark.parametrize("blobs", ["in redis", "in files"])
+def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(tmp_path, blobs):
     balancer = Nginx(tmp_path / "nginx")
+    # In files: both replicas keep contributions' blobs in one directory (FL_CLOUD_BLOB_DIR), as on a shared volume.
+    env = {"FL_CLOUD_LEASE_S": "3", **({"FL_CLOUD_BLOB_DIR": str(tmp_path / "blobs")} if blobs == "in files" else {})}
     try:
         with LocalTopology(num_clients=4, num_edges=1, procs_per_edge=2, workdir=tmp_path, cloud_replicas=2,
-                           cloud_front=balancer.start, extra_env={"FL_CLOUD_LEASE_S": "3"}) as topo,\
+                           cloud_front=balancer.start, extra_env=env) as topo,\
                 CloudAPI(topo.cloud_url, topo.admin_token) as api:
             assert topo.cloud_url == balancer.url and len(topo.clouds) == 2
             keys, r = Keys(topo.key_prefix), redis.Redis.from_url(topo.redis_url)

@@ -20,9 +20,12 @@ CONFIG = dict(model={"name": "mlp"}, data={"dataset": "digits", "num_clients": 6
               local={"epochs": 2, "batch_size": 16, "lr": 0.1}, fraction=0.5)
 
 
-@pytest.fixture(scope="module")
-def running(tmp_path_factory):
-    with federation(tmp_path_factory, num_clients=6) as topology_and_api:
+@pytest.fixture(scope="module", params=["blobs in redis", "blobs in files"])
+def running(request, tmp_path_factory):
+    # In files: contributions' blobs on the volume (FL_CLOUD_BLOB_DIR), their names in Redis.
+    env = {} if request.param == "blobs in redis" else {
+        "FL_CLOUD_BLOB_DIR": str(tmp_path_factory.mktemp("blobs"))}
+    with federation(tmp_path_factory, num_clients=6, extra_env=env) as topology_and_api:
         yield topology_and_api
 
 

@@ -2,19 +2,24 @@
 replies (Redis-specific)."""
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import redis
 import redis.asyncio as aioredis
 
+from fl_services.cloud.storage.blob_files import BlobFiles
 from fl_services.cloud.storage.redis.keys import Entry, Keys
 from fl_services.cloud.storage.redis.scripts import Scripts
 
+log = logging.getLogger(__name__)
 # Redis's default proto-max-bulk-len: no single value may be larger.
 REDIS_MAX_VALUE = 512 * 2**20
 
 
 class RedisBase:
     def __init__(self, client: aioredis.Redis, keys: Keys, bulk: redis.Redis | None = None,
-                 max_value_bytes: int = REDIS_MAX_VALUE):
+                 max_value_bytes: int = REDIS_MAX_VALUE, blob_files: BlobFiles | None = None):
         self.r = client
         self.k = keys
         # A blocking client for the contributions' blobs, used on a worker thread: it hands a 60 MB value to
@@ -26,11 +31,26 @@ class RedisBase:
         # update would be recomputed forever without a word (StateTooLarge instead).
         self.max_value_bytes = max_value_bytes
         self.scripts = Scripts(client)
+        # Where contributions' blobs go: files on a volume every replica shares, only their names in Redis (a
+        # write fsynced at disk speed, where a SET of the same bytes waits for Redis' AOF); None: in Redis.
+        # Entries written either way read back either way.
+        self.files = blob_files
 
     async def _entry_fields(self, run_id: str, field: Entry) -> list[tuple[bytes, bytes]]:
         """Every buffer entry's id and its `field`, in stream order (entries without it left out)."""
         flat = await self.scripts.entry_fields(keys=[self.k.buffer(run_id)], args=[field.value])
         return list(zip(flat[::2], flat[1::2], strict=True))
+
+    async def _referenced_files(self, run_id: str) -> set[str]:
+        """The names of the blob files the run's buffer entries reference."""
+        return {name.decode() for _, name in await self._entry_fields(run_id, Entry.blob_file)}
+
+    async def _delete_files(self, names: list[str]) -> None:
+        if names and self.files is not None:
+            try:
+                await asyncio.to_thread(self.files.delete, names)
+            except OSError:  # the volume away: what nothing references any more is swept later
+                log.warning("could not delete consumed blob files %s; a sweep will", names, exc_info=True)
 
 
 # redis-py types every reply as bytes | str (str under decode_responses=True); this adapter's clients are made

@@ -21,6 +21,7 @@ class Entry(StrEnum):
     """The fields of a buffer stream entry (`Keys.buffer`)."""
 
     blob_key = "blob_key"  # the key of the contribution as received (safetensors): `Keys.contribution`
+    blob_file = "blob_file"  # or the name of the file holding it, in the blob directory (`BlobFiles`)
     header = "header"  # its EdgeContributionHeader JSON
     blob = "blob"  # written before blob_key: the contribution itself, inline (read, never written)
 
@@ -90,6 +91,11 @@ class Keys:
         # One contribution's safetensors blob: written by a plain SET (with a TTL) before the submit script,
         # which makes it permanent and names it in its buffer entry, or deletes it if it refuses it.
         return f"{self.prefix}:run:{run_id}:contribution:{token}"
+
+    def swept_blob_file(self, name: str) -> str:
+        # The tombstone of a blob file a sweep deleted as an orphan (with a TTL): a submit script that runs after
+        # it refuses to reference the file.
+        return f"{self.prefix}:swept-blob-file:{name}"
 
     def lease(self, run_id: str) -> str:  # the replica computing the run's next update: a token, with a TTL
         return f"{self.prefix}:run:{run_id}:lease"

@@ -162,6 +162,7 @@ class RedisRuns(RedisBase):
     async def delete_run(self, run_id: str) -> None:
         # The blobs of contributions left in its buffer (frozen: a run that is not active accepts none).
         blob_keys = [key for _, key in await self._entry_fields(run_id, Entry.blob_key)]
+        files = await self._referenced_files(run_id)
 
         def change(p: Pipeline, current: RunStatus) -> None:
             deletable(current)
@@ -169,6 +170,7 @@ class RedisRuns(RedisBase):
             p.lrem(self.k.runs, 0, run_id)
 
         await self._change_run(run_id, change)
+        await self._delete_files(sorted(files))
 
     async def ended_runs(self) -> list[tuple[str, datetime]]:
         run_ids = await self.run_ids()

@@ -14,7 +14,8 @@ from fl_services.shared.core.reports import RunStatus
 _HERE = files(__name__.rpartition(".")[0])
 # What submit.lua's placeholders stand for: keys.py's names, written in one place.
 _NAMES = dict(status=Meta.status.value, version=Meta.version.value, blob_key=Entry.blob_key.value,
-              header=Entry.header.value, running=RunStatus.running.value, paused=RunStatus.paused.value)
+              blob_file=Entry.blob_file.value, header=Entry.header.value, running=RunStatus.running.value,
+              paused=RunStatus.paused.value)
 
 
 def source(name: str) -> str:

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ from fl_services.cloud.storage import (
     SubmitOutcome,
     now,
 )
+from fl_services.cloud.storage.blob_files import BlobFiles
 from fl_services.cloud.storage.redis import Keys, RedisStore
 from fl_services.cloud.storage.redis.connection import clients
 from fl_services.shared.core.config import RunConfig
@@ -44,19 +46,25 @@ async def in_memory(max_value_bytes: int | None) -> AsyncIterator[Store]:
 
 
 @asynccontextmanager
-async def in_redis(redis_url: str, max_value_bytes: int | None) -> AsyncIterator[Store]:
+async def in_redis(redis_url: str, blob_dir: Path | None, max_value_bytes: int | None) -> AsyncIterator[Store]:
+    """`blob_dir`: the contributions' blobs in files there, not in Redis."""
     async with clients(redis_url, {}, max_connections=8, pool_timeout_s=5.0) as (client, bulk):
-        store = RedisStore(client, Keys(f"test-{uuid.uuid4().hex}"), bulk)  # a prefix of its own: empty
+        prefix = f"test-{uuid.uuid4().hex}"  # a prefix of its own: empty
+        files = None if blob_dir is None else BlobFiles(blob_dir, prefix, orphan_s=3600)
+        if files is not None:
+            files.prepare()
+        store = RedisStore(client, Keys(prefix), bulk, blob_files=files)
         if max_value_bytes is not None:
             store.max_value_bytes = max_value_bytes
         yield store
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis+files"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "memory":
         return in_memory
-    return functools.partial(in_redis, request.getfixturevalue("redis_url"))
+    blob_dir = request.getfixturevalue("tmp_path") if request.param == "redis+files" else None
+    return functools.partial(in_redis, request.getfixturevalue("redis_url"), blob_dir)
 
 
 @pytest.fixture
