@@ -202,10 +202,14 @@ def control(run_id: str, action: str = typer.Argument(..., help="start | pause |
 @app.command()
 def runs(cloud: str = CLOUD, token: str = TOKEN) -> None:
     """List runs."""
+    from fl_services.shared.core.reports import RunStatus
+
     with cloud_api(cloud, token) as api:
         for info in api.runs():
+            # What a waiting run waits for, or why the cloud stopped one, on the run's line.
+            why = f"  ({info.reason})" if info.reason and info.status in (RunStatus.waiting, RunStatus.stopped) else ""
             typer.echo(f"{info.run_id}  {info.status.value:9s} {info.config.algorithm:8s} "
-                       f"version {info.version}/{info.rounds}  {info.config.name}")
+                       f"version {info.version}/{info.rounds}  {info.config.name}{why}")
 
 
 @app.command()

@@ -14,7 +14,7 @@ from rich.table import Table
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.report import save_results
 from fl_services.shared.core.client_reports import client_reports, group_summary
-from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.wire.admin import RunInfo
 
 console = Console()
@@ -82,7 +82,8 @@ def show_results(info: RunInfo, history: list[RoundRecord], names: dict[int, str
 
 def progress_table(api: CloudAPI, info: RunInfo, started: float, names: dict[int, str] | None = None) -> Table:
     return history_table(api.history(info.run_id), f"run {info.run_id} · {info.config.algorithm} · "
-                         f"{info.status.value} · version {info.version}/{info.rounds} · buffered {info.buffered} · "
+                         f"{info.status.value}{f' ({info.reason})' if info.status == RunStatus.waiting else ''} · "
+                         f"version {info.version}/{info.rounds} · buffered {info.buffered} · "
                          f"{time.monotonic() - started:.1f}s", last=15, names=names)
 
 

@@ -261,18 +261,24 @@ async def admit_waiting(*, store: Store, orchestrator: Orchestrator, audit: Audi
             continue
         task = await _task_of(info)
         found = devices_at(info.config, sites, task)
+        misfits = devices_at(info.config, sites) - found
+        present = f"{found} able to train it connected" + \
+            (f" ({misfits} more whose data does not fit it)" if misfits else "")
         try:
             if found >= selection.min_devices:
                 await store.transition(run_id, "admit")
                 await audit("admit", run_id, f"{found} devices able to train it connected at its sites")
             elif timed_out:
-                misfits = devices_at(info.config, sites) - found
                 reason = (f"waited {selection.start_timeout_s:g} s for {selection.min_devices} devices at its sites "
-                          f"{info.config.edge_ids()}; {found} able to train it connected" +
-                          (f" ({misfits} more whose data does not fit it)" if misfits else ""))
+                          f"{info.config.edge_ids()}; {present}")
                 await store.transition(run_id, "stop", reason)
                 await audit("stop", run_id, reason)
             else:
+                # Said while it waits (fedctl, the dashboard), not only once it stops at its timeout.
+                waiting_for = (f"waiting up to {selection.start_timeout_s:g} s for {selection.min_devices} devices "
+                               f"at its sites {info.config.edge_ids()}; {present}")
+                if waiting_for != info.reason:
+                    await store.note_waiting(run_id, waiting_for)
                 continue
         except Conflict:  # another replica (or an operator) moved it meanwhile
             continue

@@ -22,6 +22,7 @@ from fl_services.cloud.storage.ports import (
     UPDATABLE,
     Action,
     BufferedContribution,
+    Conflict,
     Lease,
     LeaseLost,
     MembersElsewhere,
@@ -116,9 +117,17 @@ class MemoryStore(Store):
         run.status = allowed(action, run.status)
         if action in ("start", "wait", "admit"):
             run.started_at = now()
+        if action == "admit":
+            run.reason = None
         if action == "stop":
             run.finished_at, run.reason = now(), reason
         return run.status
+
+    async def note_waiting(self, run_id: str, reason: str) -> None:
+        run = self._run(run_id)
+        if run.status != RunStatus.waiting:
+            raise Conflict(f"run {run_id} is {run.status.value}, not waiting")
+        run.reason = reason
 
     async def global_blob(self, run_id: str) -> bytes:
         return self._run(run_id).global_state

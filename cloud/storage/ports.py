@@ -209,9 +209,12 @@ class Runs(Protocol):
         """The runs that are running or paused, sorted by id (a stable order for every replica)."""
     async def transition(self, run_id: str, action: Action, reason: str | None = None) -> RunStatus:
         """Applies a control action (TRANSITIONS); Conflict if the run's status does not allow it. A stop's
-        `reason` is kept (RunInfo.reason). Starting, waiting or admission stamps started_at (a waiting run's
-        wait, then its training, is timed from it); it is active (active_runs)
-        from its start or admission to its stop."""
+        `reason` is kept (RunInfo.reason); admission clears what the run waited for. Starting, waiting or
+        admission stamps started_at (a waiting run's wait, then its training, is timed from it); it is active
+        (active_runs) from its start or admission to its stop."""
+    async def note_waiting(self, run_id: str, reason: str) -> None:
+        """Sets what a waiting run waits for (RunInfo.reason, until its admission or stop); Conflict if it no
+        longer waits."""
     async def global_blob(self, run_id: str) -> bytes: ...
     async def versioned_global(self, run_id: str) -> tuple[int, bytes]:
         """The current version and its global state, read together."""

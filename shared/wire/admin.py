@@ -28,8 +28,9 @@ class RunInfo(Message):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_round: RoundRecord | None = None
-    # Why it stopped, where the cloud stopped it: a selection's devices never came, or every device failed the
-    # round ("every device failed in round N (...): client k (kind): what it reported"; cloud/services/sites.py).
+    # What a waiting run waits for (its devices: how many came, how many fit); why it stopped, where the cloud
+    # stopped it: a selection's devices never came, or every device failed the round ("every device failed in
+    # round N (...): client k (kind): what it reported"; cloud/services/sites.py).
     reason: str | None = None
 
 

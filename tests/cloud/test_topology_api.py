@@ -162,12 +162,16 @@ async def test_admission_counts_only_the_devices_whose_data_fits_the_run(cloud: 
     run_id = await cloud.create_run(small_config(selection={"min_devices": 2, "start_timeout_s": 3600}))
     await cloud.action(run_id, "start")
     await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
-    assert (await cloud.info(run_id))["status"] == "waiting"  # 1 of the 4 connected devices can train it
+    waiting = await cloud.info(run_id)  # 1 of the 4 connected devices can train it, and the run says so
+    assert waiting["status"] == "waiting"
+    assert waiting["reason"] == ("waiting up to 3600 s for 2 devices at its sites [0]; 1 able to train it connected "
+                                 "(3 more whose data does not fit it)"), waiting
     await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
                  label_sets=[{"labels": {}, "devices": 3, "fit": misfits[0]}, {"labels": {}, "devices": 1, "fit": fit},
                              {"labels": {"zone": "a"}, "devices": 1}])
     await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
-    assert (await cloud.info(run_id))["status"] == "running"
+    admitted = await cloud.info(run_id)
+    assert admitted["status"] == "running" and admitted["reason"] is None
     audit = (await cloud.admin("GET", "/api/v1/audit")).json()
     assert [a["detail"] for a in audit if a["action"] == "admit"] == [
         "2 devices able to train it connected at its sites"]

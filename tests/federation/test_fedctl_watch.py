@@ -50,3 +50,26 @@ async def test_fedctl_watch_names_the_sites_and_a_run_without_dvfs_reports_no_en
         assert [r[0] for r in rows] == ["0", "1"], printed.output
         for row in rows:  # round, clients, failed, edges, train loss, test loss, test acc, time, energy J, total J
             assert row[3] == "lyon" and row[-2:] == ["–", "–"], printed.output
+
+
+async def test_fedctl_runs_says_what_a_waiting_run_waits_for(cloud_storage, tmp_path, monkeypatch):
+    """One of the two devices the run needs is connected: while it waits, its line says so (not only once it stops
+    at its start timeout)."""
+    async with federation(cloud_storage, tmp_path, num_clients=0, edge={"name": "lyon", "site_report_s": 0.05},
+                          cloud={"admission_interval_s": 0.05}, devices=[Device(7, 0, DATA.format(0))]) as fed:
+        run_id = (await fed.admin.create_run(CONFIG)).run_id
+        await fed.admin.action(run_id, "start")
+        for _ in range(200):
+            info = await fed.admin.run(run_id)
+            if info.reason is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert info.status == RunStatus.waiting
+        bridge = fed.cloud_bridge()
+        monkeypatch.setattr(fedctl, "cloud_api", lambda cloud, token: CloudAPI(cloud, token, transport=bridge))
+        listed = await asyncio.to_thread(CliRunner().invoke, fedctl.app, [
+            "runs", "--cloud", CLOUD_URL, "--token", ADMIN_TOKEN])
+    assert listed.exit_code == 0, listed.output
+    [line] = [line for line in listed.output.splitlines() if line.startswith(run_id)]
+    assert line.split()[1] == "waiting", line
+    assert line.endswith("(waiting up to 600 s for 2 devices at its sites [0]; 1 able to train it connected)"), line

@@ -10,7 +10,7 @@ from typing import TypeVar
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from fl_services.cloud.storage.ports import ENDED, Action, NotFound, allowed, deletable, now
+from fl_services.cloud.storage.ports import ENDED, Action, Conflict, NotFound, allowed, deletable, now
 from fl_services.cloud.storage.redis.base import RedisBase, binary, optional_binary, text
 from fl_services.cloud.storage.redis.keys import Entry, Meta
 from fl_services.shared.core.config import RunConfig
@@ -92,6 +92,8 @@ class RedisRuns(RedisBase):
                 p.hset(meta_key, Meta.started_at, now().isoformat())
             if action in ("start", "admit"):
                 p.sadd(self.k.active, run_id)
+            if action == "admit":
+                p.hdel(meta_key, Meta.reason)
             if action == "stop":
                 p.hset(meta_key, Meta.finished_at, now().isoformat())
                 if reason is not None:
@@ -100,6 +102,14 @@ class RedisRuns(RedisBase):
             return target
 
         return await self._change_run(run_id, change)
+
+    async def note_waiting(self, run_id: str, reason: str) -> None:
+        def note(p: Pipeline, current: RunStatus) -> None:
+            if current != RunStatus.waiting:
+                raise Conflict(f"run {run_id} is {current.value}, not waiting")
+            p.hset(self.k.meta(run_id), Meta.reason, reason)
+
+        await self._change_run(run_id, note)
 
     async def _change_run(self, run_id: str, change: Callable[[Pipeline, RunStatus], T]) -> T:
         """`change(pipeline, the run's status)` queues a change of the run in one MULTI/EXEC (or raises to

@@ -180,6 +180,20 @@ async def test_admission_stamps_started_at_again(store: Store) -> None:
     assert waited is not None and admitted is not None and admitted > waited
 
 
+async def test_a_waiting_run_says_what_it_waits_for_until_its_admission(store: Store) -> None:
+    run_id = await new_run(store, "created")
+    with pytest.raises(Conflict):  # only a waiting run waits for something
+        await store.note_waiting(run_id, "waiting for 2 devices")
+    await store.transition(run_id, "wait")
+    await store.note_waiting(run_id, "waiting for 2 devices; 1 connected")
+    assert (await store.info(run_id)).reason == "waiting for 2 devices; 1 connected"
+    await store.transition(run_id, "admit")
+    assert (await store.info(run_id)).reason is None
+    with pytest.raises(Conflict):
+        await store.note_waiting(run_id, "waiting for 2 devices")
+    assert (await store.info(run_id)).reason is None
+
+
 @pytest.mark.parametrize(("start", "action"), [
     ("created", "pause"), ("created", "resume"), ("running", "start"), ("running", "resume"), ("paused", "pause"),
     ("paused", "start"), ("stopped", "start"), ("stopped", "resume"), ("stopped", "stop"),
