@@ -128,7 +128,7 @@ function drawInfo(info) {
   const status = document.getElementById("status");
   status.textContent = info.status;
   status.className = `status ${info.status}`;
-  document.getElementById("status-reason").textContent = info.reason ?? "";  // why a run stopped short
+  document.getElementById("status-reason").textContent = info.reason ?? "";  // what a waiting run waits for, or why a run stopped short
   document.getElementById("algorithm").textContent = info.config.algorithm;
   document.getElementById("version").textContent = `${info.version} / ${info.rounds}`;
   document.getElementById("accuracy").textContent = percent(info.last_round?.test_accuracy);
