@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,17 +27,11 @@ from fl_services.shared.core.data.sources import open_source
 from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.reports import HeldOut, RunStatus
 from fl_services.shared.core.training import evaluate
+from fl_services.shared.wire.admin import DeviceInfo
 from fl_services.shared.wire.protocol import issue_device_tokens
+from tests.federation.test_sites_and_devices import SITES as SITE_SETTINGS
+from tests.federation.test_sites_and_devices import TASK, csv_file, image_folder, npz_file
 from tests.integration.lan import Lan, lan
-from tests.integration.test_federation_services import (
-    SITES,
-    TASK,
-    csv_file,
-    devices,
-    image_folder,
-    npz_file,
-    wait_for,
-)
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +43,23 @@ DEVICES = {101: ("dnpz", 0, "kind=npz"), 102: ("dcsv", 0, "kind=csv"), 201: ("di
 MISFIT, JOINER = 202, 203
 # The rest are started with the federation, the joiner once a run is under way.
 AT_START = [d for d in DEVICES if d != JOINER]
+# Each site's name and labels as its edge process reads them.
+SITES = {e: {"FL_EDGE_NAME": site["name"], "FL_EDGE_LABELS": site["labels"]} for e, site in SITE_SETTINGS.items()}
+
+
+def devices(fed: Federation, edge: int) -> list[DeviceInfo]:
+    response = httpx.get(f"{fed.edges[edge].address()}/api/v1/devices",
+                         headers={"Authorization": f"Bearer {fed.client_token}"}, timeout=10)
+    response.raise_for_status()
+    return [DeviceInfo.model_validate(d) for d in response.json()]
+
+
+def wait_for(what, timeout_s: float = 120.0, poll_s: float = 0.3):
+    deadline = time.monotonic() + timeout_s
+    while not (found := what()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(poll_s)
+    return found
 
 
 @dataclass

@@ -1,10 +1,12 @@
-"""Devices with their own data, through real processes: an fl-client started with FL_CLIENT_DATA=npz:… trains
-each round of a run on its own file (its own sample count, its own loss), beside a simulated client on its
-partition, while a device whose data does not fit the run's model reports why each round and the run goes on.
+"""Devices with their own data through the services: a client worker with `data = npz:…` trains each round of a run
+on its own file (its own sample count, its own loss), beside a simulated client on its partition, while a device
+whose data does not fit the run's model reports why each round and the run goes on.
 
 The run's data set is an imported loader: for it the edge checks no sample counts against a partition, which
 is what lets a device's own count through while sites and devices are not yet registered entities."""
 import math
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,11 +18,11 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data import load_client
 from fl_services.shared.core.federation import initial_model
 from fl_services.shared.core.records import decode
-from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
-from tests.integration.topology import federation, run
+from tests.federation.checks import run
+from tests.federation.harness import Federation, federation
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.anyio
 
 # The run's task: (2, 3) samples, 3 classes (tests.shared.user_factories:as_dict).
 CONFIG = RunConfig(name="own-data", rounds=3, model={"name": "logreg"},
@@ -29,36 +31,35 @@ CONFIG = RunConfig(name="own-data", rounds=3, model={"name": "logreg"},
                    policy={"deadline_s": 60, "min_fraction": 0.5, "max_retries": 0})
 
 
-def device_file(path, shape):
+def device_file(path: Path, shape: tuple[int, ...]) -> str:
     rng = np.random.default_rng(1)
     x = rng.normal(size=(30, *shape)).astype(np.float32)
     np.savez(path, x=x, y=(x.reshape(30, -1)[:, 0] > 0).astype(np.int64) + (x.reshape(30, -1)[:, 1] > 0))
     return f"npz:{path}"
 
 
-def first_result(config: RunConfig, own: str, tmp_path) -> ClientResultHeader:
-    """What the device with data `own` reports for its task of round 0 (the initial model), computed in process."""
+def first_result(config: RunConfig, own: str, tmp_path: Path) -> ClientResultHeader:
+    """What the device with data `own` reports for its task of round 0 (the initial model), computed directly."""
     algorithm = registry.create(config)
     task = algorithm.client_task(algorithm.init_global(initial_model(config)), 0, 0)
     header = ClientTaskHeader(task_id="t", run_id="r", client_id=0, round=0, version=0, config=config)
-    settings = ClientSettings(state_dir=tmp_path, dvfs_backend="emulate", data=own)
+    settings = ClientSettings(state_dir=tmp_path / "direct", dvfs_backend="emulate", data=own)
     return decode(compute(settings, header, task), ClientResultHeader)[1]
 
 
-@pytest.fixture(scope="module")
-def devices(tmp_path_factory):
-    files = tmp_path_factory.mktemp("device-data")
-    own, wrong = device_file(files / "site.npz", (2, 3)), device_file(files / "transposed.npz", (3, 2))
-    # Client processes 0, 1, 2 host clients 0, 1, 2: 0 and 2 are devices with their own data, 1 is simulated.
-    with federation(tmp_path_factory, num_clients=3, procs_per_edge=3,
-                    client_env={0: {"FL_CLIENT_DATA": own}, 2: {"FL_CLIENT_DATA": wrong}}) as (topo, api):
-        yield api, own
+@pytest.fixture
+async def devices(cloud_storage, tmp_path) -> AsyncIterator[tuple[Federation, str]]:
+    own, wrong = device_file(tmp_path / "site.npz", (2, 3)), device_file(tmp_path / "transposed.npz", (3, 2))
+    # Three workers hosting clients 0, 1, 2: 0 and 2 are devices with their own data, 1 is simulated.
+    data = {0: own, 2: wrong}
+    async with federation(cloud_storage, tmp_path, num_clients=3, procs_per_edge=3,
+                          client=lambda ids: {"data": data[ids[0]]} if ids[0] in data else {}) as fed:
+        yield fed, own
 
 
-def test_a_device_trains_the_runs_rounds_on_its_own_file(devices, tmp_path):
-    api, own = devices
-    info, history, _ = run(api, CONFIG)
-    assert info.status == RunStatus.finished
+async def test_a_device_trains_the_runs_rounds_on_its_own_file(devices, tmp_path):
+    fed, own = devices
+    _, history, _ = await run(fed.admin, CONFIG)
     partition = len(load_client(CONFIG.data, CONFIG.seed, 1).train)
     for h in history:
         assert {c.client_id: c.num_samples for c in h.clients} == {0: 24, 1: partition}  # 30 less its fifth held out
@@ -70,14 +71,13 @@ def test_a_device_trains_the_runs_rounds_on_its_own_file(devices, tmp_path):
     assert history[0].clients[0].loss == pytest.approx(expected.loss, rel=1e-5)
 
 
-def test_a_device_evaluates_each_version_on_its_own_held_out_split(devices, tmp_path):
-    """Federated evaluation through processes: the device with its own file evaluates the version its task carries
-    on its own held-out fifth (6 of 30 samples), the simulated client on its partition's; the site's and the run's
-    figures are their sample-weighted means; the cloud evaluates nothing."""
-    api, own = devices
+async def test_a_device_evaluates_each_version_on_its_own_held_out_split(devices, tmp_path):
+    """Federated evaluation: the device with its own file evaluates the version its task carries on its own held-out
+    fifth (6 of 30 samples), the simulated client on its partition's; the site's and the run's figures are their
+    sample-weighted means; the cloud evaluates nothing."""
+    fed, own = devices
     config = CONFIG.model_copy(update={"name": "own-data-fedeval", "evaluation": "federated"})
-    info, history, _ = run(api, config)
-    assert info.status == RunStatus.finished
+    _, history, _ = await run(fed.admin, config)
     held_out = len(load_client(config.data, config.seed, 1).test)
     for h in history:
         assert {c.client_id: c.evaluation.num_samples for c in h.clients} == {0: 6, 1: held_out}
