@@ -239,16 +239,21 @@ def cloud_config(**overrides) -> RunConfig:
 
 
 @pytest.mark.parametrize("edge", [False, True])
-async def test_the_cloud_sees_only_the_sum_over_the_sites(cloud_storage, tmp_path, monkeypatch, edge):
+async def test_the_cloud_sees_only_the_sum_over_the_sites(cloud_storage, tmp_path, monkeypatch, caplog, edge):
+    """The cloud unmasks only the sites' total (and with secure aggregation at the edges too, each edge only its
+    devices' sum, all 3 of its devices' masked inputs in); the model equals plain FedAvg within the fixed-point
+    bound."""
     monkeypatch.setattr(harness, "Wire", Recorder)
     Recorder.bodies = []
+    caplog.set_level(logging.INFO, logger="fl_services.edge")
     config = cloud_config(secure_aggregation={"cloud": True, "edge": edge, "scale_bits": FRACTIONAL_BITS})
     async with federation(cloud_storage, tmp_path, num_clients=6, num_edges=2) as fed:
         run_id, history, model = await run(fed.admin, config)
         keys = (await fed.admin.run(run_id)).config.secure_aggregation.site_keys  # relayed: public keys only
         assert keys is not None and sorted(keys) == [0, 1] and keys[0] != keys[1]
     assert sorted(c.client_id for c in history[0].clients) == list(range(6)) and history[0].edges == [0, 1]
-    assert_within_fixed_point(model, (await reference(config)).global_state, config)
+    assert 0 < assert_within_fixed_point(model, (await reference(config)).global_state, config) <= 2.0 ** -9
+    assert caplog.text.count("masked inputs from 3 of 3 devices") == (2 if edge else 0)
     submitted = [decode(body, EdgeContributionHeader) for path, body in Recorder.bodies
                  if path.endswith("/contributions")]
     assert sorted(header.edge_id for _, header in submitted) == [0, 1]
