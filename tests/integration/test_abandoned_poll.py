@@ -24,7 +24,7 @@ def polls_answered(url: str) -> float:
 
 
 def test_an_abandoned_long_poll_ends_at_the_next_announce(tmp_path):
-    with LocalTopology(num_clients=1, num_edges=1, procs_per_edge=1, workdir=tmp_path) as topo,\
+    with LocalTopology(num_clients=0, num_edges=1, workdir=tmp_path) as topo,\
             CloudAPI(topo.cloud_url, topo.admin_token) as api:
         topo.edges[0].stop()  # its own polls would come and go meanwhile: this test plays edge 0
         config = RunConfig(model={"name": "logreg"}, data={"dataset": "digits", "num_clients": 1}, rounds=5)
