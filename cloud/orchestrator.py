@@ -49,6 +49,7 @@ from fl_services.shared.core.records import decode, decode_state, encode
 from fl_services.shared.core.reports import RoundRecord
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.server.longpoll import Announcer, wait_until
+from fl_services.shared.wire.admin import RunInfo
 from fl_services.shared.wire.backoff import Backoff
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
@@ -237,8 +238,7 @@ class Orchestrator:
     async def _publish_update(self, run_id: str, lease: Lease, renewing: asyncio.Task) -> bool:
         """The update under the lease. Everything is read again: another replica may have published it
         between the first look and the lease."""
-        await self._evaluated(run_id)
-        info = await self.store.info(run_id)
+        info = await self._evaluated(run_id)
         if info.status not in UPDATABLE:
             return False
         config = info.config
@@ -246,7 +246,8 @@ class Orchestrator:
         if len(entries) < config.topology.buffer_size:
             return False
         algorithm = self.algorithm(run_id, config)
-        global_blob = await self.store.global_blob(run_id)
+        # The state this process serves, where it is the current version (under the lease none newer is).
+        global_blob = await self.globals.blob(run_id, info.version)
         state_blob = await self.store.cloud_state_blob(run_id)
         bind(run_id=run_id)
         update_started = time.perf_counter()
@@ -321,10 +322,11 @@ class Orchestrator:
         except Exception:  # e.g. the storage away: the next update evaluates it again before it is computed
             log.exception("run %s: evaluating version %d failed; the next update retries it", run_id, record.version)
 
-    async def _evaluated(self, run_id: str) -> None:
+    async def _evaluated(self, run_id: str) -> RunInfo:
         """Before the next update: the evaluation of the current version is in its record. This replica's
         own is awaited (it had a round's time: only a round shorter than an evaluation waits here); one that
-        no process finished (a replica killed, a cloud restarted) is done now, from the current state."""
+        no process finished (a replica killed, a cloud restarted) is done now, from the current state. The
+        run's info as it is then."""
         running = self._evaluations.pop(run_id, None)
         if running is not None:
             with contextlib.suppress(Exception):  # whatever failed is redone below
@@ -333,7 +335,7 @@ class Orchestrator:
         record = info.last_round
         if (record is None or not math.isnan(record.test_accuracy) or record.version != info.version
                 or not cloud_evaluates(info.config)):
-            return
+            return info
         algorithm = self.algorithm(run_id, info.config)
         global_blob = await self.store.global_blob(run_id)
         state_blob = await self.store.cloud_state_blob(run_id)
@@ -341,6 +343,7 @@ class Orchestrator:
         cloud_state = await asyncio.to_thread(decode_state, state_blob) if state_blob else {}
         evaluation = await asyncio.to_thread(evaluate_global, info.config, algorithm, global_, cloud_state)
         await self.store.fill_evaluation(run_id, with_evaluation(record, evaluation))
+        return await self.store.info(run_id)
 
     @staticmethod
     def _update(algorithm: Algorithm, global_blob: bytes, state_blob: bytes | None,

@@ -190,10 +190,18 @@ class Evaluation:
     samples: int
 
 
+# Evaluation batches: on the CPU, small enough that a conv layer's activations stay in the cache (the CNNs
+# evaluate 1.6-2.2x faster in batches of 128 than of 1024 on one thread); an accelerator takes large ones.
+CPU_EVALUATION_BATCH = 128
+ACCELERATOR_EVALUATION_BATCH = 1024
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1024) -> Evaluation:
+def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int | None = None) -> Evaluation:
     model.eval()
     device = device_of(model)  # each batch goes where the model is (shared/core/device.py)
+    if batch_size is None:
+        batch_size = CPU_EVALUATION_BATCH if device.type == "cpu" else ACCELERATOR_EVALUATION_BATCH
     loss_sum, correct = 0.0, 0
     for start in range(0, len(data), batch_size):
         x, y = data.x[start : start + batch_size].to(device), data.y[start : start + batch_size].to(device)

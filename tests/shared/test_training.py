@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from fl_services.shared.core.config import LocalTrainingConfig
 from fl_services.shared.core.data import ArrayDataset
-from fl_services.shared.core.training import DpSgd, batches, local_sgd
+from fl_services.shared.core.training import CPU_EVALUATION_BATCH, DpSgd, batches, evaluate, local_sgd
 
 
 def test_batch_size_zero_is_one_full_batch():
@@ -79,3 +79,16 @@ def test_dp_sgd_refuses_a_regulariser():
     with pytest.raises(ValueError, match="neither a regulariser"):
         local_sgd(model, digits_like(), LocalTrainingConfig(), torch.Generator(),
                   regulariser=lambda m: 0 * m.bias.sum(), dp_sgd=DpSgd(1.0, 1.0))
+
+
+def test_an_evaluation_in_batches_counts_every_row_once_with_the_figures_of_one_batch():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4))
+    rows = 3 * CPU_EVALUATION_BATCH + 5  # a short last batch
+    data = ArrayDataset(torch.randn(rows, 1, 4, 4), torch.randint(0, 4, (rows,)))
+    batched, whole = evaluate(model, data), evaluate(model, data, batch_size=rows)
+    logits = model(data.x)
+    assert batched.samples == whole.samples == rows
+    assert batched.accuracy == whole.accuracy == int((logits.argmax(1) == data.y).sum()) / rows
+    assert batched.loss == pytest.approx(whole.loss, rel=1e-6)
+    assert whole.loss == pytest.approx(float(F.cross_entropy(logits, data.y)), rel=1e-6)

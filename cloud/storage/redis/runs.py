@@ -2,6 +2,7 @@
 set of the active ones (Redis-specific; every key in keys.py)."""
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from datetime import datetime
@@ -18,6 +19,13 @@ from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.wire.admin import RunInfo
 
 T = TypeVar("T")
+
+
+@functools.lru_cache(maxsize=64)
+def parsed_config(raw: str) -> RunConfig:
+    """A run's config from its stored JSON, parsed once per text: every update, poll and contribution reads
+    it, and a RunConfig is frozen, so the same object serves them all."""
+    return RunConfig.model_validate_json(raw)
 
 
 class RedisRuns(RedisBase):
@@ -53,23 +61,35 @@ class RedisRuns(RedisBase):
         return {text(k): text(v) for k, v in raw.items()}
 
     async def config(self, run_id: str) -> RunConfig:
-        return RunConfig.model_validate_json((await self._meta(run_id))[Meta.config])
+        raw = await self.r.hget(self.k.meta(run_id), Meta.config)
+        if raw is None:
+            raise NotFound(f"unknown run {run_id!r}")
+        return parsed_config(text(raw))
 
     async def status(self, run_id: str) -> tuple[RunStatus, int]:
-        meta = await self._meta(run_id)
-        return RunStatus(meta[Meta.status]), int(meta[Meta.version])
+        # Two fields, not the whole hash: the long-poll asks this of every active run at every announce.
+        status, version = await self.r.hmget(self.k.meta(run_id), [Meta.status, Meta.version])
+        if status is None or version is None:
+            raise NotFound(f"unknown run {run_id!r}")
+        return RunStatus(text(status)), int(text(version))
 
     async def info(self, run_id: str) -> RunInfo:
-        meta = await self._meta(run_id)
-        config = RunConfig.model_validate_json(meta[Meta.config])
-        last = await self.r.lindex(self.k.history(run_id), -1)
+        async with self.r.pipeline(transaction=False) as p:  # one round trip
+            p.hgetall(self.k.meta(run_id))
+            p.lindex(self.k.history(run_id), -1)
+            p.xlen(self.k.buffer(run_id))
+            raw, last, buffered = await p.execute()
+        if not raw:
+            raise NotFound(f"unknown run {run_id!r}")
+        meta = {text(k): text(v) for k, v in raw.items()}
+        config = parsed_config(meta[Meta.config])
         return RunInfo(
             run_id=run_id,
             status=RunStatus(meta[Meta.status]),
             config=config,
             version=int(meta[Meta.version]),
             rounds=config.rounds,
-            buffered=await self.r.xlen(self.k.buffer(run_id)),
+            buffered=buffered,
             created_at=datetime.fromisoformat(meta[Meta.created_at]),
             started_at=datetime.fromisoformat(meta[Meta.started_at]) if Meta.started_at in meta else None,
             finished_at=datetime.fromisoformat(meta[Meta.finished_at]) if Meta.finished_at in meta else None,
