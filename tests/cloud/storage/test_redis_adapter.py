@@ -38,7 +38,8 @@ async def _subscribed() -> None:
 # StorageUnavailable, never redis-py's ConnectionError.
 CALLS = {
     "ping": (), "migrate": (), "create_run": ("r", CONFIG, b"g"), "config": ("r",), "status": ("r",), "info": ("r",),
-    "infos": (["r"],), "run_ids": (), "active_runs": (), "transition": ("r", "start"), "global_blob": ("r",),
+    "infos": (["r"],), "run_ids": (), "active_runs": (), "transition": ("r", "start"), "note_waiting": ("r", "w"),
+    "global_blob": ("r",),
     "versioned_global": ("r",), "cloud_state_blob": ("r",), "history": ("r",), "history_since": ("r", 0),
     "fill_evaluation": ("r", record(1)), "delete_run": ("r",), "ended_runs": (),
     "submit": (contribution_header("r"), b"blob", True), "has_pending": ("r", 0), "buffered": ("r", 1),
