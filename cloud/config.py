@@ -50,7 +50,8 @@ class CloudSettings(ServerSettings):
         "A directory for contributions' blobs, on a volume every replica mounts at this path: each blob is written "
         "there, fsynced, before its submit is buffered, and only its name goes into Redis (a write at disk speed, "
         "where storing the bytes in Redis waits for its AOF). Unset: the blobs are kept in Redis. Replicas must "
-        "all set it, or all leave it unset, once contributions are buffered in files."))
+        "all set it, or all leave it unset, once contributions are buffered in files. A directory the cloud cannot "
+        "create or write stops it at start-up."))
     blob_orphan_s: float = Field(3600.0, gt=0, description=(
         "A blob file that no buffered contribution references (its cloud stopped between the write and the "
         "buffering) is deleted once it is this many seconds old; checked at start and every quarter of it."))

@@ -20,7 +20,7 @@ from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.routes import admin, edges, health, runs, ui
 from fl_services.cloud.services import sites
 from fl_services.cloud.storage import Conflict, MemoryStore, NotFound, StorageRefused, StorageUnavailable, Store
-from fl_services.cloud.storage.redis import check_redis, redis_store
+from fl_services.cloud.storage.redis import check_redis, prepared_blob_files, redis_store
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import answer_help, load_settings
 from fl_services.shared.server.app import Stopping, service_app
@@ -111,6 +111,8 @@ def main() -> None:
     try:
         if settings.storage == "redis":
             check_redis(settings.redis_url, settings.redis_options())
+        if settings.blob_dir is not None:
+            prepared_blob_files(settings.blob_dir, prefix=settings.key_prefix, orphan_s=settings.blob_orphan_s)
     except StorageRefused as exc:
         log.critical("%s; not starting", exc)
         raise SystemExit(1) from None

@@ -191,7 +191,7 @@ class Orchestrator:
                 raise
             except StorageUnavailable:  # every run's update waits for it alike
                 raise
-            except Exception:  # the buffer keeps its entries: the update is retried at the next turn
+            except Exception as exc:  # the buffer keeps its entries: the update is retried at the next turn
                 failures = self._failures[run_id] = self._failures.get(run_id, 0) + 1
                 if failures < self.max_update_failures:
                     log.exception("cloud update of run %s failed (%d in a row); will retry", run_id, failures)
@@ -199,7 +199,8 @@ class Orchestrator:
                 log.exception("cloud update of run %s failed %d times in a row; stopping it", run_id, failures)
                 del self._failures[run_id]
                 with contextlib.suppress(NotFound):  # deleted meanwhile
-                    await self._stop(run_id)
+                    await self._stop(run_id, f"its cloud update failed {failures} times in a row, its buffer kept "
+                                             f"({type(exc).__name__}: {exc})")
         return published
 
     async def update(self, run_id: str) -> bool:
@@ -260,7 +261,7 @@ class Orchestrator:
             )
         except Diverged as e:  # recomputing gives the same: stop the run, and say why
             log.error("run %s %s; stopping it", run_id, e)
-            return await self._stop(run_id)
+            return await self._stop(run_id, str(e))
         finally:
             self.metrics.update_seconds.observe(time.perf_counter() - update_started)
         started = info.last_round.finished_at if info.last_round else (info.started_at or now())
@@ -279,10 +280,10 @@ class Orchestrator:
                 run_id, info.version, entries, new_global, encode(outcome.cloud_state), record,
                 finished, lease=lease,
             )
-        except StateTooLarge:
+        except StateTooLarge as e:
             # Recomputing would give the same result again: stop the run, loudly, so that it does not loop.
             log.exception("run %s cannot store version %d; stopping it", run_id, info.version + 1)
-            return await self._stop(run_id)
+            return await self._stop(run_id, f"version {info.version + 1} cannot be stored: {e}")
         if committed:
             self.globals.keep(run_id, info.version + 1, new_global)
             for failed in record.failed_clients:
@@ -301,9 +302,10 @@ class Orchestrator:
             await self.announce()
         return committed
 
-    async def _stop(self, run_id: str) -> bool:
-        """Stops a run whose update cannot be published: recomputing would only give the same again."""
-        await self.store.transition(run_id, "stop")
+    async def _stop(self, run_id: str, reason: str) -> bool:
+        """Stops a run whose update cannot be published: recomputing would only give the same again. The reason
+        is the run's (RunInfo.reason), not only this replica's log's."""
+        await self.store.transition(run_id, "stop", reason)
         await self.announce()
         return False
 

@@ -74,10 +74,16 @@ def failures(history: list[RoundRecord]) -> list[str]:
 
 def show_results(info: RunInfo, history: list[RoundRecord], names: dict[int, str] | None = None) -> None:
     console.print(history_table(history, run_title(info), names=names))
-    if info.reason:  # why the cloud stopped it (e.g. every device failed)
-        console.print(f"{info.status.value}: {info.reason}", style="red", highlight=False)
+    show_why(info, history)
+
+
+def show_why(info: RunInfo, history: list[RoundRecord]) -> None:
+    """Why the run stopped short (devices that never came, every device failed, …) and its clients' failures.
+    Devices' own words among them: printed as they are, never read as Rich markup (a '[/]' would stop fedctl)."""
+    if info.reason:
+        console.print(f"{info.status.value}: {info.reason}", style="red", highlight=False, markup=False)
     for line in failures(history):
-        console.print(line, style="red", highlight=False)
+        console.print(line, style="red", highlight=False, markup=False)
 
 
 def progress_table(api: CloudAPI, info: RunInfo, started: float, names: dict[int, str] | None = None) -> Table:
@@ -114,10 +120,7 @@ def finish(api: CloudAPI, info: RunInfo, out: Path) -> None:
                           f"{newest.num_samples} held-out samples at {len(newest.sites)} sites")
     else:
         console.print("no rounds completed")
-    if info.reason:  # why it stopped without finishing (devices that never came, every device failed, …)
-        console.print(f"{info.status.value}: {info.reason}", style="red", highlight=False)
-    for line in failures(history):
-        console.print(line, style="red", highlight=False)
+    show_why(info, history)
     summary = group_summary(info.config, client_reports(history))
     if any(summary.values()):
         table = Table(title="clients' latest reports: mean ± spread over clients")

@@ -24,10 +24,14 @@ class BlobFiles:
         self.orphan_s = orphan_s
 
     def prepare(self) -> None:
-        """Creates the directory (durably) if it is not there; OSError if it cannot be written."""
+        """Creates the directory (durably) if it is not there; OSError if it cannot be written (a read-only
+        volume, a file in its place): found at start, not by the first submit."""
         if not self.directory.is_dir():
             self.directory.mkdir(parents=True, exist_ok=True)
             _fsync_directory(self.directory.parent)
+        probe = self.new_name()  # written as a blob is (fsyncs included); an orphan, swept by age, if left
+        self.write(probe, b"")
+        self.delete([probe])
 
     @staticmethod
     def new_name() -> str:

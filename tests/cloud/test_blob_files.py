@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from fl_services.cloud.config import CloudSettings
-from fl_services.cloud.storage import StorageUnavailable, now
+from fl_services.cloud.storage import StorageRefused, StorageUnavailable, now
 from fl_services.cloud.storage.blob_files import BlobFiles
-from fl_services.cloud.storage.redis import Entry, Keys, RedisStore, redis_store
+from fl_services.cloud.storage.redis import Entry, Keys, RedisStore, prepared_blob_files, redis_store
 from fl_services.shared.core.reports import RoundRecord
 from tests.cloud.harness import (
     Cloud,
@@ -27,6 +27,7 @@ from tests.cloud.harness import (
     small_config,
     two_edge_config,
 )
+from tests.integration.test_redis_auth import run_cloud
 
 pytestmark = pytest.mark.anyio
 
@@ -280,3 +281,33 @@ async def test_a_blob_that_cannot_be_written_is_a_503_and_leaves_nothing(
     monkeypatch.undo()
     assert answer.status_code == 503 and "No space left" in answer.text
     assert await store_of(cloud).buffered(run_id, 2) == [] and blob_files(cloud, tmp_path) == []  # no partial
+
+
+async def test_a_blob_dir_that_cannot_be_written_is_refused_at_start_not_by_every_submit(
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a-file").touch()
+    with pytest.raises(StorageRefused, match=r"FL_CLOUD_BLOB_DIR=.*a-file cannot hold .*Not a directory"):
+        async with redis_store(redis_url, {}, prefix="fl", max_connections=4, pool_timeout_s=5,
+                               blob_dir=tmp_path / "a-file"):
+            pass
+    existing = tmp_path / "volume" / "fl"
+    existing.mkdir(parents=True)
+
+    def read_only(fd: int) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(os, "fsync", read_only)
+    with pytest.raises(StorageRefused, match="Read-only file system"):
+        prepared_blob_files(tmp_path / "volume", prefix="fl", orphan_s=60)
+    monkeypatch.undo()
+    assert os.listdir(existing) == []  # the write that found it out left nothing
+    prepared_blob_files(tmp_path / "volume", prefix="fl", orphan_s=60)
+    assert os.listdir(existing) == []
+
+
+@pytest.mark.slow
+def test_a_cloud_whose_blob_dir_is_a_file_stops_at_start_up_with_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").touch()
+    result = run_cloud({"FL_CLOUD_BLOB_DIR": str(tmp_path / "a-file")})  # no Redis needed: it stops before
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "FL_CLOUD_BLOB_DIR" in result.stderr and "not starting" in result.stderr, result.stderr

@@ -102,7 +102,7 @@ async def test_an_update_too_large_to_store_stops_the_run(cloud: Cloud, monkeypa
     monkeypatch.setattr(cloud.app.state.store, "max_value_bytes", 100)
     run_id, global_ = await running_run(cloud, small_config(rounds=3))
     assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
-    await stopped_at_version_0(cloud, run_id)
+    assert (await stopped_at_version_0(cloud, run_id)).startswith("version 1 cannot be stored: ")
 
 
 async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud, monkeypatch: pytest.MonkeyPatch,
@@ -121,19 +121,22 @@ async def test_a_diverged_update_is_not_published_and_stops_the_run(cloud: Cloud
     v0 = await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))
     with caplog.at_level(logging.ERROR, logger="fl_services.cloud.orchestrator"):
         assert (await cloud.submit(0, contribution(global_, run_id))).status_code == 202
-        await stopped_at_version_0(cloud, run_id)
+        reason = await stopped_at_version_0(cloud, run_id)
     assert (await cloud.http.get(f"/api/v1/runs/{run_id}/model", headers=bearer(ADMIN_TOKEN))).content == v0.content
     names = "['model/linear.bias', 'model/linear.weight']"
     assert f"run {run_id} diverged: version 1 would have non-finite {names}" in caplog.text
+    assert reason == f"diverged: version 1 would have non-finite {names}"
 
 
-async def stopped_at_version_0(cloud: Cloud, run_id: str) -> None:
+async def stopped_at_version_0(cloud: Cloud, run_id: str) -> str:
+    """Waits for the run to stop at version 0; its reason (what fedctl and the dashboard show)."""
     for _ in range(200):
         if (await cloud.info(run_id))["status"] == "stopped":
             break
         await asyncio.sleep(0.05)
     info = await cloud.info(run_id)
     assert (info["status"], info["version"]) == ("stopped", 0)
+    return info["reason"]
 
 
 async def test_a_run_whose_update_keeps_failing_is_stopped_and_the_others_go_on(
@@ -159,6 +162,8 @@ async def test_a_run_whose_update_keeps_failing_is_stopped_and_the_others_go_on(
             await asyncio.sleep(0.05)
         a = await cloud.info(run_a)
         assert (a["status"], a["version"], a["buffered"]) == ("stopped", 0, 1)
+        assert a["reason"] == ("its cloud update failed 3 times in a row, its buffer kept "
+                               "(ZeroDivisionError: float division by zero)")
         global_b, header = await cloud.global_state(0)  # the other run, active all along, still trains
         assert header.run_id == run_b
         assert (await cloud.submit(0, contribution(global_b, run_b))).status_code == 202

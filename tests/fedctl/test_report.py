@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from fl_services.fedctl import display
 from fl_services.fedctl.display import failures, history_table
 from fl_services.fedctl.report import export_history, save_results, write_history_csv, write_history_json
 from fl_services.shared.core.algorithms.base import Contribution
@@ -138,3 +139,15 @@ def test_the_exports_say_which_evaluation_each_figure_comes_from(tmp_path):
         {"loss": 0.5, "accuracy": 1.0, "num_samples": 10, "edge_id": 0},
         {"loss": 0.5, "accuracy": 0.5, "num_samples": 30, "edge_id": 1}]}]
     assert [c["evaluation"]["num_samples"] for c in saved["clients"]] == [10, 30]
+
+
+def test_why_a_run_stopped_is_printed_as_the_devices_said_it_not_as_markup(monkeypatch):
+    failing = Contribution(2, 0, {}, 1.0, (), (ClientFailure(client_id=5, error="[/] [bold]no GPU", kind="training"),))
+    history = [round_record(0, [failing], CloudRoundOutcome({}, {}, Evaluation(0.5, 0.75, 0), {}), AT, AT, AT)]
+    info = RunInfo(run_id="r", status=RunStatus.stopped, config=CONFIG, version=1, rounds=2, buffered=0,
+                   created_at=AT, reason="every device failed in round 1 (1 device(s)): [/] [bold]no GPU")
+    monkeypatch.setattr(display, "console", Console(width=200, record=True))
+    display.show_why(info, history)
+    assert display.console.export_text().splitlines() == [
+        "stopped: every device failed in round 1 (1 device(s)): [/] [bold]no GPU",
+        "client 5 failed 1 round(s) (training), last in round 0: [/] [bold]no GPU"]

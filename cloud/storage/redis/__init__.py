@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from fl_services.cloud.storage.blob_files import BlobFiles
+from fl_services.cloud.storage.ports import StorageRefused
 from fl_services.cloud.storage.redis.base import REDIS_MAX_VALUE
 from fl_services.cloud.storage.redis.connection import check_redis, clients
 from fl_services.cloud.storage.redis.keys import Entry, Keys, Meta
 from fl_services.cloud.storage.redis.store import RedisStore
 
 log = logging.getLogger(__name__)
-__all__ = ["REDIS_MAX_VALUE", "Entry", "Keys", "Meta", "RedisStore", "check_redis", "redis_store"]
+__all__ = ["REDIS_MAX_VALUE", "Entry", "Keys", "Meta", "RedisStore", "check_redis", "prepared_blob_files",
+           "redis_store"]
 
 
 @asynccontextmanager
@@ -30,9 +32,7 @@ async def redis_store(url: str, options: dict[str, Any], *, prefix: str, max_con
     """A RedisStore on its own clients (see connection.clients), closed on exit; with `blob_dir`, contributions'
     blobs in files there (under the prefix's own directory), orphans among them swept at once and every quarter
     of `blob_orphan_s`."""
-    files = None if blob_dir is None else BlobFiles(blob_dir, prefix, blob_orphan_s)
-    if files is not None:
-        files.prepare()
+    files = None if blob_dir is None else prepared_blob_files(blob_dir, prefix=prefix, orphan_s=blob_orphan_s)
     async with clients(url, options, max_connections, pool_timeout_s) as (asynchronous, bulk):
         store = RedisStore(asynchronous, Keys(prefix), bulk, blob_files=files)
         if files is None:
@@ -45,6 +45,19 @@ async def redis_store(url: str, options: dict[str, Any], *, prefix: str, max_con
             sweeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeping
+
+
+def prepared_blob_files(blob_dir: Path, *, prefix: str, orphan_s: float) -> BlobFiles:
+    """The blob files under `blob_dir`, their directory created; StorageRefused if it cannot be written, which
+    every submit would otherwise answer with a 503 that its edge retries for ever."""
+    files = BlobFiles(blob_dir, prefix, orphan_s)
+    try:
+        files.prepare()
+    except OSError as exc:
+        raise StorageRefused(f"the blob directory FL_CLOUD_BLOB_DIR={blob_dir} cannot hold contributions' blobs "
+                             f"({exc.strerror or exc}: {exc.filename or files.directory}): set it to a writable "
+                             "directory, on a volume every cloud replica mounts") from None
+    return files
 
 
 async def _sweep_forever(store: RedisStore, interval_s: float) -> None:

@@ -116,7 +116,9 @@ class RedisRuns(RedisBase):
                 p.hdel(meta_key, Meta.reason)
             if action == "stop":
                 p.hset(meta_key, Meta.finished_at, now().isoformat())
-                if reason is not None:
+                if reason is None:  # an operator's stop: what a waiting run waited for no longer holds
+                    p.hdel(meta_key, Meta.reason)
+                else:
                     p.hset(meta_key, Meta.reason, reason)
                 p.srem(self.k.active, run_id)
             return target

@@ -194,6 +194,15 @@ async def test_a_waiting_run_says_what_it_waits_for_until_its_admission(store: S
     assert (await store.info(run_id)).reason is None
 
 
+async def test_a_waiting_run_stopped_without_a_reason_no_longer_says_what_it_waited_for(store: Store) -> None:
+    run_id = await new_run(store, "created")
+    await store.transition(run_id, "wait")
+    await store.note_waiting(run_id, "waiting for 2 devices; 1 connected")
+    await store.transition(run_id, "stop")  # an operator's stop gives no reason
+    info = await store.info(run_id)
+    assert (info.status, info.reason) == (RunStatus.stopped, None)
+
+
 @pytest.mark.parametrize(("start", "action"), [
     ("created", "pause"), ("created", "resume"), ("running", "start"), ("running", "resume"), ("paused", "pause"),
     ("paused", "start"), ("stopped", "start"), ("stopped", "resume"), ("stopped", "stop"),
