@@ -18,7 +18,7 @@ from fl_services.shared.server.auth import guarded_router
 from fl_services.shared.server.bodies import binary, read_json
 from fl_services.shared.server.docs import binary_answer_doc, json_body_doc
 from fl_services.shared.server.errors import error_responses
-from fl_services.shared.wire.admin import RunEdges, RunInfo, RunSites
+from fl_services.shared.wire.admin import RunAction, RunEdges, RunInfo, RunSites
 
 router = guarded_router(require_admin, prefix="/api/v1/runs", tags=["runs"])
 
@@ -40,7 +40,7 @@ async def get_run(run_id: str, store: StoreDep) -> RunInfo:
     return await store.info(run_id)
 
 
-def _control(action: runs.Action) -> Callable[..., Awaitable[RunInfo]]:
+def _control(action: RunAction) -> Callable[..., Awaitable[RunInfo]]:
     async def control(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, audit: AuditDep) -> RunInfo:
         return await runs.control(store=store, orchestrator=orchestrator, audit=audit, run_id=run_id, action=action)
 
@@ -48,7 +48,7 @@ def _control(action: runs.Action) -> Callable[..., Awaitable[RunInfo]]:
     return control
 
 
-CONTROL_DOCS: dict[runs.Action, str] = {
+CONTROL_DOCS: dict[RunAction, str] = {
     "start": "Starts a created run (a run over registered devices waits for them first: status waiting).",
     "pause": "Pauses a running run: no new round starts and no cloud update is applied until it resumes; "
              "contributions still arriving are kept in the buffer (docs/decisions/pause-holds-the-version.md).",
@@ -58,7 +58,7 @@ CONTROL_DOCS: dict[runs.Action, str] = {
 
 
 # One route per action: an action that does not exist is a 404 (as any unknown path), not a 422 of a path parameter.
-for _action in get_args(runs.Action):
+for _action in get_args(RunAction):
     router.add_api_route(f"/{{run_id}}/{_action}", _control(_action), methods=["POST"], name=f"{_action}_run",
                          summary=f"{_action.capitalize()} Run", responses=error_responses(404, 409))
 

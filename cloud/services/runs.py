@@ -15,8 +15,6 @@ from fl_services.shared.core.tensors import encode
 from fl_services.shared.wire.admin import RunAction, RunInfo
 from fl_services.shared.wire.edge_cloud import GlobalStateHeader
 
-Action = RunAction
-
 
 async def create(*, store: Store, settings: CloudSettings, audit: Auditor, config: RunConfig) -> RunInfo:
     """A new run at version 0, once its initial global state is built and within the limits (InvalidRun)."""
@@ -30,7 +28,7 @@ async def create(*, store: Store, settings: CloudSettings, audit: Auditor, confi
 
 
 async def control(*, store: Store, orchestrator: Orchestrator, audit: Auditor, run_id: str,
-                  action: Action) -> RunInfo:
+                  action: RunAction) -> RunInfo:
     """A run over registered devices (a selection) starts by waiting for them (sites.admit_waiting)."""
     if action == "start" and (await store.config(run_id)).selection is not None:
         try:
