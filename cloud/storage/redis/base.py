@@ -46,11 +46,13 @@ class RedisBase:
         return {name.decode() for _, name in await self._entry_fields(run_id, Entry.blob_file)}
 
     async def _delete_files(self, names: list[str]) -> None:
+        """Deletes blob files no entry references (consumed, or refused at their submit)."""
         if names and self.files is not None:
             try:
                 await asyncio.to_thread(self.files.delete, names)
             except OSError:  # the volume away: what nothing references any more is swept later
-                log.warning("could not delete consumed blob files %s; a sweep will", names, exc_info=True)
+                log.warning("could not delete blob files %s that nothing references; a sweep will", names,
+                            exc_info=True)
 
 
 # redis-py types every reply as bytes | str (str under decode_responses=True); this adapter's clients are made

@@ -73,8 +73,8 @@ class RedisBuffer(RedisBase):
                   header.model_dump_json(), "1" if synchronous else "0", ",".join(map(str, members)), file],
         )
         outcome, detail = outcome.decode(), detail.decode()
-        if file and outcome != "accepted" and self.files is not None:
-            await asyncio.to_thread(self.files.delete, [file])
+        if file and outcome != "accepted":
+            await self._delete_files([file])
         if outcome == "lost":  # its TTL ran out (or it was swept) before the script ran: nothing was accepted
             raise StorageUnavailable(f"the contribution's blob {detail} expired (or was swept as an orphan) before it "
                                      "could be buffered")
