@@ -114,7 +114,7 @@ async def test_a_held_task_posted_again_during_the_poll_is_handed_out_at_once() 
     await asyncio.sleep(0.05)
     assert not waiting.done()
     await board.post([task("run", 0)])  # the round run again
-    assert [t.header.task_id for t in await asyncio.wait_for(waiting, 1)] == list(held)
+    assert [t.header.task_id for t in await asyncio.wait_for(waiting, 10)] == list(held)
     assert await board.fetch_many([0], held, timeout=0) == []
 
 

@@ -59,7 +59,7 @@ async def test_fedctl_runs_says_what_a_waiting_run_waits_for(cloud_storage, tmp_
                           cloud={"admission_interval_s": 0.05}, devices=[Device(7, 0, DATA.format(0))]) as fed:
         run_id = (await fed.admin.create_run(CONFIG)).run_id
         await fed.admin.action(run_id, "start")
-        for _ in range(200):
+        for _ in range(600):
             info = await fed.admin.run(run_id)
             if info.reason is not None:
                 break
