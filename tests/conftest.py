@@ -1,4 +1,5 @@
-"""Shared test fixtures: one real, private redis-server per test session; the wheel, built once."""
+"""Shared test fixtures: one real, private redis-server per test session (per worker); the wheel, built once;
+the order the suite runs in."""
 from __future__ import annotations
 
 import os
@@ -61,3 +62,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.integration.test_wheel import build_wheel
 
     return build_wheel(tmp_path_factory.mktemp("wheel-build"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first (those marked slow, in their order), so that the workers of `./fl test` end
+    together rather than one of them running a minute-long test while the others wait; the tests that install
+    the wheel share one worker (their xdist_group, under --dist loadgroup), so it is built once. Runs before
+    xdist's own hook, which reads the groups."""
+    for item in items:
+        if "wheel" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("wheel"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
