@@ -1,8 +1,8 @@
 """Every error answer: documented in the OpenAPI, small and safe to render (a 4xx never echoes a whole body)."""
 from __future__ import annotations
 
+import itertools
 import math
-import reprlib
 from typing import Any
 
 from fastapi import Request, status
@@ -46,13 +46,11 @@ _MAX_ERRORS = 20
 _MAX_ECHO = 200
 
 
-_echo = reprlib.Repr()  # (its keyword arguments are Python 3.12's)
+# How far into a container an error's quoted input goes: this many levels, this many items a level.
+_ECHO_DEPTH = 3
 
 
-_echo.maxlevel, _echo.maxdict, _echo.maxlist, _echo.maxtuple, _echo.maxset = 2, 4, 4, 4, 4
-
-
-_echo.maxstring = _echo.maxother = _MAX_ECHO
+_ECHO_ITEMS = 4
 
 
 async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -68,17 +66,31 @@ async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONRespo
                         status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
-def _brief(value: Any) -> Any:
-    """A value an error quotes back, cut short: scalars as they are (a long text truncated), a container
-    as a short excerpt of its repr (reprlib looks at only the first few items)."""
+def _brief(value: Any, depth: int = _ECHO_DEPTH) -> Any:
+    """A value an error quotes back, cut short and as JSON (the caller sent JSON): a long text truncated, a
+    container's first few items a few levels deep (the rest counted, never walked), anything else as its text."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
     if isinstance(value, str):
         return value if len(value) <= _MAX_ECHO else value[:_MAX_ECHO] + f"… ({len(value)} characters)"
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) for v in value[:_MAX_ERRORS])\
             and len(value) <= _MAX_ERRORS:  # a location: its parts, each cut short
         return [_brief(v) for v in value]
-    if isinstance(value, (dict, list, tuple, set, bytes)):
-        return _echo.repr(value)
-    return value
+    if isinstance(value, dict):
+        if depth == 0:
+            return f"{{…}} ({len(value)} keys)"
+        shown = {str(_brief(k)): _brief(v, depth - 1) for k, v in itertools.islice(value.items(), _ECHO_ITEMS)}
+        if len(value) > _ECHO_ITEMS:
+            shown["…"] = f"{len(value) - _ECHO_ITEMS} more keys"
+        return shown
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if depth == 0:
+            return f"[…] ({len(value)} items)"
+        items = [_brief(v, depth - 1) for v in itertools.islice(value, _ECHO_ITEMS)]
+        return items + ([f"… {len(value) - _ECHO_ITEMS} more items"] if len(value) > _ECHO_ITEMS else [])
+    return _brief(str(value))
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -478,6 +478,17 @@ async def test_a_422_quotes_a_large_input_only_briefly(edge: Edge, token: str) -
     assert len(detail) == 21  # 20 errors shown, and how many more there are
 
 
+async def test_a_422_quotes_the_input_as_json_a_few_items_deep(edge: Edge) -> None:
+    """The input a 422 quotes is JSON, as the caller sent it (not Python's repr of it), cut a few levels and
+    items deep."""
+    body = {"clientid": 1, "nested": {"a": [1, 2, 3, 4, 5, 6, {"deep": {"er": 1}}], "b": None, "c": True},
+            **{f"k{i}": "v" for i in range(3)}}
+    r = await edge.http.post("/api/v1/clients", json=body, headers=auth())
+    missing = next(e for e in detail_of(r, 422, "client_id") if e["type"] == "missing")
+    assert missing["input"] == {"clientid": 1, "nested": {"a": [1, 2, 3, 4, "… 3 more items"], "b": None, "c": True},
+                                "k0": "v", "k1": "v", "…": "1 more keys"}
+
+
 async def test_a_422_of_a_tensor_header_does_not_echo_it(edge: Edge) -> None:
     await edge.open_tasks(0)
     header = {**result_header(0).model_dump(mode="json"), "padding": "x" * 1_000_000}
