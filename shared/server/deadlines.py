@@ -36,6 +36,14 @@ class _Deadline:
     _timer: asyncio.TimerHandle | None = None
     _what = _HEAD
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]  # the protocol's, after this in the MRO
+        self._arm(_HEAD)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _arm(self, what: str) -> None:
         self._disarm()
         self._what = what
@@ -60,10 +68,6 @@ def h11_with_deadlines(header_timeout_s: float) -> type[H11Protocol]:
     still sending a body `header_timeout_s` after its answer went out. (h11 caps the head at 16 KiB itself.)"""
 
     class H11WithDeadlines(_Deadline, H11Protocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn
-            super().connection_made(transport)
-            self._arm(_HEAD)
-
         def data_received(self, data: bytes) -> None:
             if self._timer is None and self.conn.their_state is h11.IDLE:  # a new request on a kept connection
                 self._arm(_HEAD)
@@ -79,10 +83,6 @@ def h11_with_deadlines(header_timeout_s: float) -> type[H11Protocol]:
                 # Answered before the body was all in (401, 413, 408): uvicorn reads on until it ends, so
                 # that the client gets to read the answer; not for longer than this.
                 self._arm(_REST)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
     H11WithDeadlines.header_timeout_s = header_timeout_s
     return H11WithDeadlines
@@ -101,10 +101,6 @@ def httptools_with_deadlines(header_timeout_s: float) -> type[HttpToolsProtocol]
         _state = "idle"
         _head_bytes = 0  # bytes read since the request began (its head, while the head is not complete)
         _head_size = 0  # the parsed head so far: target and header lines
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn
-            super().connection_made(transport)
-            self._arm(_HEAD)
 
         def data_received(self, data: bytes) -> None:
             if self._state == "body":
@@ -150,10 +146,6 @@ def httptools_with_deadlines(header_timeout_s: float) -> type[HttpToolsProtocol]
             if self._state == "body" and not self.transport.is_closing():
                 # Answered before the body was all in (401, 413, 408): see h11_with_deadlines.
                 self._arm(_REST)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
     HttpToolsWithDeadlines.header_timeout_s = header_timeout_s
     return HttpToolsWithDeadlines
