@@ -23,6 +23,11 @@ _HEAD, _REST = "its request head", "the rest of a body already answered"
 # h11's own cap on a request head (h11.DEFAULT_MAX_INCOMPLETE_EVENT_SIZE): httptools (llhttp) has none, and
 # would buffer a header line of any length.
 MAX_HEAD_BYTES = 16 * 1024
+# How much of a body the httptools protocol holds for the app before it stops reading. uvicorn pauses at 64 KiB,
+# under one of uvloop's 256 KiB reads: every read then paused the socket and waited a loop turn for the app,
+# which doubled the server's CPU for reading a 60 MB body (docs/decisions/httptools-and-uvloop.md). It adds no
+# memory a caller could not take anyway: the routes read a body whole (up to their limit) before using it.
+BODY_HIGH_WATER_BYTES = 2**20
 
 
 class _Deadline:
@@ -134,6 +139,14 @@ def httptools_with_deadlines(header_timeout_s: float) -> type[HttpToolsProtocol]
             if self._what == _HEAD:  # the app reads the body, under BodyLimit's deadline
                 self._disarm()
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:  # uvicorn's, with BODY_HIGH_WATER_BYTES for its 64 KiB
+            if (self.parser.should_upgrade() and self._should_upgrade()) or self.cycle.response_complete:
+                return
+            self.cycle.body += body
+            if len(self.cycle.body) > BODY_HIGH_WATER_BYTES:
+                self.flow.pause_reading()
+            self.cycle.message_event.set()
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
