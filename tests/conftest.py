@@ -1,5 +1,5 @@
-"""Shared test fixtures: one real, private redis-server per test session (per worker); the wheel, built once;
-the order the suite runs in."""
+"""Shared test fixtures: one real, private redis-server per test session (per worker); the wheel, built once
+(per worker); the order the suite runs in."""
 from __future__ import annotations
 
 import os
@@ -64,13 +64,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(tmp_path_factory.mktemp("wheel-build"))
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first (those marked slow, in their order), so that the workers of `./fl test` end
-    together rather than one of them running a minute-long test while the others wait; the tests that install
-    the wheel share one worker (their xdist_group, under --dist loadgroup), so it is built once. Runs before
-    xdist's own hook, which reads the groups."""
-    for item in items:
-        if "wheel" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("wheel"))
+    """The longest tests first (those marked slow, in their order): `./fl test` hands each worker a whole test
+    file at a time in this order (--dist loadfile, not reordered), so the files holding minute-long tests start
+    at once and the workers end together on short ones."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
