@@ -27,7 +27,7 @@ import httpx
 
 from fl_services.fedctl.certs import write_deployment
 from fl_services.fedctl.redis_server import RedisServer, free_port
-from fl_services.fedctl.warm import WarmProcess, can_start_warm
+from fl_services.fedctl.warm import WarmProcess, can_start_warm, process_start_time
 from fl_services.shared.runtime.files import write_private
 from fl_services.shared.wire.admin import EdgeHealth
 from fl_services.shared.wire.protocol import issue_device_tokens, tokens_file_text
@@ -442,17 +442,6 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat), or None if it is gone or a zombie:
-    with the pid, it names one process even after the pid is reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def read_state(workdir: Path) -> dict[str, Any] | None:

@@ -82,6 +82,17 @@ def _forkserver_context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat), or None if it is gone or a zombie:
+    with the pid, it names one process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
 class WarmProcess:
     """A forked service with the part of subprocess.Popen's interface Service uses (pid, poll, wait, send_signal,
     terminate, kill, returncode); its exit code is the forkserver's report of it, negative for a signal."""
@@ -99,6 +110,7 @@ class WarmProcess:
         multiprocessing.process._children.discard(self._process)  # type: ignore[attr-defined]
         assert self._process.pid is not None
         self.pid: int = self._process.pid
+        self._started = process_start_time(self.pid)
         # Returns once the service is in its own session, as Popen(start_new_session=True) does: a Ctrl-C at
         # the terminal must not reach it.
         with contextlib.suppress(ProcessLookupError):
@@ -107,14 +119,20 @@ class WarmProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._process.exitcode
+            code = self._process.exitcode
+            # A forkserver that died (a SIGHUP or SIGTERM to the launcher's process group) reports each of its
+            # services as ended (255) while it runs on in its own session: it ended once its pid is gone.
+            if code is not None and not (self._started is not None and process_start_time(self.pid) == self._started):
+                self.returncode = code
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._process.join(timeout)
-        code = self.poll()
-        if code is None:
-            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.05)
         return code
 
     def send_signal(self, sig: int) -> None:

@@ -1,6 +1,7 @@
 """Warm starts (fl_services.fedctl.warm): a service forked from the forkserver behaves as the same service
 started as `python -m`: settings from its environment, its argv, its log, its exit code, its own session,
-the signals that stop it; and the forkserver runs no thread that a fork could leave half-copied."""
+the signals that stop it, also once the forkserver is gone; and the forkserver runs no thread that a fork could
+leave half-copied."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fl_services.fedctl.launch import Service
-from fl_services.fedctl.warm import COLD_ENV, WarmProcess
+from fl_services.fedctl.warm import COLD_ENV, WarmProcess, process_start_time
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +73,19 @@ def test_cold_when_asked_or_when_the_interpreter_would_start_otherwise(tmp_path:
     assert started({"PYTHONPATH": str(tmp_path)}) is subprocess.Popen  # read as the interpreter starts
     monkeypatch.setenv(COLD_ENV, "1")
     assert started({}) is subprocess.Popen
+
+
+def test_a_warm_service_outlives_its_forkserver_and_is_still_stopped(tmp_path: Path) -> None:
+    """A signal to the launcher's process group (a closed terminal's SIGHUP) ends the forkserver in it, but not
+    the services, each in its own session: the launcher must still see them run and stop them."""
+    service = Service("client", CLIENT, WAITING, tmp_path / "client.log")
+    service.start()
+    proc = service.proc
+    assert isinstance(proc, WarmProcess)
+    forkserver = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(forkserver, signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(2)
+    assert service.alive()
+    service.stop()
+    assert not service.alive() and process_start_time(proc.pid) is None
