@@ -27,6 +27,7 @@ import httpx
 
 from fl_services.fedctl.certs import write_deployment
 from fl_services.fedctl.redis_server import RedisServer, free_port
+from fl_services.fedctl.warm import WarmProcess, can_start_warm, process_start_time
 from fl_services.shared.runtime.files import write_private
 from fl_services.shared.wire.admin import EdgeHealth
 from fl_services.shared.wire.protocol import issue_device_tokens, tokens_file_text
@@ -58,14 +59,20 @@ class Service:
     program: list[str] | None = None
     # How a probe of an https:// service verifies it and which certificate it presents.
     tls: ssl.SSLContext | None = None
-    proc: subprocess.Popen | None = None
+    # A plain `python -m` process even where a warm start (fl_services.fedctl.warm) would do.
+    cold: bool = False
+    proc: subprocess.Popen | WarmProcess | None = None
 
     def start(self) -> None:
         # `python -m` searches its working directory first: from ROOT the services run the very code this
         # module was loaded from, a checkout (whatever else the venv holds) or the installed package.
         self._log = open(self.log, "ab")
+        env = {**os.environ, **self.env}
+        if not (self.cold or self.program or self.prefix) and can_start_warm(self.args, env):
+            self.proc = WarmProcess(self.args, env, ROOT, self.log)
+            return
         command, cwd = (self.program, self.log.parent) if self.program else ([sys.executable], ROOT)
-        self.proc = subprocess.Popen([*self.prefix, *command, *self.args], cwd=cwd, env={**os.environ, **self.env},
+        self.proc = subprocess.Popen([*self.prefix, *command, *self.args], cwd=cwd, env=env,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
@@ -161,6 +168,9 @@ class LocalTopology:
     # Each client process holds a device token per logical client it hosts (`fedctl issue-token --out`, its
     # client_tokens setting), not the edges' client secret, as the compose TLS variant's containers do.
     device_tokens: bool = False
+    # Every service as a plain `python -m` process (as FL_LAUNCH_COLD=1 asks), not forked warm from a
+    # forkserver that imported the service modules once (fl_services.fedctl.warm).
+    cold: bool = False
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -256,7 +266,8 @@ class LocalTopology:
             "FL_CLOUD_EDGE_TOKEN": self.edge_token, "FL_CLOUD_TORCH_THREADS": str(self.torch_threads),
             "FL_CLOUD_LOG_LEVEL": self.log_level, "FL_CLOUD_REPLICA_ID": name, **self._tls_env("FL_CLOUD_", "cloud"),
             **self._redis_tls_env(), **self.extra_env,
-        }, self.workdir / f"{name}.log", url=f"{self.scheme}://127.0.0.1:{port}", tls=self.client_tls())
+        }, self.workdir / f"{name}.log", url=f"{self.scheme}://127.0.0.1:{port}", tls=self.client_tls(),
+            cold=self.cold)
 
     def start(self) -> "LocalTopology":
         """Starts every process and waits until the services answer and the clients are registered; whatever
@@ -299,7 +310,7 @@ class LocalTopology:
                 **self._dial_env("FL_EDGE_", "CLOUD", f"edge{edge_id}"), **self.extra_env,
                 **self.edge_env.get(edge_id, {}),
             }, self.workdir / f"edge{edge_id}.log", url=f"{self.scheme}://{self.edge_host}:{port}",
-                tls=self.client_tls())
+                tls=self.client_tls(), cold=self.cold)
             self.edges.append(edge)
             edge.start()
             self.record()
@@ -313,7 +324,8 @@ class LocalTopology:
                     "FL_CLIENT_STATE_DIR": str(self.workdir / "client-state"), "FL_CLIENT_LOG_LEVEL": self.log_level,
                     **self._dial_env("FL_CLIENT_", "EDGE", f"client{len(self.clients)}"), **self.extra_env,
                     **self.client_env.get(len(self.clients), {}),
-                }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program)
+                }, self.workdir / f"client{edge_id}.{p}.log", prefix=self.client_prefix, program=program,
+                  cold=self.cold)
                 self.clients.append(client)
                 client.start()
                 self.record()
@@ -430,17 +442,6 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat), or None if it is gone or a zombie:
-    with the pid, it names one process even after the pid is reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def read_state(workdir: Path) -> dict[str, Any] | None:

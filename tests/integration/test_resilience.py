@@ -66,10 +66,11 @@ def test_a_killed_cloud_loses_nothing_and_counts_nothing_twice(api, topology):
 def test_services_stop_at_once_while_long_polls_wait(tmp_path):
     """SIGTERM ends a service's open long-polls (204) instead of waiting them out: with 10-minute polls
     in flight (edges at the cloud, clients at the edge) each process exits well inside docker's
-    10 s grace. Before, uvicorn held the shutdown until every poll's timeout."""
+    10 s grace. Before, uvicorn held the shutdown until every poll's timeout. Its services start cold, as
+    `python -m` processes, so that start-up stays tested too (the other topologies start warm)."""
     polls = {"FL_CLOUD_LONG_POLL_MAX_S": "600", "FL_EDGE_LONG_POLL_MAX_S": "600", "FL_CLIENT_LONG_POLL_S": "600"}
     topology = LocalTopology(num_clients=2, num_edges=1, procs_per_edge=1, workdir=tmp_path,
-                             redis_url=os.environ.get("REDIS_URL"), extra_env=polls).start()
+                             redis_url=os.environ.get("REDIS_URL"), extra_env=polls, cold=True).start()
     try:
         time.sleep(1.0)  # the edge is polling the cloud, the client process the edge
         for service in (topology.cloud, topology.edges[0]):

@@ -1,0 +1,91 @@
+"""Warm starts (fl_services.fedctl.warm): a service forked from the forkserver behaves as the same service
+started as `python -m`: settings from its environment, its argv, its log, its exit code, its own session,
+the signals that stop it, also once the forkserver is gone; and the forkserver runs no thread that a fork could
+leave half-copied."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fl_services.fedctl.launch import Service
+from fl_services.fedctl.warm import COLD_ENV, WarmProcess, process_start_time
+
+pytestmark = pytest.mark.slow
+
+CLIENT = ["-m", "fl_services.client.main"]
+# A client that retries an edge which never answers: it runs until stopped.
+WAITING = {"FL_CLIENT_EDGE_URL": "http://127.0.0.1:9", "FL_CLIENT_CLIENTS": "0"}
+
+
+def run(tmp_path: Path, name: str, args: list[str], env: dict[str, str], cold: bool) -> tuple[int, str, type]:
+    service = Service(name, [*CLIENT, *args], env, tmp_path / f"{name}.log", cold=cold)
+    service.start()
+    assert service.proc is not None
+    kind, code = type(service.proc), service.proc.wait(120)
+    service.stop()
+    return code, service.log.read_text(), kind
+
+
+@pytest.mark.parametrize("args, env", [
+    (["--help"], {}),  # argv, and stdout to the log, flushed at exit
+    ([], {"FL_CLIENT_TORCH_THREADS": "many"}),  # a setting from the environment, refused: exit 1
+    (["--no-such-option"], {}),  # the usage error: exit 2 on stderr, naming `python -m` as the program
+])
+def test_a_warm_service_exits_as_the_cold_one(tmp_path: Path, args: list[str], env: dict[str, str]) -> None:
+    cold = run(tmp_path, "cold", args, env, cold=True)
+    warm = run(tmp_path, "warm", args, env, cold=False)
+    assert (cold[2], warm[2]) == (subprocess.Popen, WarmProcess)
+    assert warm[:2] == cold[:2]
+
+
+def test_a_warm_service_runs_in_its_own_session_until_a_signal_stops_it(tmp_path: Path) -> None:
+    codes = {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        service = Service(f"client-{sig}", CLIENT, WAITING, tmp_path / f"client-{sig}.log")
+        service.start()
+        proc = service.proc
+        assert isinstance(proc, WarmProcess) and service.alive()
+        assert os.getsid(proc.pid) == proc.pid
+        forkserver = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert len(os.listdir(f"/proc/{forkserver}/task")) == 1  # no thread (OpenMP's, say) to fork beside
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.5)
+        service.stop(sig)
+        assert not service.alive()
+        codes[sig] = proc.returncode
+    assert codes == {signal.SIGTERM: -signal.SIGTERM, signal.SIGKILL: -signal.SIGKILL}
+
+
+def test_cold_when_asked_or_when_the_interpreter_would_start_otherwise(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def started(env: dict[str, str]) -> type:
+        service = Service("client", CLIENT, {**WAITING, **env}, tmp_path / "client.log")
+        service.start()
+        try:
+            return type(service.proc)
+        finally:
+            service.stop()
+
+    assert started({"PYTHONPATH": str(tmp_path)}) is subprocess.Popen  # read as the interpreter starts
+    monkeypatch.setenv(COLD_ENV, "1")
+    assert started({}) is subprocess.Popen
+
+
+def test_a_warm_service_outlives_its_forkserver_and_is_still_stopped(tmp_path: Path) -> None:
+    """A signal to the launcher's process group (a closed terminal's SIGHUP) ends the forkserver in it, but not
+    the services, each in its own session: the launcher must still see them run and stop them."""
+    service = Service("client", CLIENT, WAITING, tmp_path / "client.log")
+    service.start()
+    proc = service.proc
+    assert isinstance(proc, WarmProcess)
+    forkserver = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(forkserver, signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(2)
+    assert service.alive()
+    service.stop()
+    assert not service.alive() and process_start_time(proc.pid) is None
