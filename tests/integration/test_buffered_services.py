@@ -22,7 +22,7 @@ def test_buffered_averaging_survives_a_cloud_kill_and_equals_the_reference(tmp_p
     with federation(tmp_path_factory, num_clients=9, num_edges=3, procs_per_edge=1,
                     extra_env={"FL_CLIENT_DVFS_BACKEND": "emulate"}) as (topology, api):
         run(api, config.model_copy(update={"name": "warm-up", "rounds": 1}))  # see run_and_replay
-        run_id, history = run_with_a_cloud_kill(topology, api, config)
+        run_id, history = run_with_a_cloud_kill(topology, api, config, SLOW_SITE)
         model = api.model(run_id)
     counted = {c.client_id for h in history for c in h.clients}
     # The slow three never close a round; dropped, they never count; joined, client 0's answers do (see LATE_JOIN).

@@ -50,17 +50,33 @@ def accepted_keys(topology, run_id: str) -> set[str]:
         r.close()
 
 
-def run_with_a_cloud_kill(topology, api, config: RunConfig) -> tuple[str, list[RoundRecord]]:
-    """Runs `config`, killing the cloud (SIGKILL) once version 4 is out and a contribution waits in the buffer;
-    checks that every accepted contribution was consumed exactly once or still waits (none twice, none lost),
-    those buffered at the kill included. The run's id and history."""
+def run_with_a_cloud_kill(topology, api, config: RunConfig, slow_edge: int) -> tuple[str, list[RoundRecord]]:
+    """Runs `config`, killing the cloud (SIGKILL) after version 4 while a stale contribution of `slow_edge` waits
+    in the buffer; checks that every accepted contribution was consumed exactly once or still waits (none twice,
+    none lost), those buffered at the kill included. The run's id and history.
+    The run is paused while the buffer is looked at: on a loaded machine the fast edges can otherwise finish
+    the run before the slow one submits once, and nothing here could be said about it."""
     run_id = api.create_run(config).run_id
     api.action(run_id, "start")
     deadline = time.monotonic() + 180
-    while not (api.run(run_id).version >= 4 and (before_kill := buffered_triples(topology, run_id))):
-        assert time.monotonic() < deadline, "no moment with a buffered contribution"
+    while True:
+        assert time.monotonic() < deadline, f"edge {slow_edge} never had a stale contribution waiting"
+        info = api.run(run_id)
+        assert info.status in (RunStatus.waiting, RunStatus.running), f"the run is {info.status.value} before the kill"
+        if info.version >= 4:
+            api.action(run_id, "pause")
+            version = api.run(run_id).version
+            # Paused, no version comes: the slow edge submits the round it trains (on a version ≤ this one).
+            while not (mine := [b for e, b in buffered_triples(topology, run_id) if e == slow_edge]):
+                assert time.monotonic() < deadline, f"edge {slow_edge} submitted nothing while the run was paused"
+                time.sleep(0.05)
+            before_kill = buffered_triples(topology, run_id)
+            if min(mine) < version:
+                break
+            api.action(run_id, "resume")  # its contribution is on the newest version: let it go, try later
         time.sleep(0.05)
     topology.restart_cloud(signal.SIGKILL)
+    api.action(run_id, "resume")
 
     final = api.wait(run_id, timeout_s=300)
     assert final.status == RunStatus.finished and final.version == config.rounds
@@ -79,8 +95,7 @@ def run_with_a_cloud_kill(topology, api, config: RunConfig) -> tuple[str, list[R
 def test_async_buffer_consumes_every_triple_once_across_a_cloud_crash(three_edges):
     topology, api = three_edges
     config = RunConfig(name="hfpl-async", rounds=14, topology={"num_edges": 3, "buffer_size": 2}, **CONFIG)
-    # The cloud killed while a triple waits in the buffer (the slow edge's usually does).
-    run_id, history = run_with_a_cloud_kill(topology, api, config)
+    run_id, history = run_with_a_cloud_kill(topology, api, config, SLOW_EDGE)
 
     # Each update took the first B = 2 arrivals: two distinct edges, in varying combinations.
     buffers = [tuple(sorted(c.edge_id for c in h.contributions)) for h in history]
