@@ -192,10 +192,10 @@ uvicorn.run(Starlette(routes=[Route("/blob", serve), Route("/blob", take, method
 STACKS = {"httptools on uvloop": ("httptools", "uvloop"), "h11 on asyncio": ("h11", "asyncio")}
 
 
-def bare_route_seconds(nbytes: int, repeats: int, stack: str) -> tuple[float, float]:
+def bare_route_seconds(nbytes: int, repeats: int, stack: str) -> tuple[float, float, float | None]:
     """A GET of `nbytes` held in memory by a bare Starlette route under uvicorn's `stack` (of STACKS), read by
     httpx, and a POST of as many bytes from httpx that such a route reads whole: the same HTTP stack as a fetch and
-    a submit, without the cloud (what bounds each from below)."""
+    a submit, without the cloud (what bounds each from below); and the GET read by aiohttp, where installed."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -215,10 +215,32 @@ def bare_route_seconds(nbytes: int, repeats: int, stack: str) -> tuple[float, fl
             payload = bytes(nbytes)
             upload = statistics.median(seconds(lambda: http.post("/blob", content=payload).raise_for_status())
                                        for _ in range(repeats))
-            return fetch, upload
+            return fetch, upload, aiohttp_get_seconds(f"http://127.0.0.1:{port}/blob", nbytes, repeats)
     finally:
         server.terminate()
         server.wait()
+
+
+def aiohttp_get_seconds(url: str, nbytes: int, repeats: int) -> float | None:
+    """A GET of `url` read whole by aiohttp on uvloop, None where aiohttp is not installed: an HTTP client that
+    parses in C, against httpx's pure-Python h11, which is what a fetch of ours reads with."""
+    try:
+        import aiohttp
+        import uvloop
+    except ImportError:
+        return None
+
+    async def measure() -> float:
+        async with aiohttp.ClientSession(read_bufsize=2**20) as session:
+            async def get() -> float:
+                start = time.perf_counter()
+                async with session.get(url) as response:
+                    assert len(await response.read()) == nbytes
+                return time.perf_counter() - start
+            await get()
+            return statistics.median([await get() for _ in range(repeats)])
+
+    return uvloop.run(measure())
 
 
 def redis_set_seconds(url: str, nbytes: int, repeats: int) -> float:
@@ -395,10 +417,13 @@ def main() -> None:
     print(f"loopback TCP, {args.megabytes:g} MB: {loopback * 1000:.1f} ms ({args.megabytes / 1e3 / loopback:.2f} GB/s)",
           flush=True)
     bare_routes = {stack: bare_route_seconds(int(args.megabytes * 1e6), args.repeats, stack) for stack in STACKS}
-    for stack, (bare, upload) in bare_routes.items():
+    for stack, (bare, upload, by_aiohttp) in bare_routes.items():
         print(f"a bare uvicorn route ({stack}) serving {args.megabytes:g} MB to httpx: {bare * 1000:.0f} ms, "
               f"{bare / loopback:.1f}× loopback; reading as many POSTed by httpx: {upload * 1000:.0f} ms, "
               f"{upload / loopback:.1f}× loopback", flush=True)
+        print(f"  the same GET read by aiohttp: {by_aiohttp * 1000:.0f} ms, {by_aiohttp / loopback:.1f}× loopback"
+              if by_aiohttp is not None else "  (aiohttp is not installed: `pip install aiohttp` to compare a "
+              "client that parses in C)", flush=True)
     env = {"FL_CLOUD_MAX_PAYLOAD_BYTES": str(4 * 2**30), "FL_CLOUD_LOG_LEVEL": "warning"}
     # Two topologies on one volume: blobs in Redis, and blobs in files there (FL_CLOUD_BLOB_DIR).
     workdir = Path(tempfile.mkdtemp(prefix="fl-bench-"))
