@@ -55,7 +55,7 @@ def run(
         "data_path": data_path, "data": data, "torch_threads": threads, "edge_ca_file": edge_ca_file,
         "edge_cert_file": edge_cert_file, "edge_key_file": edge_key_file, "device": device,
     }.items() if v is not None}
-    settings = load_settings(ClientSettings, **overrides)  # e.g. a GPU this machine lacks: one line, exit 2
+    settings = load_settings(ClientSettings, **overrides)  # e.g. a GPU this machine lacks: one line, exit 1
     configure_logging(settings.log_level, settings.log_format)
     torch.set_num_threads(settings.torch_threads)
     try:

@@ -114,7 +114,7 @@ S = TypeVar("S", bound=BaseSettings)
 
 def load_settings(settings_cls: type[S], **values: Any) -> S:
     """The service's settings (`values`, e.g. command-line options, over every other source), or exit with one
-    line per problem (status 2). Never pydantic's own report: it repeats the input, tokens included."""
+    line per problem (status 1). Never pydantic's own report: it repeats the input, tokens included."""
     try:
         return settings_cls(**values)
     except ValidationError as exc:
