@@ -7,13 +7,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 from fl_services.fedctl.launch import LocalTopology
+from fl_services.fedctl.warm import proc_stat
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
+    if fields is None:
+        raise RuntimeError(f"service {pid} is gone")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 

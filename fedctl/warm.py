@@ -82,15 +82,22 @@ def _forkserver_context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat), or None if it is gone or a zombie:
-    with the pid, it names one process even after the pid is reused."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, which may hold spaces (proc(5) numbers them from 3:
+    [0] the state, [1] the parent's pid, [11] and [12] user and system time, [19] the start time), or None if
+    the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if it is gone or a zombie: with the pid, it
+    names one process even after the pid is reused."""
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
 
 class WarmProcess:

@@ -12,13 +12,19 @@ from pathlib import Path
 import pytest
 
 from fl_services.fedctl.launch import Service
-from fl_services.fedctl.warm import COLD_ENV, WarmProcess, process_start_time
+from fl_services.fedctl.warm import COLD_ENV, WarmProcess, proc_stat, process_start_time
 
 pytestmark = pytest.mark.slow
 
 CLIENT = ["-m", "fl_services.client.main"]
 # A client that retries an edge which never answers: it runs until stopped.
 WAITING = {"FL_CLIENT_EDGE_URL": "http://127.0.0.1:9", "FL_CLIENT_CLIENTS": "0"}
+
+
+def parent_of(pid: int) -> int:
+    fields = proc_stat(pid)
+    assert fields is not None, f"process {pid} is gone"
+    return int(fields[1])
 
 
 def run(tmp_path: Path, name: str, args: list[str], env: dict[str, str], cold: bool) -> tuple[int, str, type]:
@@ -50,7 +56,7 @@ def test_a_warm_service_runs_in_its_own_session_until_a_signal_stops_it(tmp_path
         proc = service.proc
         assert isinstance(proc, WarmProcess) and service.alive()
         assert os.getsid(proc.pid) == proc.pid
-        forkserver = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        forkserver = parent_of(proc.pid)
         assert len(os.listdir(f"/proc/{forkserver}/task")) == 1  # no thread (OpenMP's, say) to fork beside
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(0.5)
@@ -82,7 +88,7 @@ def test_a_warm_service_outlives_its_forkserver_and_is_still_stopped(tmp_path: P
     service.start()
     proc = service.proc
     assert isinstance(proc, WarmProcess)
-    forkserver = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    forkserver = parent_of(proc.pid)
     os.kill(forkserver, signal.SIGHUP)
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(2)

@@ -67,10 +67,12 @@ def run_with_a_cloud_kill(topology, api, config: RunConfig, slow_edge: int) -> t
             api.action(run_id, "pause")
             version = api.run(run_id).version
             # Paused, no version comes: the slow edge submits the round it trains (on a version ≤ this one).
-            while not (mine := [b for e, b in buffered_triples(topology, run_id) if e == slow_edge]):
+            while True:
+                before_kill = buffered_triples(topology, run_id)
+                if mine := [b for e, b in before_kill if e == slow_edge]:
+                    break
                 assert time.monotonic() < deadline, f"edge {slow_edge} submitted nothing while the run was paused"
                 time.sleep(0.05)
-            before_kill = buffered_triples(topology, run_id)
             if min(mine) < version:
                 break
             api.action(run_id, "resume")  # its contribution is on the newest version: let it go, try later
