@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.warm import process_start_time
 from fl_services.shared.core.reports import RunStatus
 
 pytestmark = pytest.mark.slow
@@ -29,10 +30,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
 def gone(pid: int) -> bool:
     """Whether process `pid` has ended (a zombie has: it only waits to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
+    return process_start_time(pid) is None
 
 
 def wait_gone(pids: list[int], timeout: float = 30) -> list[int]:
