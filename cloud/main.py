@@ -7,28 +7,36 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
-import torch
-from fastapi import FastAPI
-
-from fl_services.cloud import retention
-from fl_services.cloud.audit import Auditor
 from fl_services.cloud.config import CloudSettings
-from fl_services.cloud.initial_state import InvalidRun
-from fl_services.cloud.metrics import CloudMetrics
-from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.routes import admin, edges, health, runs, ui
-from fl_services.cloud.services import sites
 from fl_services.cloud.storage import Conflict, MemoryStore, NotFound, StorageRefused, StorageUnavailable, Store
 from fl_services.cloud.storage.redis import check_redis, prepared_blob_files, redis_store
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import answer_help, load_settings
-from fl_services.shared.server.app import Stopping, service_app
-from fl_services.shared.server.metrics import switchable
-from fl_services.shared.server.serve import serve
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from fl_services.cloud.orchestrator import Orchestrator
+    from fl_services.shared.server.app import Stopping
 
 
 def create_app(settings: CloudSettings | None = None) -> FastAPI:
+    # The app's modules (torch, fastapi) load here, not with this module: main() answers --help, refuses bad
+    # settings and an unusable Redis without them.
+    import torch
+
+    from fl_services.cloud import retention
+    from fl_services.cloud.audit import Auditor
+    from fl_services.cloud.initial_state import InvalidRun
+    from fl_services.cloud.metrics import CloudMetrics
+    from fl_services.cloud.orchestrator import Orchestrator
+    from fl_services.cloud.routes import admin, edges, health, runs, ui
+    from fl_services.cloud.services import sites
+    from fl_services.shared.server.app import service_app
+    from fl_services.shared.server.metrics import switchable
+
     settings = settings or CloudSettings()
     metrics = switchable(settings.metrics, lambda: CloudMetrics(settings.long_poll_max_s))
 
@@ -116,6 +124,7 @@ def main() -> None:
     except StorageRefused as exc:
         log.critical("%s; not starting", exc)
         raise SystemExit(1) from None
+    from fl_services.shared.server.serve import serve
     serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 
 

@@ -4,29 +4,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextlib import asynccontextmanager
-
-import httpx
-import torch
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
 from fl_services.edge.config import EdgeSettings
-from fl_services.edge.metrics import EdgeMetrics
-from fl_services.edge.round_loop import EdgeRoundLoop
-from fl_services.edge.routes import clients, devices, health, secagg
-from fl_services.edge.services.devices import connected_devices, offline_after_s
-from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import answer_help, load_settings
-from fl_services.shared.server.app import Stopping, service_app
-from fl_services.shared.server.metrics import switchable
-from fl_services.shared.server.serve import serve
-from fl_services.shared.wire.http import make_client
-from fl_services.shared.wire.tls import client_context
+
+if TYPE_CHECKING:
+    import httpx
+    from fastapi import FastAPI
+
+    from fl_services.edge.tasks import TaskBoard
+    from fl_services.shared.server.app import Stopping
 
 
 def create_app(settings: EdgeSettings | None = None,
                cloud_transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """`cloud_transport` replaces the network under the edge's client of the cloud (tests: an in-process cloud)."""
+    # The app's modules (torch, fastapi) load here, not with this module: main() answers --help and refuses bad
+    # settings without them.
+    import torch
+
+    from fl_services.edge.metrics import EdgeMetrics
+    from fl_services.edge.round_loop import EdgeRoundLoop
+    from fl_services.edge.routes import clients, devices, health, secagg
+    from fl_services.edge.services.devices import connected_devices, offline_after_s
+    from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
+    from fl_services.shared.server.app import service_app
+    from fl_services.shared.server.metrics import switchable
+    from fl_services.shared.wire.http import make_client
+    from fl_services.shared.wire.tls import client_context
+
     settings = settings or EdgeSettings()
     metrics = switchable(settings.metrics, lambda: EdgeMetrics(settings.long_poll_max_s))
 
@@ -76,6 +84,7 @@ def main() -> None:
     answer_help(EdgeSettings, USAGE)
     settings = load_settings(EdgeSettings)
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)
+    from fl_services.shared.server.serve import serve
     serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 
 
