@@ -115,9 +115,10 @@ def test_a_missing_extra_names_what_to_install(monkeypatch):
 
 
 def test_fedctl_drives_a_cloud_without_importing_torch():
-    """The admin commands (runs, control, tokens, audit) start in a fraction of a second; torch loads only for a
-    command that handles tensors (fedctl model, export)."""
-    code = ("import sys\nimport fl_services.fedctl.__main__, fl_services.fedctl.api, fl_services.fedctl.errors\n"
+    """The admin commands (runs, control, tokens, audit), results and a history's export start in a fraction of
+    a second; torch loads only for a command that handles tensors (fedctl model, demo)."""
+    code = ("import sys\nimport fl_services.fedctl.__main__, fl_services.fedctl.api, fl_services.fedctl.errors, "
+            "fl_services.fedctl.report, fl_services.fedctl.display\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
