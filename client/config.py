@@ -1,18 +1,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-import torch
 from pydantic import Field, TypeAdapter, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from fl_services.shared.core.data import parse_source
-from fl_services.shared.core.device import DeviceSetting, resolve
+from fl_services.shared.core.device_setting import DeviceSetting
 from fl_services.shared.core.reports import Labels, parse_labels
 from fl_services.shared.runtime.settings import ServiceSettings, ca_file_field, cert_file_field, key_file_field
 from fl_services.shared.wire.protocol import issued_token_parts
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ClientSettings(ServiceSettings):
@@ -111,6 +113,7 @@ class ClientSettings(ServiceSettings):
 
     @property
     def compute_device(self) -> torch.device:
+        from fl_services.shared.core.device import resolve  # torch: only where the service starts computing
         return resolve(self.device)
 
     def hosted_ids(self) -> list[int]:

@@ -8,12 +8,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
-import torch
 import typer
 
 from fl_services.client.config import ClientSettings
-from fl_services.client.feed import ClientsStopped
-from fl_services.client.worker import Worker, own_source
 from fl_services.shared.core.data import DataSourceError
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import load_settings, settings_help
@@ -57,6 +54,11 @@ def run(
     }.items() if v is not None}
     settings = load_settings(ClientSettings, **overrides)  # e.g. a GPU this machine lacks: one line, exit 1
     configure_logging(settings.log_level, settings.log_format)
+    # Training's modules (torch) load once the settings are read: --help and a settings error answer without them.
+    import torch
+
+    from fl_services.client.feed import ClientsStopped
+    from fl_services.client.worker import own_source
     torch.set_num_threads(settings.torch_threads)
     try:
         ids = settings.hosted_ids()
@@ -96,6 +98,7 @@ class NotAnEdge(Exception):
 
 
 async def _serve(settings: ClientSettings, ids: list[int]) -> None:
+    from fl_services.client.worker import Worker
     tls = client_context(settings.edge_ca_file, settings.edge_cert_file, settings.edge_key_file)
     async with make_client(settings.edge_url, settings.client_token, settings.long_poll_s, tls=tls) as edge:
         await check_edge(edge, settings.edge_url)

@@ -3,17 +3,19 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import urlsplit
 
-import torch
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from fl_services.shared.core.device import DeviceSetting, resolve
+from fl_services.shared.core.device_setting import DeviceSetting
 from fl_services.shared.runtime.settings import ca_file_field, cert_file_field, is_loopback, key_file_field
-from fl_services.shared.server.auth import same_token
 from fl_services.shared.server.settings import ServerSettings
+from fl_services.shared.wire.protocol import same_token
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CloudSettings(ServerSettings):
@@ -170,6 +172,7 @@ class CloudSettings(ServerSettings):
 
     @property
     def compute_device(self) -> torch.device:
+        from fl_services.shared.core.device import resolve  # torch: only where the service starts computing
         return resolve(self.device)
 
     @property

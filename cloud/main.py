@@ -1,102 +1,16 @@
-"""The cloud app: `fl-cloud` (under bare uvicorn: `uvicorn fl_services.cloud.main:create_app --factory
---timeout-graceful-shutdown 1`, or a stop waits for the open long-polls)."""
+"""`fl-cloud`: the cloud app (cloud/app.py) served with the settings of its environment. Its --help, a settings
+error and a Redis that refuses the cloud answer before the app's modules (torch, fastapi) are imported."""
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
-import torch
-from fastapi import FastAPI
-
-from fl_services.cloud import retention
-from fl_services.cloud.audit import Auditor
 from fl_services.cloud.config import CloudSettings
-from fl_services.cloud.initial_state import InvalidRun
-from fl_services.cloud.metrics import CloudMetrics
-from fl_services.cloud.orchestrator import Orchestrator
-from fl_services.cloud.routes import admin, edges, health, runs, ui
-from fl_services.cloud.services import sites
-from fl_services.cloud.storage import Conflict, MemoryStore, NotFound, StorageRefused, StorageUnavailable, Store
-from fl_services.cloud.storage.redis import check_redis, prepared_blob_files, redis_store
+from fl_services.cloud.storage import StorageRefused
+from fl_services.cloud.storage.redis import check_redis, prepared_blob_files
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import answer_help, load_settings
-from fl_services.shared.server.app import Stopping, service_app
-from fl_services.shared.server.metrics import switchable
-from fl_services.shared.server.serve import serve
-
-
-def create_app(settings: CloudSettings | None = None) -> FastAPI:
-    settings = settings or CloudSettings()
-    metrics = switchable(settings.metrics, lambda: CloudMetrics(settings.long_poll_max_s))
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        torch.set_num_threads(settings.torch_threads)
-        async with opened_store(settings) as store:
-            orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s,
-                                        settings.max_update_failures, settings.compute_device)
-            metrics.watch_store(store)
-            app.state.settings, app.state.store, app.state.orchestrator = settings, store, orchestrator
-            tasks = [asyncio.create_task(orchestrator.run_forever()),
-                     asyncio.create_task(orchestrator.relay_events()),
-                     asyncio.create_task(_wake_on_stop(app.state.stopping, orchestrator)),
-                     asyncio.create_task(sites.admit_forever(
-                         store=store, orchestrator=orchestrator, interval_s=settings.admission_interval_s,
-                         audit=Auditor(store, "admission", settings.audit_max_entries)))]
-            if settings.retain_days is not None or settings.retain_runs is not None:
-                tasks.append(asyncio.create_task(retention.run_forever(
-                    store, settings.retain_days, settings.retain_runs, settings.retention_interval_s,
-                    Auditor(store, "retention", settings.audit_max_entries))))
-            try:
-                yield
-            finally:
-                orchestrator.stop()
-                # On Python 3.11 a cancel that lands while redis-py's own wait_for completes can be lost (the
-                # event channel's listener then reads on for ever): cancel what is still running until all
-                # have ended.
-                pending = set(tasks)
-                while pending:
-                    for task in pending:
-                        task.cancel()
-                    _, pending = await asyncio.wait(pending, timeout=0.5)
-                for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-
-    routers = [health.router, runs.router, edges.router, admin.router]
-    app = service_app("FL cloud", lifespan, settings.max_payload_bytes, routers,
-                      errors={NotFound: 404, Conflict: 409, InvalidRun: 422, StorageUnavailable: 503},
-                      metrics=metrics, metrics_token=settings.metrics_token, server=settings)
-    ui.mount(app)
-    return app
-
 
 log = logging.getLogger(__name__)
-
-
-@asynccontextmanager
-async def opened_store(settings: CloudSettings) -> AsyncIterator[Store]:
-    """The storage the settings name, for the app's lifetime."""
-    if settings.storage == "memory":
-        log.warning("the cloud keeps its state in this process's memory (FL_CLOUD_STORAGE=memory): every run is "
-                    "lost when it stops")
-        yield MemoryStore()
-        return
-    async with redis_store(settings.redis_url, settings.redis_options(), prefix=settings.key_prefix,
-                           max_connections=settings.redis_max_connections,
-                           pool_timeout_s=settings.redis_pool_timeout_s, blob_dir=settings.blob_dir,
-                           blob_orphan_s=settings.blob_orphan_s) as store:
-        yield store
-
-
-async def _wake_on_stop(stopping: Stopping, orchestrator: Orchestrator) -> None:
-    """Long-polls and event streams answer at once when the process is told to stop."""
-    await stopping.wait()
-    await orchestrator.wake_waiters()
-
 
 USAGE = """usage: fl-cloud
 
@@ -116,6 +30,8 @@ def main() -> None:
     except StorageRefused as exc:
         log.critical("%s; not starting", exc)
         raise SystemExit(1) from None
+    from fl_services.cloud.app import create_app
+    from fl_services.shared.server.serve import serve
     serve(create_app(settings), settings.host, settings.port, settings.log_level, settings)
 
 

@@ -187,10 +187,10 @@ def run_config_page() -> str:
 # ---- REST -----------------------------------------------------------------------------------------------
 
 def openapi_documents() -> list[tuple[str, dict[str, Any]]]:
+    from fl_services.cloud.app import create_app as create_cloud
     from fl_services.cloud.config import CloudSettings
-    from fl_services.cloud.main import create_app as create_cloud
+    from fl_services.edge.app import create_app as create_edge
     from fl_services.edge.config import EdgeSettings
-    from fl_services.edge.main import create_app as create_edge
 
     with without_fl_environment():
         return [("cloud", create_cloud(CloudSettings()).openapi()), ("edge", create_edge(EdgeSettings()).openapi())]

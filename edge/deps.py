@@ -13,10 +13,10 @@ from fl_services.edge.metrics import EdgeMetrics
 from fl_services.edge.round_loop import EdgeRoundLoop
 from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.server.app import app_state
-from fl_services.shared.server.auth import bearer_token, same_token, unauthorized
+from fl_services.shared.server.auth import bearer_token, unauthorized
 from fl_services.shared.server.bodies import read_body
 from fl_services.shared.wire.client_edge import ClientRegistration, TaskPoll
-from fl_services.shared.wire.protocol import device_token_grant, issued_token_parts
+from fl_services.shared.wire.protocol import device_token_grant, issued_token_parts, same_token
 
 SettingsDep = Annotated[EdgeSettings, Depends(app_state("settings"))]
 BoardDep = Annotated[TaskBoard, Depends(app_state("board"))]

@@ -11,17 +11,22 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
-from fl_services.shared.core.algorithms import registry
-from fl_services.shared.core.client_reports import client_reports
 from fl_services.shared.core.reports import RoundRecord
-from fl_services.shared.core.tensors import Tensors, encode
 from fl_services.shared.runtime.extras import optional
 from fl_services.shared.wire.admin import RunInfo
 
+if TYPE_CHECKING:
+    from fl_services.shared.core.tensors import Tensors
+
 
 def save_results(out_dir: Path, info: RunInfo, history: list[RoundRecord], model: Tensors) -> dict[str, Path]:
+    # torch (the model, the algorithm's groups) loads here: `fedctl export` writes a history without it.
+    from fl_services.shared.core.algorithms import registry
+    from fl_services.shared.core.client_reports import client_reports
+    from fl_services.shared.core.tensors import encode
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "run": out_dir / "run.json",

@@ -23,8 +23,12 @@ import time
 import traceback
 from pathlib import Path
 
-# What the forkserver imports once; a warm service runs one of them.
+# A warm service runs one of them.
 SERVICE_MODULES = ("fl_services.cloud.main", "fl_services.edge.main", "fl_services.client.main")
+# What the forkserver imports once besides: what those import only once their settings are read (so that their
+# --help answers without torch), the apps the cloud and the edge serve and the client's training.
+SERVED_MODULES = ("fl_services.cloud.app", "fl_services.edge.app", "fl_services.shared.server.serve",
+                  "fl_services.client.worker")
 COLD_ENV = "FL_LAUNCH_COLD"
 
 _lock = threading.Lock()
@@ -76,7 +80,7 @@ def _forkserver_context() -> multiprocessing.context.ForkServerContext:
         if _forkserver_startup is None:
             # "__main__": the forkserver imports this process's main module once, which each child would
             # otherwise import again (multiprocessing prepares a child so).
-            context.set_forkserver_preload(["__main__", *SERVICE_MODULES])
+            context.set_forkserver_preload(["__main__", *SERVICE_MODULES, *SERVED_MODULES])
             multiprocessing.forkserver.ensure_running()
             _forkserver_startup = startup_settings(os.environ)
     return context

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
+from fl_services.cloud.app import create_app as create_cloud
 from fl_services.cloud.config import CloudSettings
-from fl_services.cloud.main import create_app as create_cloud
+from fl_services.edge.app import create_app as create_edge
 from fl_services.edge.config import EdgeSettings
-from fl_services.edge.main import create_app as create_edge
 from tests.prometheus import exposable_names
 from tests.test_compose import SERVICES, environment
 

@@ -66,7 +66,7 @@ async def accept_result(*, board: TaskBoard, metrics: EdgeMetrics, header: Clien
     metrics.trained(header)
 
 
-# A result bundle's refusals, each with the status the per-client route answers it with (edge/main.py's errors).
+# A result bundle's refusals, each with the status the per-client route answers it with (edge/app.py's errors).
 _STATUS = ((InvalidContent, 422), (PayloadError, 400), (UnknownClient, 404), (TaskConflict, 409))
 
 

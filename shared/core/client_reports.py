@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 
-from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RoundRecord
 
@@ -23,6 +22,9 @@ def client_reports(history: list[RoundRecord]) -> dict[int, dict[str, float]]:
 def group_summary(config: RunConfig, reports: dict[int, dict[str, float]]) -> dict[str, dict[str, tuple[float, float]]]:
     """Mean and spread (population std) over clients of every reported metric, per client group
     (model family for prototype learning) and for "all"."""
+    # The algorithms (torch) load here, not with the module: `fedctl results` prints the reports without them.
+    from fl_services.shared.core.algorithms import registry
+
     algorithm = registry.create(config)
     groups: dict[str, list[dict[str, float]]] = {}
     for k, report in sorted(reports.items()):

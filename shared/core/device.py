@@ -23,10 +23,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
 from functools import partial
-from typing import Annotated, Any, Callable
+from typing import Any, Callable
 
 import torch
-from pydantic import AfterValidator
 from torch import nn
 
 from fl_services.shared.core.algorithms.base import Algorithm, ClientUpdate, LocalJob
@@ -60,15 +59,6 @@ def resolve(spec: str) -> torch.device:
         raise ValueError(f"device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                          f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return torch.device("cuda", index)
-
-
-def _checked(spec: str) -> str:
-    resolve(spec)
-    return spec
-
-
-# A settings field holding a device setting, checked when the settings are read (at a service's start).
-DeviceSetting = Annotated[str, AfterValidator(_checked)]
 
 
 def current() -> torch.device:

@@ -1,13 +1,13 @@
 """Bearer-token checks: a router whose every route needs a token, documented so in the OpenAPI."""
 from __future__ import annotations
 
-import secrets
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from fl_services.shared.server.errors import error_responses
+from fl_services.shared.wire.protocol import same_token
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -22,10 +22,6 @@ async def bearer_token(request: Request) -> str:
     if creds is None:
         raise unauthorized("missing bearer token")
     return creds.credentials
-
-
-def same_token(given: str, expected: str) -> bool:
-    return secrets.compare_digest(given.encode(), expected.encode())
 
 
 def bearer_guard(expected: Callable[[Request], str]):

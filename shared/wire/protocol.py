@@ -22,6 +22,11 @@ UNKNOWN_CLIENTS = "X-FL-Unknown-Clients"
 REFUSED_CLIENTS = "X-FL-Refused-Clients"
 
 
+def same_token(given: str, expected: str) -> bool:
+    """Whether `given` is `expected`, in a time that does not say how much of it matched."""
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
 def client_token(secret: str, client_id: int) -> str:
     """Client `client_id`'s own token, derived from the edge's client secret: a device given it can act as
     that client only, where the secret itself would let it answer any client's tasks. The edge derives it
@@ -112,7 +117,7 @@ def device_token_id(secret: str, token: str, client_id: int) -> str | None:
 def device_token_grant(secret: str, token: str, client_id: int) -> tuple[str, str | None] | None:
     """The id of `token` and the site it is bound to (None: any) if it is client `client_id`'s own token (issued or
     derived), else None."""
-    if hmac.compare_digest(token.encode(), client_token(secret, client_id).encode()):
+    if same_token(token, client_token(secret, client_id)):
         return derived_token_id(client_id), None
     issued, separator, site = token.partition(SITE_SEPARATOR)
     parts = issued.split(".")
@@ -121,4 +126,4 @@ def device_token_grant(secret: str, token: str, client_id: int) -> tuple[str, st
     if separator and not site:
         return None
     expected = device_token(secret, client_id, parts[2], site if separator else None)
-    return (parts[2], site if separator else None) if hmac.compare_digest(token.encode(), expected.encode()) else None
+    return (parts[2], site if separator else None) if same_token(token, expected) else None

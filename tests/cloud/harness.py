@@ -13,8 +13,8 @@ import httpx
 import redis.asyncio as aioredis
 import torch
 
+from fl_services.cloud.app import create_app
 from fl_services.cloud.config import CloudSettings
-from fl_services.cloud.main import create_app
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import ClientParticipation, EdgeContributionHeader
 from fl_services.shared.core.tensors import Tensors, decode, encode

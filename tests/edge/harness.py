@@ -13,8 +13,8 @@ import anyio
 import httpx
 import torch
 
+from fl_services.edge.app import create_app
 from fl_services.edge.config import EdgeSettings
-from fl_services.edge.main import create_app
 from fl_services.edge.tasks import Task
 from fl_services.fedctl.redis_server import free_port
 from fl_services.shared.core.algorithms import registry

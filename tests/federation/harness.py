@@ -28,10 +28,10 @@ from fastapi import FastAPI
 
 from fl_services.client.config import ClientSettings
 from fl_services.client.worker import Worker
+from fl_services.cloud.app import create_app as create_cloud
 from fl_services.cloud.config import CloudSettings
-from fl_services.cloud.main import create_app as create_cloud
+from fl_services.edge.app import create_app as create_edge
 from fl_services.edge.config import EdgeSettings
-from fl_services.edge.main import create_app as create_edge
 from fl_services.fedctl.launch import ids_spec, split
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import Device

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 def run_cloud(env: dict[str, str], timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-    """The cloud as `python -m fl_services.cloud.main`, which must exit on its own within `timeout` (it starts in about
-    15 s, importing torch; a machine shared with other work took 55 s)."""
+    """The cloud as `python -m fl_services.cloud.main`, which must exit on its own within `timeout` (it refuses a
+    Redis before importing torch, in about a second; a machine shared with other work takes many times that)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FL_CLOUD_")}
     return subprocess.run([sys.executable, "-m", "fl_services.cloud.main"], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**clean, "FL_CLOUD_PORT": str(free_port()), **env})

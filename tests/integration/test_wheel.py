@@ -104,7 +104,8 @@ def venv(tmp_path_factory, wheel: Path) -> Path:
 
 
 def test_the_wheel_imports_from_its_own_venv_and_has_the_console_scripts(venv):
-    code = ("import fl_services.cloud.main, fl_services.edge.main, fl_services.client.main, "
+    code = ("import fl_services.cloud.main, fl_services.cloud.app, fl_services.edge.main, fl_services.edge.app, "
+            "fl_services.client.main, "
             "fl_services.fedctl.__main__, "
             "fl_services.shared.core.algorithms; print(fl_services.client.__file__)")
     where = run(venv / "bin" / "python", "-c", code, cwd=venv.parent).stdout.strip()
