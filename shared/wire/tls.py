@@ -8,6 +8,7 @@ single byte of HTTP is read.
 """
 from __future__ import annotations
 
+import functools
 import ssl
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,21 @@ def client_context(ca_file: Path | None = None, cert_file: Path | None = None,
                    key_file: Path | None = None) -> ssl.SSLContext:
     """Verifies the server's certificate chain and host name against `ca_file` (else the public CAs) and,
     with `cert_file` (and `key_file`, unless the key is in the same PEM), presents that certificate."""
+    if ca_file is None and cert_file is None:
+        return _public_cas()
     context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else httpx.create_ssl_context()
     if cert_file is not None:
         context.load_cert_chain(cert_file, key_file)
     return context
+
+
+@functools.cache
+def _public_cas() -> ssl.SSLContext:
+    """The public CAs' context, built once per process and shared: loading the bundle takes ~30 ms of CPU, and
+    each edge lifespan, health poll and fedctl call wanted one. Nothing changes it afterwards (a certificate to
+    present gets a context of its own above); httpcore only sets the same ALPN protocols on it at every connect
+    (HTTP/1.1: no client here speaks HTTP/2)."""
+    return httpx.create_ssl_context()
 
 
 def server_options(cert_file: Path | None, key_file: Path | None, client_ca_file: Path | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -108,22 +109,19 @@ class Cloud:
     # ---- state ---------------------------------------------------------------------------------
     async def snapshot(self, *run_ids: str) -> dict[str, Any]:
         """Every Redis key under this test's prefix with its full value, plus each run's info/history."""
-        keys: dict[str, Any] = {}
-        async for key in self.redis.scan_iter(match=f"{self.prefix}:*"):
-            kind = (await self.redis.type(key)).decode()
-            if kind == "string":
-                value: Any = await self.redis.get(key)
-            elif kind == "hash":
-                value = await self.redis.hgetall(key)
-            elif kind == "list":
-                value = await self.redis.lrange(key, 0, -1)
-            elif kind == "stream":
-                value = await self.redis.xrange(key)
-            elif kind == "set":
-                value = await self.redis.smembers(key)
-            else:
-                value = await self.redis.dump(key)
-            keys[key.decode()] = (kind, value)
+        # SCAN's default COUNT of 10 took a round trip per 10 keys of the whole database, which every earlier
+        # test grows; one asked to look at them all comes back at once. Types and values: a pipeline each.
+        names = sorted([key async for key in self.redis.scan_iter(match=f"{self.prefix}:*", count=1_000_000)])
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in names:
+                pipe.type(key)
+            kinds = [kind.decode() for kind in await pipe.execute()]
+            for key, kind in zip(names, kinds, strict=True):
+                read = {"string": pipe.get, "hash": pipe.hgetall, "list": partial(pipe.lrange, start=0, end=-1),
+                        "stream": pipe.xrange, "set": pipe.smembers}.get(kind, pipe.dump)
+                read(key)
+            values = await pipe.execute()
+        keys = {key.decode(): (kind, value) for key, kind, value in zip(names, kinds, values, strict=True)}
         api = {}
         for run_id in run_ids:
             history = await self.admin("GET", f"/api/v1/runs/{run_id}/history")
