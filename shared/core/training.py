@@ -5,7 +5,6 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +16,22 @@ from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.tensors import Tensors
 from fl_services.shared.runtime.extras import optional
 
-# A regulariser adds to the minibatch loss (FedProx's proximal term); a correction is added to each
-# parameter's gradient after backward (SCAFFOLD's c - c_k).
-Regulariser = Callable[[nn.Module], torch.Tensor]
+
+@dataclass(frozen=True)
+class Proximal:
+    """The term μ/2 Σ_params ‖p − centre[p]‖² of the local objective (FedProx's), applied as its gradient
+    μ(p − centre[p]), added to each parameter's gradient after backward: the same sum autograd forms for the term
+    in the loss (2(p − c)·μ/2 is (p − c)·μ exactly), without its nodes, which cost a third of a logistic
+    regression's step. The reported loss never included it. `centre` must not alias the trained parameters."""
+
+    centre: Tensors
+    mu: float
+
+    def add_gradient(self, named: dict[str, nn.Parameter]) -> None:
+        with torch.no_grad():
+            pull = torch._foreach_sub(list(named.values()), [self.centre[name] for name in named])
+            torch._foreach_mul_(pull, self.mu)
+            torch._foreach_add_([grad_of(p) for p in named.values()], pull)
 
 
 @dataclass(frozen=True)
@@ -96,25 +108,26 @@ def local_sgd(
     cfg: LocalTrainingConfig,
     generator: torch.Generator,
     *,
-    regulariser: Regulariser | None = None,
+    proximal: Proximal | None = None,
     correction: Tensors | None = None,
     dp_sgd: DpSgd | None = None,
 ) -> LocalStats:
     """E epochs of minibatch SGD (or Nesterov) on `data`, in place on `model`; with `dp_sgd`, private SGD (its
-    noise drawn from `generator`, after the batch order: the same seed gives the same model)."""
+    noise drawn from `generator`, after the batch order: the same seed gives the same model). Each gradient gets
+    the `proximal` term's, then `correction` (SCAFFOLD's c − c_k) added."""
     model.train()
     named = dict(model.named_parameters())
     # DP-SGD wraps the optimiser (opacus's DPOptimizer): built fresh, never kept.
     opt = make_optimizer(named.values(), cfg) if dp_sgd is not None else optimizer_for(model, named, cfg)
     forward: nn.Module = model
     if dp_sgd is not None:
-        if regulariser is not None or correction is not None:
-            # opacus replaces each gradient by the noised sum of per-example ones: a term added to the loss or
-            # to the gradient would be dropped.
-            raise ValueError("DP-SGD takes neither a regulariser nor a gradient correction")
+        if proximal is not None or correction is not None:
+            # opacus replaces each gradient by the noised sum of per-example ones: a term added to the gradient
+            # would be dropped.
+            raise ValueError("DP-SGD takes neither a proximal term nor a gradient correction")
         forward, opt = _private(model, opt, dp_sgd, len(data), cfg.batch_size, generator)
     try:
-        steps, loss_sum = _epochs(forward, named, opt, data, cfg, generator, regulariser, correction)
+        steps, loss_sum = _epochs(forward, named, opt, data, cfg, generator, proximal, correction)
     finally:
         if forward is not model:
             forward._close()  # type: ignore[operator]  # opacus's hooks off the model
@@ -152,7 +165,7 @@ def device_of(model: nn.Module) -> torch.device:
 
 
 def _epochs(model: nn.Module, named: dict[str, nn.Parameter], opt: torch.optim.Optimizer, data: ArrayDataset,
-            cfg: LocalTrainingConfig, generator: torch.Generator, regulariser: Regulariser | None,
+            cfg: LocalTrainingConfig, generator: torch.Generator, proximal: Proximal | None,
             correction: Tensors | None) -> tuple[int, float]:
     steps, loss_sum = 0, 0.0
     for epoch in range(cfg.epochs):
@@ -161,12 +174,11 @@ def _epochs(model: nn.Module, named: dict[str, nn.Parameter], opt: torch.optim.O
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(data.x[idx]), data.y[idx])
             loss_sum += loss.item()
-            if regulariser is not None:
-                loss = loss + regulariser(model)
             loss.backward()
+            if proximal is not None:
+                proximal.add_gradient(named)
             if correction is not None:
-                for name, p in named.items():
-                    grad_of(p).add_(correction[name])
+                torch._foreach_add_([grad_of(p) for p in named.values()], [correction[name] for name in named])
             opt.step()
             steps += 1
     return steps, loss_sum

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from fl_services.shared.core.config import LocalTrainingConfig
 from fl_services.shared.core.data import ArrayDataset
-from fl_services.shared.core.training import CPU_EVALUATION_BATCH, DpSgd, batches, evaluate, local_sgd
+from fl_services.shared.core.training import CPU_EVALUATION_BATCH, DpSgd, Proximal, batches, evaluate, local_sgd
 
 
 def test_batch_size_zero_is_one_full_batch():
@@ -74,11 +74,12 @@ def test_dp_sgd_moves_each_step_by_at_most_lr_times_the_clip_norm_and_noise_come
     assert not all(torch.equal(noised[0][n], noised[2][n]) for n in start)
 
 
-def test_dp_sgd_refuses_a_regulariser():
+def test_dp_sgd_refuses_a_proximal_term():
     model = torch.nn.Linear(6, 3)
-    with pytest.raises(ValueError, match="neither a regulariser"):
+    with pytest.raises(ValueError, match="neither a proximal term"):
         local_sgd(model, digits_like(), LocalTrainingConfig(), torch.Generator(),
-                  regulariser=lambda m: 0 * m.bias.sum(), dp_sgd=DpSgd(1.0, 1.0))
+                  proximal=Proximal({n: p.detach().clone() for n, p in model.named_parameters()}, 1.0),
+                  dp_sgd=DpSgd(1.0, 1.0))
 
 
 def test_an_evaluation_in_batches_counts_every_row_once_with_the_figures_of_one_batch():

@@ -19,7 +19,7 @@ from fl_services.shared.core.algorithms.base import MODEL, LocalJob
 from fl_services.shared.core.config import LocalTrainingConfig
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.tensors import Tensors
-from fl_services.shared.core.training import LocalStats, Regulariser, local_sgd, parameters_of
+from fl_services.shared.core.training import LocalStats, Proximal, local_sgd, parameters_of
 
 CONTROL = "control"
 
@@ -68,9 +68,9 @@ class CorrectedUpdate:
 
 
 def corrected_sgd(job: LocalJob, cfg: LocalTrainingConfig, model: nn.Module, w: Tensors, c: Tensors, c_k: Tensors,
-                  regulariser: Regulariser | None = None) -> CorrectedUpdate:
+                  proximal: Proximal | None = None) -> CorrectedUpdate:
     """Local SGD from `model` (holding w) with every gradient corrected by c − c_k, and the new controls."""
-    stats = local_sgd(model, job.data.train, cfg, job.generator, regulariser=regulariser,
+    stats = local_sgd(model, job.data.train, cfg, job.generator, proximal=proximal,
                       correction={n: (c[n] - c_k[n]).to(w[n].dtype) for n in w})
     w_k = parameters_of(model)
     c_plus, delta_c = client_controls(c, c_k, w, w_k, step_length(cfg, stats.steps))

@@ -27,7 +27,7 @@ from fl_services.shared.core.algorithms.base import MODEL, Algorithm, P, combine
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.tensors import Tensors
-from fl_services.shared.core.training import Regulariser, load_parameters, local_sgd, parameters_of
+from fl_services.shared.core.training import Proximal, load_parameters, local_sgd, parameters_of
 
 
 class FedAvg(Algorithm[P]):
@@ -44,19 +44,19 @@ class FedAvg(Algorithm[P]):
         if cls.robust_aggregation:
             robust.check(config)
             privacy.check(config)
-        if config.privacy.dp_sgd_noise_multiplier is not None and cls.regulariser is not FedAvg.regulariser:
+        if config.privacy.dp_sgd_noise_multiplier is not None and cls.proximal is not FedAvg.proximal:
             raise ValueError(f"{cls.name} adds a term to the local loss, which DP-SGD would drop: "
                              "privacy.dp_sgd_noise_multiplier needs fedavg")
 
-    def regulariser(self, global_: Tensors) -> Regulariser | None:
-        """Extra term of the local objective; FedProx overrides this."""
+    def proximal(self, global_: Tensors) -> Proximal | None:
+        """Proximal term of the local objective; FedProx overrides this."""
         return None
 
     def local_update(self, job: base.LocalJob, task: Record, state: Record) -> base.ClientUpdate:
         w = task[MODEL]
         model = load_parameters(job.model_factory(), w)
         stats = local_sgd(
-            model, job.data.train, self.config.local, job.generator, regulariser=self.regulariser(w),
+            model, job.data.train, self.config.local, job.generator, proximal=self.proximal(w),
             dp_sgd=privacy.dp_sgd(self.config.privacy),
         )
         trained = parameters_of(model)

@@ -13,15 +13,12 @@ compares directly with FedAvg's. With μ = 0 the client is FedAvg's, bit for bit
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from torch import nn
 
 from fl_services.shared.core.algorithms.fedavg import FedAvg
 from fl_services.shared.core.numbers import Float
 from fl_services.shared.core.tensors import Tensors
-from fl_services.shared.core.training import Regulariser
+from fl_services.shared.core.training import Proximal
 
 
 class FedProxParams(BaseModel):
@@ -30,23 +27,12 @@ class FedProxParams(BaseModel):
     mu: Float = Field(0.01, ge=0, description="μ: weight of the proximal term μ/2 ‖w_k − w‖²")
 
 
-def proximal_term(model: nn.Module, centre: Tensors, mu: float) -> torch.Tensor:
-    """μ/2 Σ_params ‖p − centre[p]‖²; its gradient is μ(w_k − w)."""
-    # mse_loss(reduction="sum") is ‖p − c‖² as one autograd node: a third of the cost of (p − c)².sum()
-    # per step, which matters with E = 20 epochs of tiny batches. Summed from a zero tensor (adding 0 is exact),
-    # so the term is a tensor whatever the model.
-    squared = sum((F.mse_loss(p, centre[name], reduction="sum") for name, p in model.named_parameters()),
-                  start=torch.zeros(()))
-    return 0.5 * mu * squared
-
-
 class FedProx(FedAvg[FedProxParams]):
     name = "fedprox"
 
-    def regulariser(self, global_: Tensors) -> Regulariser | None:
+    def proximal(self, global_: Tensors) -> Proximal | None:
         mu = self.params.mu
         if mu == 0:
             return None
         # The centre must not alias the tensors the model trains in place.
-        centre = {name: t.detach().clone() for name, t in global_.items()}
-        return lambda model: proximal_term(model, centre, mu)
+        return Proximal({name: t.detach().clone() for name, t in global_.items()}, mu)

@@ -52,7 +52,7 @@ from fl_services.shared.core.algorithms import aggregate, base
 from fl_services.shared.core.algorithms.base import MODEL, Algorithm, combined_mean
 from fl_services.shared.core.algorithms.clusterfedvarp import ClusterMemory, ClusterParams
 from fl_services.shared.core.algorithms.control import CONTROL, control_step, corrected_sgd, kept_control, with_control
-from fl_services.shared.core.algorithms.fedprox import FedProxParams, proximal_term
+from fl_services.shared.core.algorithms.fedprox import FedProxParams
 from fl_services.shared.core.algorithms.fedrolex import FedRolex, FedRolexParams
 from fl_services.shared.core.algorithms.fedvarp import (
     DELTAS,
@@ -67,6 +67,7 @@ from fl_services.shared.core.algorithms.fedvarp import (
 )
 from fl_services.shared.core.algorithms.submodel import Shapes, coverage, embed, extract
 from fl_services.shared.core.records import Record, RecordSpec
+from fl_services.shared.core.training import Proximal
 
 
 class FedSCAVARParams(ClusterParams, FedRolexParams, FedProxParams):
@@ -142,10 +143,9 @@ class FedSCAVAR(ClusterMemory[FedSCAVARParams], FedRolex[FedSCAVARParams]):
         if any(tuple(c_k[n].shape) != tuple(t.shape) for n, t in w.items()):
             raise ValueError(f"task for client {job.client_id} in round {job.round} does not match its window")
         model = self.sub_model(job, w)
-        centre = {n: t.detach().clone() for n, t in w.items()}
         mu = self.params.mu
-        u = corrected_sgd(job, self.config.local, model, w, c, c_k,
-                          regulariser=(lambda m: proximal_term(m, centre, mu)) if mu > 0 else None)
+        centre = {n: t.detach().clone() for n, t in w.items()}  # not aliasing the tensors trained in place
+        u = corrected_sgd(job, self.config.local, model, w, c, c_k, proximal=Proximal(centre, mu) if mu > 0 else None)
         placed, covered = embed(u.control, self.architecture, windows, full_shapes)
         new_state = {n: torch.where(covered[n], placed[n], c_k_full[n]).contiguous() for n in w}
         return base.ClientUpdate({MODEL: u.delta_w, CONTROL: u.delta_c}, len(job.data.train), u.stats.mean_loss,

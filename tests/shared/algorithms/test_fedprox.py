@@ -47,22 +47,23 @@ def test_two_full_batch_steps_by_hand(mu):
     assert update.num_samples == 2 and update.state == {}
 
 
-def test_proximal_term_value_and_gradient_by_hand():
-    # w = (ones(2,2), 0), w_k = (3·ones(2,2), [1, 2]): ‖w_k − w‖² = 4·2² + 1² + 2² = 21, so μ/2·21 = 21 at μ = 2,
-    # and the gradient is μ(w_k − w) = (4·ones, [2, 4]).
+def test_proximal_gradient_by_hand():
+    # w = (ones(2,2), 0), w_k = (3·ones(2,2), [1, 2]): the gradient of μ/2 ‖w_k − w‖² at μ = 2 is μ(w_k − w) =
+    # (4·ones, [2, 4]), added to the data loss's (ones here).
     algo = FedProx(RunConfig(**SMALL, algorithm="fedprox", params={"mu": 2.0}))
     centre = {"linear.weight": torch.ones(2, 2), "linear.bias": torch.zeros(2)}
-    reg = algo.regulariser(centre)
-    centre["linear.weight"].fill_(100.0)  # the regulariser keeps its own copy of the centre
+    proximal = algo.proximal(centre)
+    assert proximal is not None
+    centre["linear.weight"].fill_(100.0)  # the term keeps its own copy of the centre
     model = build_model(ModelConfig(name="logreg"), (2,), 2)
     with torch.no_grad():
         model.linear.weight.fill_(3.0)
         model.linear.bias.copy_(torch.tensor([1.0, 2.0]))
-    value = reg(model)
-    value.backward()
-    assert value.item() == pytest.approx(21.0)
-    assert torch.allclose(model.linear.weight.grad, torch.full((2, 2), 4.0))
-    assert torch.allclose(model.linear.bias.grad, torch.tensor([2.0, 4.0]))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    proximal.add_gradient(dict(model.named_parameters()))
+    assert torch.equal(model.linear.weight.grad, torch.full((2, 2), 5.0))
+    assert torch.equal(model.linear.bias.grad, torch.tensor([3.0, 5.0]))
 
 
 def test_params():
@@ -71,7 +72,7 @@ def test_params():
         registry.check(RunConfig(**SMALL, algorithm="fedprox", params={"mu": -1.0}))
     with pytest.raises(ValidationError):
         registry.check(RunConfig(**SMALL, algorithm="fedprox", params={"nu": 1.0}))
-    assert FedProx(RunConfig(**SMALL, algorithm="fedprox", params={"mu": 0})).regulariser({}) is None
+    assert FedProx(RunConfig(**SMALL, algorithm="fedprox", params={"mu": 0})).proximal({}) is None
 
 
 BASE = dict(SMALL, rounds=2, fraction=0.5, local={"lr": 0.1, "epochs": 2, "batch_size": 16})
