@@ -13,7 +13,7 @@ from fl_services.shared.core.reference import Device, joins_of
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from tests.federation.checks import assert_same_model, reference
 from tests.federation.harness import Admin, federation
-from tests.federation.test_catalogue import ANY_CLIENTS
+from tests.federation.test_catalogue import ANY_CLIENTS, SHORT_PFEDME
 from tests.integration.test_hfpl_services import CONFIG as HFPL
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +32,7 @@ CATALOGUE = {
     "clusterfedvarp": {"params": {"clusters": {"101": 0, "group=b": 1}}},
     "fedrolex": {"params": {"capacities": {"101": 0.5, "640": 0.25}}},
     "fedscavar": {"params": {"mu": 0.1, "clusters": {"group=a": 0, "205": 1}}},
-    "pfedme": {},
+    "pfedme": SHORT_PFEDME,
     "hfpl": {**HFPL, "data": BASE["data"], "model": {"name": "mlp"}, "fraction": 1.0},
 }
 
