@@ -31,7 +31,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
     metrics = switchable(settings.metrics, lambda: CloudMetrics(settings.long_poll_max_s))
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.torch_threads)
         async with opened_store(settings) as store:
             orchestrator = Orchestrator(store, metrics, settings.replica, settings.lease_s,

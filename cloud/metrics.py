@@ -5,11 +5,16 @@ reports what Redis holds, not what this process happened to see.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from fl_services.shared.core.reports import FAILURE_KINDS
 from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
 from fl_services.shared.wire.admin import SiteInfo
+
+if TYPE_CHECKING:
+    from fl_services.cloud.storage import Store
 
 CONTRIBUTIONS_ROUTE = "/api/v1/edges/{edge_id}/contributions"
 # Refusals of a contribution: the buffer's own (the storage's Conflict reasons) and those of the request.
@@ -50,14 +55,14 @@ class CloudMetrics(ServiceMetrics):
                                     "site, as its last site report said", ["site"], registry=r)
         self.observe_route("POST", CONTRIBUTIONS_ROUTE, self._contribution)
 
-    def _contribution(self, status: int, outcome: str | None, path_params: dict) -> None:
+    def _contribution(self, status: int, outcome: str | None, path_params: dict[str, str]) -> None:
         if status == 202:
             # The id as the route read it (a 202 means it parsed), not as spelled: "007" is edge 7's series.
             self.contributions.labels(str(int(path_params["edge_id"])), outcome or "accepted").inc()
         else:
             self.refused.labels(refusal_reason(status, outcome)).inc()
 
-    def watch_store(self, store) -> None:
+    def watch_store(self, store: Store) -> None:
         async def refresh() -> None:
             runs = (await store.run_ids())[-RUNS_SHOWN:]
             runs += [run_id for run_id in await store.active_runs() if run_id not in runs]

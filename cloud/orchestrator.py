@@ -236,7 +236,7 @@ class Orchestrator:
             except StorageUnavailable:
                 pass  # tried again at the next turn, while the lease lasts
 
-    async def _publish_update(self, run_id: str, lease: Lease, renewing: asyncio.Task) -> bool:
+    async def _publish_update(self, run_id: str, lease: Lease, renewing: asyncio.Task[None]) -> bool:
         """The update under the lease. Everything is read again: another replica may have published it
         between the first look and the lease."""
         info = await self._evaluated(run_id)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
@@ -28,7 +29,7 @@ def create_app(settings: EdgeSettings | None = None,
     metrics = switchable(settings.metrics, lambda: EdgeMetrics(settings.long_poll_max_s))
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.torch_threads)
         tls = client_context(settings.cloud_ca_file, settings.cloud_cert_file, settings.cloud_key_file)
         cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s, tls=tls,

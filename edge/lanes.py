@@ -37,7 +37,7 @@ class Lane:
     # fetched again and its round re-run, instead of the edge waiting for a version that never comes.
     done: int = -1
     # The round in progress (or the wait after a failed one): the run is not offered again meanwhile.
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     # The clients' sample counts as the edge derives them from the run (None: it cannot know them).
     num_samples: list[int] | None = None
     # What a run over registered devices trains (its model's input shape and classes): their data must fit it.

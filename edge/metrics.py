@@ -56,13 +56,13 @@ class EdgeMetrics(ServiceMetrics):
         self.observe_route("POST", RESULTS_ROUTE, self._result)
         self.observe_route("POST", RESULT_BUNDLE_ROUTE, self._bundle)
 
-    def _result(self, status: int, outcome: str | None, _: dict) -> None:
+    def _result(self, status: int, outcome: str | None, _: dict[str, str]) -> None:
         if status == 202:
             self.results.inc()
         else:
             self.refused.labels(refusal_reason(status, outcome)).inc()
 
-    def _bundle(self, status: int, outcome: str | None, _: dict) -> None:
+    def _bundle(self, status: int, outcome: str | None, _: dict[str, str]) -> None:
         if status >= 400:
             self.refused.labels(refusal_reason(status, outcome)).inc()
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -56,7 +57,7 @@ class CloudAPI:
     def __enter__(self) -> "CloudAPI":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _ok(self, response: httpx.Response) -> httpx.Response:
@@ -111,7 +112,8 @@ class CloudAPI:
 
         return decode_tensors(self._get(f"{_run_path(run_id)}/model").content)
 
-    def wait(self, run_id: str, timeout_s: float = 600.0, poll_s: float = 0.5, on_poll=None) -> RunInfo:
+    def wait(self, run_id: str, timeout_s: float = 600.0, poll_s: float = 0.5,
+             on_poll: Callable[[RunInfo], object] | None = None) -> RunInfo:
         """Polls until the run is finished or stopped; `on_poll(info)` sees every poll."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -44,7 +44,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def _yaml(path: Path, text: str) -> Any:
     try:
-        import yaml  # type: ignore[import-untyped]  # optional: only YAML configs need it
+        import yaml  # optional: only YAML configs need it
     except ImportError:
         raise ConfigFileError(f"{path}: reading YAML needs the pyyaml package (pip install pyyaml); or write the "
                               "config as .json or .toml") from None

@@ -61,7 +61,7 @@ class Service:
     tls: ssl.SSLContext | None = None
     # A plain `python -m` process even where a warm start (fl_services.fedctl.warm) would do.
     cold: bool = False
-    proc: subprocess.Popen | WarmProcess | None = None
+    proc: subprocess.Popen[bytes] | WarmProcess | None = None
 
     def start(self) -> None:
         # `python -m` searches its working directory first: from ROOT the services run the very code this
@@ -407,7 +407,7 @@ class LocalTopology:
     def __enter__(self) -> "LocalTopology":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

@@ -79,7 +79,7 @@ async def history(run_id: str, store: StoreDep) -> list[RoundRecord]:
 @router.get("/{run_id}/model", response_class=Response, responses={
     **binary_answer_doc("the global model (safetensors)", headers={"X-FL-Version": {
         "description": "the version of the model", "schema": {"type": "integer"}}}), **error_responses(404)})
-async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep):
+async def model(run_id: str, store: StoreDep, orchestrator: OrchestratorDep) -> Response:
     """The global model at the current version as safetensors (X-FL-Version says which)."""
     body, version = await runs.model(store=store, orchestrator=orchestrator, run_id=run_id)
     return binary(body, headers={"X-FL-Version": str(version)})
@@ -103,7 +103,8 @@ async def run_sites(run_id: str, store: StoreDep) -> RunSites:
 @router.get("/{run_id}/events", response_class=StreamingResponse, responses={200: {
     "content": {"text/event-stream": {}}, "description": "`event: update`, data: a RunUpdate (JSON)"},
     **error_responses(404)})
-async def events(run_id: str, store: StoreDep, orchestrator: OrchestratorDep, stopping: StoppingDep):
+async def events(run_id: str, store: StoreDep, orchestrator: OrchestratorDep,
+                 stopping: StoppingDep) -> StreamingResponse:
     """Server-sent events of a run for the dashboard: an update whenever it changes (the first one with
     the whole history, later ones with the new rounds), a comment every 15 s otherwise; the stream ends
     after the final state of a finished or stopped run."""

@@ -3,6 +3,7 @@ offline; the API docs are shared/server/'s `offline_docs`, which link back here)
 read the admin API with the token the user enters."""
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
@@ -34,7 +35,7 @@ async def root() -> RedirectResponse:
     return RedirectResponse(f"{UI}/")
 
 
-def _page(html: str):
+def _page(html: str) -> Callable[[], Awaitable[HTMLResponse]]:
     async def page() -> HTMLResponse:
         return HTMLResponse(html)
 

@@ -43,7 +43,7 @@ async def register(request: Request, board: BoardDep, loop: RoundLoopDep, auth: 
 @router.get("/{client_id}/task", response_class=Response, responses={
     **binary_answer_doc("the client's oldest open task (safetensors)"),
     204: {"description": "no task before the timeout"}, **error_responses(404, 422, 429)})
-async def task(client_id: int, request: Request, board: BoardDep, timeout: PollTimeout):
+async def task(client_id: int, request: Request, board: BoardDep, timeout: PollTimeout) -> Response:
     async with open_request(request, "task", client_id):
         found = await board.fetch(client_id, timeout)
     if found is None:

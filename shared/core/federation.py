@@ -147,7 +147,7 @@ def federated_evaluations(contributions: Iterable[Contribution]) -> list[Federat
     return evaluations
 
 
-def evaluate_global(config: RunConfig, algorithm: Algorithm, global_, cloud_state) -> Evaluation:
+def evaluate_global(config: RunConfig, algorithm: Algorithm, global_: Record, cloud_state: Record) -> Evaluation:
     own = algorithm.evaluate(global_, cloud_state)
     if own is not None:
         return own

@@ -257,7 +257,7 @@ def _extremes(t: torch.Tensor) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _shape_matches(actual: tuple[int, ...], expected: tuple, bound: dict[str, int]) -> bool:
+def _shape_matches(actual: tuple[int, ...], expected: tuple[int | Dim, ...], bound: dict[str, int]) -> bool:
     if len(actual) != len(expected):
         return False
     for size, want in zip(actual, expected, strict=True):
@@ -269,6 +269,6 @@ def _shape_matches(actual: tuple[int, ...], expected: tuple, bound: dict[str, in
     return True
 
 
-def _show(shape: tuple, bound: dict[str, int]) -> list:
+def _show(shape: tuple[int | Dim, ...], bound: dict[str, int]) -> list[str | int]:
     return [f"{d.name}={bound[d.name]}" if isinstance(d, Dim) and d.name in bound
             else f"{d.name}<={d.max}" if isinstance(d, Dim) else d for d in shape]

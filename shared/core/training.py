@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,7 @@ def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.T
     return list(torch.randperm(n, generator=generator).split(batch_size))
 
 
-def make_optimizer(params, cfg: LocalTrainingConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[nn.Parameter], cfg: LocalTrainingConfig) -> torch.optim.Optimizer:
     # A fresh optimiser per round is what resets the Nesterov momentum buffer each round.
     if cfg.optimizer == "nesterov":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
@@ -83,7 +84,8 @@ def make_optimizer(params, cfg: LocalTrainingConfig) -> torch.optim.Optimizer:
 
 # The optimiser of each model object that trained, for a model handed out again (a client process keeps its
 # models across tasks, client/models.py): its state cleared rather than the optimiser built again.
-_optimizers: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.optim.Optimizer]] = weakref.WeakKeyDictionary()
+_optimizers: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[object, ...], torch.optim.Optimizer]] = (
+    weakref.WeakKeyDictionary())
 _optimizers_lock = threading.Lock()  # the reference runner trains on several threads, each its own models
 
 

@@ -90,5 +90,5 @@ def _log_uncaught(exc_type: type[BaseException], value: BaseException | None, tb
     logging.getLogger("uncaught").critical("uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
 
 
-class _Handler(logging.StreamHandler):
+class _Handler(logging.StreamHandler[TextIO]):
     """The handler configure_logging installs (so that a second call replaces it)."""

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -52,7 +53,8 @@ class Stopping:
         await self._event.wait()
 
 
-def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIRouter],
+def service_app(title: str, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
+                max_payload_bytes: int, routers: list[APIRouter],
                 errors: dict[type[Exception], int], metrics: ServiceMetrics | None = None,
                 metrics_token: str | None = None, server: ServerSettings | None = None) -> FastAPI:
     """A service's FastAPI app: bounded bodies (and `server`'s body deadline and rate limit, defaults
@@ -61,7 +63,7 @@ def service_app(title: str, lifespan, max_payload_bytes: int, routers: list[APIR
     (see `serve`). With `metrics`: every request measured and `GET /metrics`, open unless `metrics_token`
     is set (then a bearer token)."""
     @asynccontextmanager
-    async def bound(app: FastAPI):
+    async def bound(app: FastAPI) -> AsyncIterator[None]:
         app.state.stopping.bind()  # on the loop that serves
         async with lifespan(app):
             yield

@@ -1,6 +1,7 @@
 """Bearer-token checks: a router whose every route needs a token, documented so in the OpenAPI."""
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
@@ -24,7 +25,7 @@ async def bearer_token(request: Request) -> str:
     return creds.credentials
 
 
-def bearer_guard(expected: Callable[[Request], str]):
+def bearer_guard(expected: Callable[[Request], str]) -> Callable[[Request], Awaitable[None]]:
     """A dependency that admits requests carrying `Authorization: Bearer <expected(request)>`."""
 
     async def guard(request: Request) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Request, status
@@ -113,7 +114,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _answer_with(status_code: int):
+def _answer_with(status_code: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
     async def handler(request: Request, exc: Exception) -> JSONResponse:
         reason = getattr(exc, "reason", None)  # a refusal's own name (e.g. "stale"), for the metrics
         if reason is not None:

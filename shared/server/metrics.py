@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, cast
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request, Response, params
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.routing import BaseRoute, Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 # Seconds. Long-polls answer at their timeout when nothing happens: the top buckets reach past it.
@@ -30,7 +31,7 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"
 OTHER_METHOD = "other"
 _OUTCOME = "fl_metrics_outcome"
 
-Observer = Callable[[int, str | None, dict], None]
+Observer = Callable[[int, str | None, dict[str, str]], None]
 
 
 def latency_buckets(long_poll_max_s: float) -> tuple[float, ...]:
@@ -79,7 +80,7 @@ class ServiceMetrics:
         """Runs `refresh` before each scrape (gauges read from the store); replaces an earlier one."""
         self._before_scrape = refresh
 
-    def observe(self, scope: dict, status: int, seconds: float) -> None:
+    def observe(self, scope: Scope, status: int, seconds: float) -> None:
         method = scope["method"] if scope["method"] in _METHODS else OTHER_METHOD
         route = self._route_template(scope)
         self.requests.labels(method, route, str(status)).observe(seconds)
@@ -96,10 +97,10 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-    def _route_template(self, scope: dict) -> str:
+    def _route_template(self, scope: Scope) -> str:
         route = scope.get("route")
         if route is not None:
-            return route.path
+            return str(route.path)
         # Answered before routing: match the routes here, as the router would have.
         for candidate in self._routes:
             match, _ = candidate.matches(scope)
@@ -111,16 +112,16 @@ class ServiceMetrics:
 class RequestMetrics:
     """ASGI middleware: every HTTP request's latency, labelled by method, route template and status."""
 
-    def __init__(self, app, metrics: ServiceMetrics):
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
         self.app = app
         self.metrics = metrics
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started, status = time.perf_counter(), 500
 
-        async def recording_send(message):
+        async def recording_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -153,7 +154,7 @@ def switchable(enabled: bool, make: Callable[[], MetricsT]) -> MetricsT:
     return make() if enabled else cast(MetricsT, _Off())
 
 
-def metrics_router(metrics: ServiceMetrics, dependencies: list) -> APIRouter:
+def metrics_router(metrics: ServiceMetrics, dependencies: Sequence[params.Depends]) -> APIRouter:
     """`GET /metrics` in Prometheus's text format, behind `dependencies` (a token guard, or none)."""
     router = APIRouter(tags=["metrics"], dependencies=dependencies)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import resource
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -19,7 +20,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, server: ServerSett
     stopping: Stopping = app.state.stopping
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             stopping.set()
             super().handle_exit(sig, frame)
 

@@ -31,7 +31,8 @@ def kernels() -> Kernels | None:
         numba: Any = importlib.import_module("numba")
     except ModuleNotFoundError:
         return None
-    jit = numba.njit(nogil=True, boundscheck=False, fastmath=False, cache=False)
+    jit: Callable[[Callable[..., None]], Callable[..., None]] = numba.njit(nogil=True, boundscheck=False,
+                                                                           fastmath=False, cache=False)
 
     @jit
     def add4(into: np.ndarray, x0: np.ndarray, x1: np.ndarray, x2: np.ndarray, x3: np.ndarray,

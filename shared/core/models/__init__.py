@@ -22,7 +22,7 @@ import copy
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -194,7 +194,7 @@ class ConvFeatures(nn.Module):
 
 
 # The families a prototype-learning run may mix; their parameter names differ, only d is shared.
-FEATURE_FAMILIES = {
+FEATURE_FAMILIES: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "mlp": lambda shape, dim: MLPFeatures(shape, dim),
     "cnn": lambda shape, dim: ConvFeatures(shape, dim, channels=(16, 32), hidden=128),
     "cnn_deep": lambda shape, dim: ConvFeatures(shape, dim, channels=(32, 64, 64), hidden=128),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
@@ -50,7 +51,7 @@ from fl_services.shared.core.algorithms.prototypes import (
     empty,
 )
 from fl_services.shared.core.config import RunConfig, StalenessConfig
-from fl_services.shared.core.data import load_client
+from fl_services.shared.core.data import ArrayDataset, load_client
 from fl_services.shared.core.dvfs import before_epoch
 from fl_services.shared.core.models import IMAGE_FAMILIES, build_feature_extractor
 from fl_services.shared.core.records import Record, RecordSpec, pack, unpack
@@ -250,7 +251,7 @@ class HFPL(base.Algorithm[HFPLParams]):
         """G of the configured kind with the given state dict (HEAD's tensors)."""
         return load_classifier(self.params, head, trainable)
 
-    def client_optimizer(self, parameters) -> torch.optim.Optimizer:
+    def client_optimizer(self, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         """The client's optimiser: the run's local one, or heavy-ball SGD with params.momentum."""
         if self.params.momentum > 0:
             return torch.optim.SGD(parameters, lr=self.config.local.lr, momentum=self.params.momentum)
@@ -294,7 +295,7 @@ class HFPL(base.Algorithm[HFPLParams]):
             f.load_state_dict(state[EXTRACTOR])
         return f
 
-    def evaluate_client(self, client_id: int, state: Record, model: Tensors, data) -> dict[str, float]:
+    def evaluate_client(self, client_id: int, state: Record, model: Tensors, data: ArrayDataset) -> dict[str, float]:
         """Client i's f_i with the global (C̄, G), as the REST API serves it, on `data`: accuracy,
         nearest-prototype accuracy, loss."""
         global_ = self._from_served(model)
