@@ -4,7 +4,6 @@ driving every operation with a valid token, which must never get a 5xx."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -114,7 +113,7 @@ FUZZ = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, data
 @pytest.mark.parametrize("service", SERVICES)
 def test_the_fuzzer_gets_no_server_error(topology, known_ids, service):
     schema = schemathesis.openapi.from_url(url_of(topology, service) + "/openapi.json")
-    failures, operations, started = [], 0, time.monotonic()
+    failures, operations = [], 0
     for loaded in schema.get_all_operations():
         operation = loaded.ok()
         operations += 1
@@ -141,4 +140,3 @@ def test_the_fuzzer_gets_no_server_error(topology, known_ids, service):
     assert failures == [], "\n\n".join(failures)
     # ~17 s for both services on an idle machine; on a 2-core machine shared with other work, up to 120 s
     # were measured for one.
-    assert time.monotonic() - started < 240
