@@ -69,6 +69,7 @@ class MemoryStore(Store):
         self._runs: dict[str, _Run] = {}  # in creation order
         self._edges: dict[int, str] = {}  # registration JSON
         self._sites: dict[str, str] = {}  # site name -> SiteInfo JSON
+        self._site_names: dict[int, str] = {}  # edge id -> its site's name
         self._audit: list[str] = []  # AuditRecord JSON, oldest first
         self._revoked: dict[str, str] = {}  # RevokedToken JSON
         self._leases: dict[str, tuple[str, float]] = {}  # run -> (token, expiry on the monotonic clock)
@@ -285,18 +286,23 @@ class MemoryStore(Store):
     async def report_site(self, reg: EdgeRegistration) -> SiteInfo:
         earlier = self._sites.get(reg.site_name)
         record = site_record(reg, SiteInfo.model_validate_json(earlier) if earlier is not None else None)
-        for name in [n for n, r in self._sites.items() if n != record.name and SiteInfo.model_validate_json(r).edge_id
-                     == reg.edge_id]:
-            del self._sites[name]
+        former = self._site_names.get(reg.edge_id)
+        if former is not None and former != record.name:
+            del self._sites[former]
         self._sites[record.name] = record.model_dump_json()
+        self._site_names[reg.edge_id] = record.name
         return record
 
     async def sites(self) -> list[SiteInfo]:
         return [SiteInfo.model_validate_json(self._sites[name]) for name in sorted(self._sites)]
 
     async def remove_site(self, name: str) -> None:
-        if self._sites.pop(name, None) is None:
+        held = self._sites.pop(name, None)
+        if held is None:
             raise NotFound(f"no site named {name!r}")
+        edge_id = SiteInfo.model_validate_json(held).edge_id
+        if self._site_names.get(edge_id) == name:
+            del self._site_names[edge_id]
 
     async def audit(self, record: AuditRecord, max_entries: int) -> None:
         self._audit.append(record.model_dump_json())

@@ -55,6 +55,10 @@ class Keys:
         return f"{self.prefix}:sites"
 
     @property
+    def site_names(self) -> str:  # hash edge_id -> its site's name (an index of `sites`, written with it)
+        return f"{self.prefix}:site-names"
+
+    @property
     def audit(self) -> str:  # capped stream of AuditRecord JSON: who did what to which run or token
         return f"{self.prefix}:audit"
 

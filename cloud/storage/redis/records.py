@@ -1,11 +1,12 @@
-"""What the cloud records beside its runs, in Redis: the edge registry and the site registry (hashes), the audit log
-(a capped stream) and the revoked device tokens (a hash) (Redis-specific)."""
+"""What the cloud records beside its runs, in Redis: the edge registry and the site registry (hashes; the sites with
+an index of each edge's site name, written with them by a script), the audit log (a capped stream) and the revoked
+device tokens (a hash) (Redis-specific)."""
 from __future__ import annotations
 
 import json
 
 from fl_services.cloud.storage.ports import NotFound, now, site_record
-from fl_services.cloud.storage.redis.base import RedisBase, text
+from fl_services.cloud.storage.redis.base import RedisBase
 from fl_services.shared.wire.admin import AuditRecord, RevokedToken, SiteInfo
 from fl_services.shared.wire.edge_cloud import EdgeRegistration
 
@@ -24,13 +25,10 @@ class RedisRecords(RedisBase):
     async def report_site(self, reg: EdgeRegistration) -> SiteInfo:
         earlier = await self.r.hget(self.k.sites, reg.site_name)
         record = site_record(reg, SiteInfo.model_validate_json(earlier) if earlier is not None else None)
-        renamed = [name for name, site in (await self.r.hgetall(self.k.sites)).items()
-                   if SiteInfo.model_validate_json(site).edge_id == reg.edge_id and text(name) != record.name]
-        async with self.r.pipeline(transaction=True) as pipe:
-            if renamed:
-                pipe.hdel(self.k.sites, *renamed)
-            pipe.hset(self.k.sites, record.name, record.model_dump_json())
-            await pipe.execute()
+        taken = await self.scripts.site_report(keys=[self.k.sites, self.k.site_names],
+                                               args=[reg.edge_id, record.name, record.model_dump_json()])
+        if taken is not None:  # another edge took the name since it was read: refused as it would have been then
+            site_record(reg, SiteInfo.model_validate_json(taken))
         return record
 
     async def sites(self) -> list[SiteInfo]:
@@ -38,7 +36,7 @@ class RedisRecords(RedisBase):
         return sorted(records, key=lambda site: site.name)
 
     async def remove_site(self, name: str) -> None:
-        if not await self.r.hdel(self.k.sites, name):
+        if not await self.scripts.site_remove(keys=[self.k.sites, self.k.site_names], args=[name]):
             raise NotFound(f"no site named {name!r}")
 
     async def audit(self, record: AuditRecord, max_entries: int) -> None:

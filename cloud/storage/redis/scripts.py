@@ -29,3 +29,5 @@ class Scripts:
         self.entry_fields: AsyncScript = client.register_script(source("entry_fields"))
         self.lease_extend: AsyncScript = client.register_script(source("lease_extend"))
         self.lease_release: AsyncScript = client.register_script(source("lease_release"))
+        self.site_report: AsyncScript = client.register_script(source("site_report"))
+        self.site_remove: AsyncScript = client.register_script(source("site_remove"))

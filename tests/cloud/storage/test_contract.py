@@ -648,6 +648,24 @@ async def test_a_renamed_edge_leaves_its_old_name(store: Store) -> None:
     assert [(s.name, s.labels) for s in await store.sites()] == [("paris", {"tier": "gold"})]
 
 
+async def test_a_rename_drops_only_the_renamed_edges_former_name(store: Store) -> None:
+    for edge_id, name in [(0, "lyon"), (1, "paris"), (2, "oslo")]:
+        await store.report_site(EdgeRegistration(edge_id=edge_id, name=name))
+    await store.report_site(EdgeRegistration(edge_id=1, name="rome"))
+    await store.report_site(EdgeRegistration(edge_id=1, name="bern"))
+    assert [(s.name, s.edge_id) for s in await store.sites()] == [("bern", 1), ("lyon", 0), ("oslo", 2)]
+
+
+async def test_an_edge_whose_site_was_removed_renames_without_touching_the_name_another_edge_took(store: Store) -> None:
+    await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
+    await store.remove_site("lyon")
+    await store.report_site(EdgeRegistration(edge_id=1, name="lyon"))  # free again: another edge takes it
+    await store.report_site(EdgeRegistration(edge_id=0, name="paris"))
+    assert [(s.name, s.edge_id) for s in await store.sites()] == [("lyon", 1), ("paris", 0)]
+    await store.report_site(EdgeRegistration(edge_id=1, name="rome"))
+    assert [(s.name, s.edge_id) for s in await store.sites()] == [("paris", 0), ("rome", 1)]
+
+
 async def test_a_removed_site_is_gone_until_its_edge_reports_again(store: Store) -> None:
     await store.report_site(EdgeRegistration(edge_id=0, name="lyon"))
     await store.report_site(EdgeRegistration(edge_id=1, name="paris"))

@@ -135,3 +135,25 @@ async def test_migrating_gives_a_live_run_over_registered_devices_its_member_ind
         with pytest.raises(MembersElsewhere) as refused:
             await store.submit(contribution_header("r", edge_id=1), b"b", True, (8, 9))
         assert refused.value.holders == {8: 0}
+
+
+async def test_a_site_registry_written_before_its_index_gets_it_whole_at_the_first_report(redis_url: str) -> None:
+    """The index of each edge's site name is built from the records when it is missing: an edge that registered
+    before it existed still leaves its old name when it renames itself, whichever edge reports first."""
+    from fl_services.cloud.storage import Conflict
+    from fl_services.cloud.storage.redis.connection import clients
+
+    async with clients(redis_url, {}, max_connections=4, pool_timeout_s=5.0) as (client, bulk):
+        keys = Keys(f"test-{uuid.uuid4().hex}")
+        store = RedisStore(client, keys, bulk)
+        for edge_id, name in [(0, "lyon"), (1, "paris"), (2, "oslo")]:
+            await store.report_site(EdgeRegistration(edge_id=edge_id, name=name))
+        assert await client.hgetall(keys.site_names) == {b"0": b"lyon", b"1": b"paris", b"2": b"oslo"}
+        assert await client.delete(keys.site_names) == 1  # as a registry written before the index
+        await store.report_site(EdgeRegistration(edge_id=2, name="oslo"))
+        await store.report_site(EdgeRegistration(edge_id=1, name="rome"))
+        with pytest.raises(Conflict, match="edge 0's, not edge 1's"):
+            await store.report_site(EdgeRegistration(edge_id=1, name="lyon"))
+        assert [(s.name, s.edge_id) for s in await store.sites()] == [("lyon", 0), ("oslo", 2), ("rome", 1)]
+        await store.remove_site("lyon")
+        assert await client.hgetall(keys.site_names) == {b"1": b"rome", b"2": b"oslo"}
