@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fl_services.cloud.config import CloudSettings
-from fl_services.cloud.storage import StorageRefused
-from fl_services.cloud.storage.redis import check_redis, prepared_blob_files
-from fl_services.shared.runtime.log import configure_logging
-from fl_services.shared.runtime.settings import answer_help, load_settings
+from fl_services.shared.runtime.extras import SERVER_MODULES, require
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +15,15 @@ The cloud service: the control API, the dashboard (/ui/) and the edges' API over
 
 
 def main() -> None:
+    # Before anything of the server's is imported (the settings parse their rate limit with `limits`): a device's
+    # install, without the extra, gets one line saying what to install.
+    require(SERVER_MODULES, "server", "fl-cloud")
+    from fl_services.cloud.config import CloudSettings
+    from fl_services.cloud.storage import StorageRefused
+    from fl_services.cloud.storage.redis import check_redis, prepared_blob_files
+    from fl_services.shared.runtime.log import configure_logging
+    from fl_services.shared.runtime.settings import answer_help, load_settings
+
     answer_help(CloudSettings, USAGE)
     settings = load_settings(CloudSettings)
     configure_logging(settings.log_level, settings.log_format)

@@ -2,9 +2,7 @@
 error answer before the app's modules (torch, fastapi) are imported."""
 from __future__ import annotations
 
-from fl_services.edge.config import EdgeSettings
-from fl_services.shared.runtime.log import configure_logging
-from fl_services.shared.runtime.settings import answer_help, load_settings
+from fl_services.shared.runtime.extras import SERVER_MODULES, require
 
 USAGE = """usage: fl-edge
 
@@ -13,6 +11,11 @@ it and sends the cloud its contribution. Listens on FL_EDGE_HOST:FL_EDGE_PORT un
 
 
 def main() -> None:
+    require(SERVER_MODULES, "server", "fl-edge")  # as fl-cloud's (cloud/main.py)
+    from fl_services.edge.config import EdgeSettings
+    from fl_services.shared.runtime.log import configure_logging
+    from fl_services.shared.runtime.settings import answer_help, load_settings
+
     answer_help(EdgeSettings, USAGE)
     settings = load_settings(EdgeSettings)
     configure_logging(settings.log_level, settings.log_format, edge_id=settings.edge_id)

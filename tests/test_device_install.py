@@ -4,6 +4,7 @@ fedctl answer --help; and its fl-client trains a real run's rounds on the device
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
-from tests.integration.test_wheel import install, run
+from tests.integration.test_wheel import environment, install, run
 from tests.test_packaging import SERVER_SIDE
 
 pytestmark = pytest.mark.slow
@@ -57,6 +58,14 @@ def test_a_device_install_holds_no_server_package(device):
 def test_a_device_install_answers_help(device):
     assert "FL_CLIENT_EDGE_URL" in run(device / "bin" / "fl-client", "--help", cwd=device.parent).stdout
     assert "FL_ADMIN_TOKEN" in run(device / "bin" / "fedctl", "--help", cwd=device.parent).stdout
+
+
+@pytest.mark.parametrize("server", ["fl-cloud", "fl-edge"])
+def test_a_device_install_says_what_a_server_needs(device, server):
+    done = subprocess.run([device / "bin" / server], cwd=device.parent, env=environment(), capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"{server} needs fastapi, which is not installed: pip install 'fl-services[server]'\n"
 
 
 LOADER = textwrap.dedent('''

@@ -84,16 +84,19 @@ DEVICE_MODULES = ("fl_services.client.main", "fl_services.client.worker", "fl_se
                   "fl_services.fedctl.api", "fl_services.shared.core.reference")
 
 
+# Run first in an interpreter: every extra's module refused as if it were not installed.
+BLOCKER = ("import importlib, importlib.abc, json, sys\n"
+           "class Block(importlib.abc.MetaPathFinder):\n"
+           "    def find_spec(self, name, path, target=None):\n"
+           f"        if name.split('.')[0] in {EXTRA_MODULES!r}:\n"
+           "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+           "sys.meta_path.insert(0, Block())\n")
+
+
 def test_device_code_imports_no_extra():
     # One interpreter imports them in turn: the blocker refuses an extra whichever module asks for it first, and a
     # module whose import failed is not kept, so the next one importing it fails too; no order hides a failure.
-    blocker = ("import importlib, importlib.abc, json, sys\n"
-               "class Block(importlib.abc.MetaPathFinder):\n"
-               "    def find_spec(self, name, path, target=None):\n"
-               f"        if name.split('.')[0] in {EXTRA_MODULES!r}:\n"
-               "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-               "sys.meta_path.insert(0, Block())\n")
-    code = blocker + (f"failed = {{}}\nfor module in {DEVICE_MODULES!r}:\n"
+    code = BLOCKER + (f"failed = {{}}\nfor module in {DEVICE_MODULES!r}:\n"
                       "    try:\n        importlib.import_module(module)\n"
                       "    except ImportError as exc:\n        failed[module] = repr(exc)\n"
                       "from fl_services.shared.core.algorithms import registry\n"
@@ -103,6 +106,15 @@ def test_device_code_imports_no_extra():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {}
+
+
+@pytest.mark.parametrize("service", ["cloud", "edge"])
+@pytest.mark.parametrize("argv", [[], ["--help"]], ids=["start", "help"])
+def test_a_server_without_its_extra_says_which_to_install(service, argv):
+    code = BLOCKER + f"sys.argv = ['fl-{service}', *{argv!r}]\nfrom fl_services.{service}.main import main\nmain()\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"fl-{service} needs fastapi, which is not installed: pip install 'fl-services[server]'\n"
 
 
 def test_a_missing_extra_names_what_to_install(monkeypatch):
