@@ -18,8 +18,9 @@ the seed the test uses, its 20-round run's final loss on all devices' training d
 
 The proximal term pays where the devices' drift makes FedAvg swing (seeds 20 and 10 here; earlier 30-round
 runs of seeds 2, 4, 5, 6 and 7 were lower for each over rounds 20-29, by 1.5-45%); where FedAvg already trains
-smoothly, μ = 1 mostly slows the first rounds (26 and 32), and FedProx is level or behind. Seed 20 is the test's: of those where FedAvg swings, a clear margin already by round 10 with the least data, so the
-cheapest honest run (~20 s on two cores, against ~34 s for seed 5's 30 rounds).
+smoothly, μ = 1 mostly slows the first rounds (26 and 32), and FedProx is level or behind. Seed 20 is the
+test's: of those where FedAvg swings, a clear margin already by round 10 with the least data, so the cheapest
+honest run (~20 s on two cores, against ~34 s for seed 5's 30 rounds).
 """
 
 import pytest
