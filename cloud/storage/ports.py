@@ -189,7 +189,10 @@ class Runs(Protocol):
     async def config(self, run_id: str) -> RunConfig: ...
     async def status(self, run_id: str) -> tuple[RunStatus, int]:
         """The run's status and version."""
-    async def info(self, run_id: str) -> RunInfo: ...
+    async def info(self, run_id: str) -> RunInfo:
+        """The run as the control API shows it: `rounds` is its config's rounds, `buffered` the contributions
+        waiting, `last_round` its newest history record, `finished_at` when it stopped or finished (as
+        ended_runs), `reason` as transition and note_waiting keep it."""
 
     async def infos(self, run_ids: list[str]) -> list[RunInfo]:
         """The runs' infos, leaving out those deleted meanwhile."""
@@ -228,7 +231,8 @@ class Runs(Protocol):
         """The run's history from record `start` on: a live view reads only what it has not seen."""
     async def fill_evaluation(self, run_id: str, record: RoundRecord) -> bool:
         """Replaces the history record of `record.round`, committed before its evaluation was in, by
-        `record`; False if that record is evaluated already, is of another version, or the run is gone."""
+        `record`; False if that record is evaluated already (its test_accuracy is not NaN), is of another
+        version, or the run is gone."""
     async def delete_run(self, run_id: str) -> None:
         """Deletes everything of a run that is not active (created, waiting, stopped or finished); Conflict
         otherwise."""
@@ -241,21 +245,25 @@ class ContributionBuffer(Protocol):
 
     async def submit(self, header: EdgeContributionHeader, blob: bytes, synchronous: bool,
                      members: Sequence[int] = ()) -> SubmitOutcome:
-        """Buffers a contribution, atomically (see the module's docstring). A retry with the same idempotency
-        key for the same slot is a duplicate (accepted, buffered once). Conflict, with its reason:
-        not_running, future (base version newer than the run's), stale (`synchronous` and not the current
-        version), conflict (the slot taken under another key), key_reused (the key used for another slot),
-        pending (the edge's previous contribution still waits). `members`: the devices it declares in a run where
-        each is a member at one site, the edge whose accepted contribution declared it first: MembersElsewhere
-        (a Conflict) naming those another edge holds; accepted, it holds those no edge held. The run's index of
-        them is kept beside its buffer, so the check is O(members), whatever the history's length."""
+        """Buffers a contribution, atomically (see the module's docstring). Its idempotency key is looked up
+        first: a retry with the same key for the same slot (edge, base version) is a duplicate (accepted,
+        buffered once), even after its update consumed it, so the keys are kept as long as the run; the key used
+        for another slot is a Conflict, key_reused. Then, in this order, Conflict with its reason: not_running
+        (a run that does not exist too, detail "missing": a Conflict, not NotFound), future (base version newer
+        than the run's), stale (`synchronous` and not the current version), conflict (the slot taken under
+        another key), pending (the edge's previous contribution still waits). `members`: the devices it declares
+        in a run where each is a member at one site, the edge whose accepted contribution declared it first:
+        MembersElsewhere (a Conflict) naming those another edge holds; accepted, it holds those no edge held.
+        The run's index of them is kept beside its buffer, so the check is O(members), whatever the history's
+        length."""
     async def has_pending(self, run_id: str, edge_id: int) -> bool:
         """Whether the edge's last contribution is still in the buffer (it must wait for its update)."""
     async def buffered(self, run_id: str, count: int) -> list[BufferedContribution]:
         """The first `count` contributions waiting, oldest first, with their blobs."""
     async def buffered_headers(self, run_id: str) -> list[tuple[datetime, EdgeContributionHeader]]:
-        """Every contribution waiting, with when it was accepted: the headers only (a status view must not
-        read every blob)."""
+        """Every contribution waiting, with when it was accepted (the same instant as its entry's received_s:
+        keep received_s to whole microseconds or coarser, so that the datetime holds it exactly): the headers
+        only (a status view must not read every blob)."""
     async def commit_update(self, run_id: str, expected_version: int, consumed: list[BufferedContribution],
                             new_global: bytes, new_cloud_state: bytes, record: RoundRecord, finished: bool,
                             lease: Lease | None = None) -> bool:
