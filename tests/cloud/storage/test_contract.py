@@ -3,9 +3,12 @@ routes and the orchestrator rely on. A new backend joins by adding itself to `ba
 (docs/how-to-storage-backend.md)."""
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
+import inspect
 import math
+import textwrap
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -114,6 +117,24 @@ async def everything(store: Store, run_id: str) -> tuple:
             [r.model_dump_json() for r in await store.history(run_id)],
             [(c.entry_id, c.header, c.blob) for c in await store.buffered(run_id, 100)],
             [await store.has_pending(run_id, edge) for edge in range(4)])
+
+
+async def test_the_backend_implements_every_method_of_the_port(store: Store) -> None:
+    """A method the backend lacks would answer with the port's own body (None) at run time: mypy catches it only
+    where the class is built by name."""
+    port = {name for cls in Store.__mro__ if cls.__module__ == Store.__module__ for name, member in vars(cls).items()
+            if inspect.iscoroutinefunction(member) and _declared_only(member)}
+    assert len(port) > 30
+    inherited = sorted(name for name in port if getattr(type(store), name) is getattr(Store, name))
+    assert inherited == [], f"{type(store).__name__} does not implement {inherited}"
+
+
+def _declared_only(method: Callable[..., object]) -> bool:
+    """Whether the port's method has no body of its own (a docstring or `...`), unlike those it implements once
+    for every backend over the others (`history`, `infos`)."""
+    (function,) = ast.parse(textwrap.dedent(inspect.getsource(method))).body
+    assert isinstance(function, ast.AsyncFunctionDef)
+    return all(isinstance(line, ast.Expr) and isinstance(line.value, ast.Constant) for line in function.body)
 
 
 # ---- runs ------------------------------------------------------------------------------------------
