@@ -8,7 +8,7 @@ Three first-order methods run on it, each counting the gradient steps until ‖x
 - `gradient_descent`: x ← x − ∇f(x)/M;
 - `nesterov`: the classical accelerated gradient, y = x + μ(x − x_prev), x ← y − ∇f(y)/M with
   μ = (√M − √m)/(√M + √m);
-- `torch_nesterov`: the project's local optimiser (fl_services.shared.core.training.make_optimizer with
+- `torch_nesterov`: the project's local optimiser (fl_services.shared.core.training.Sgd with
   optimizer="nesterov", i.e. torch's SGD(nesterov=True): buf ← μ·buf + g, p ← p − lr(g + μ·buf)).
   Its parameter p_k is exactly the classical look-ahead point y_k (x_{k+1} = p_k − lr·∇f(p_k) gives back
   the classical x), so both converge at the accelerated rate; they stop at slightly different counts
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from fl_services.shared.core.config import LocalTrainingConfig
-from fl_services.shared.core.training import make_optimizer
+from fl_services.shared.core.training import Sgd
 
 DEFAULT_A = ((4.0, 1.0), (1.0, 3.0))
 DEFAULT_B = (1.0, 2.0)
@@ -127,10 +127,10 @@ def torch_nesterov(f: Quadratic, x0: torch.Tensor | None = None, step: float | N
     lr = 1.0 / f.smoothness if step is None else step
     mu = f.nesterov_momentum if momentum is None else momentum
     p = torch.nn.Parameter(_start(f, x0))
-    opt = make_optimizer([p], LocalTrainingConfig(lr=lr, optimizer="nesterov", momentum=mu))
+    opt = Sgd([p], LocalTrainingConfig(lr=lr, optimizer="nesterov", momentum=mu))
 
     def advance(_: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         f.value(p).backward()
         opt.step()
         return p.detach().clone()

@@ -4,13 +4,63 @@ import torch.nn.functional as F
 
 from fl_services.shared.core.config import LocalTrainingConfig
 from fl_services.shared.core.data import ArrayDataset
-from fl_services.shared.core.training import CPU_EVALUATION_BATCH, DpSgd, Proximal, batches, evaluate, local_sgd
+from fl_services.shared.core.training import (
+    CPU_EVALUATION_BATCH,
+    DpSgd,
+    Proximal,
+    Sgd,
+    batches,
+    evaluate,
+    local_sgd,
+    make_optimizer,
+    minibatches,
+)
 
 
 def test_batch_size_zero_is_one_full_batch():
     assert [b.tolist() for b in batches(5, 0, torch.Generator())] == [[0, 1, 2, 3, 4]]
     parts = batches(10, 3, torch.Generator().manual_seed(0))
     assert [len(b) for b in parts] == [3, 3, 3, 1] and sorted(torch.cat(parts).tolist()) == list(range(10))
+
+
+def test_minibatches_are_the_rows_of_batches_in_their_order():
+    data = ArrayDataset(torch.randn(10, 4), torch.arange(10))
+    for batch_size in (3, 0, 10):
+        expected = [(data.x[idx], data.y[idx]) for idx in batches(10, batch_size, torch.Generator().manual_seed(2))]
+        got = list(minibatches(data, batch_size, torch.Generator().manual_seed(2)))
+        assert len(got) == len(expected)
+        assert all(torch.equal(x, ex) and torch.equal(y, ey) for (x, y), (ex, ey) in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "nesterov"])
+def test_sgd_steps_as_torchs_sgd_bit_for_bit(optimizer):
+    """Sgd against make_optimizer's torch SGD, step by step: a parameter the loss reaches at every step, one it
+    reaches at every other step (no gradient, so no step and its momentum buffer kept in between), one never."""
+    cfg = LocalTrainingConfig(lr=0.05, optimizer=optimizer, momentum=0.8)
+    torch.manual_seed(0)
+    start = [torch.randn(3, 2), torch.randn(2), torch.randn(4)]
+    x = torch.randn(5, 3)
+    ours, theirs = ([torch.nn.Parameter(t.clone()) for t in start] for _ in range(2))
+    sgd, torch_sgd = Sgd(ours, cfg), make_optimizer(theirs, cfg)
+    for step in range(6):
+        for params, opt in ((ours, sgd), (theirs, torch_sgd)):
+            opt.zero_grad()
+            loss = (x @ params[0]).square().mean()
+            if step % 2 == 0:
+                loss = loss + (params[0].sum(0) * params[1]).sum()
+            loss.backward()
+            opt.step()
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)), step
+    assert torch.equal(ours[2], start[2]) and not torch.equal(ours[1], start[1])
+
+
+def test_sgd_refuses_nesterov_without_momentum_as_torch_does():
+    cfg = LocalTrainingConfig(optimizer="nesterov", momentum=0.0)
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum") as torchs:
+        make_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg)
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum") as ours:
+        Sgd([torch.nn.Parameter(torch.zeros(1))], cfg)
+    assert str(ours.value) == str(torchs.value)
 
 
 def test_nesterov_matches_torch_semantics_by_hand():

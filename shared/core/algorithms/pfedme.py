@@ -47,7 +47,7 @@ from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.records import Record
 from fl_services.shared.core.selection import select_clients
 from fl_services.shared.core.tensors import Tensors
-from fl_services.shared.core.training import batches, evaluate, grad_of, load_parameters, make_optimizer, parameters_of
+from fl_services.shared.core.training import Sgd, batches, evaluate, grad_of, load_parameters, parameters_of
 
 PERSONAL = "personal"  # the client state's group holding θ_k
 
@@ -136,7 +136,7 @@ class PFedMe(Algorithm[PFedMeParams]):
         theta = dict(model.named_parameters())
         omega = {name: t.detach().clone() for name, t in task[MODEL].items()}
         # The inner solver's optimiser (plain steps, or Nesterov with its buffer reset here each round).
-        opt = make_optimizer(theta.values(), self.config.local.model_copy(update={"lr": p.personal_lr}))
+        opt = Sgd(theta.values(), self.config.local.model_copy(update={"lr": p.personal_lr}))
         train = job.data.train
         stream = batch_stream(len(train), self.config.local.batch_size, job.generator)
         loss_sum = 0.0
@@ -144,7 +144,7 @@ class PFedMe(Algorithm[PFedMeParams]):
             idx = next(stream)
             x, y = train.x[idx], train.y[idx]
             for _ in range(p.inner_steps):
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
                 loss = F.cross_entropy(model(x), y)
                 loss_sum += loss.item()
                 loss.backward()

@@ -61,7 +61,7 @@ def test_proximal_gradient_by_hand():
         model.linear.bias.copy_(torch.tensor([1.0, 2.0]))
     for p in model.parameters():
         p.grad = torch.ones_like(p)
-    proximal.add_gradient(dict(model.named_parameters()))
+    proximal.adder(dict(model.named_parameters()))()
     assert torch.equal(model.linear.weight.grad, torch.full((2, 2), 5.0))
     assert torch.equal(model.linear.bias.grad, torch.tensor([3.0, 5.0]))
 

@@ -3,24 +3,29 @@ term (μ = 1) keeps heterogeneous devices from drifting apart, so FedProx trains
 a lower loss than FedAvg (μ = 0).
 
 Setting, as in the paper: 30 devices with their natural (power-law) data, multinomial logistic
-regression, 10 devices per round (λ = 1/3), E = 20, B = 10, η_k = 0.01; 20 rounds instead of 200.
-Metric: the loss of the global model, averaged over rounds 10-19 so that FedAvg's round-to-round swings
-do not decide the outcome.
+regression, 10 devices per round (λ = 1/3), E = 20, B = 10, η_k = 0.01; 15 rounds instead of 200.
+Metric: the loss of the global model, averaged over rounds 10-14 so that FedAvg's round-to-round swings
+do not decide the outcome, and its final loss on all devices' training data.
 
-Measured (FedAvg vs FedProx μ = 1), the held-out loss averaged over rounds 10-19 of 30-round runs, and for
-the seed the test uses, its 20-round run's final loss on all devices' training data:
+Measured (FedAvg vs FedProx μ = 1): the held-out loss averaged over rounds 10-14 and the final training loss
+of 15-round runs (the test's setting), and the held-out loss averaged over rounds 10-19 and 20-29 of longer runs:
 
-    seed  train samples  held-out loss, rounds 10-19   rounds 20-29    final train loss (20 rounds)
-    20    4.5k           1.36 vs 1.06                   1.28 vs 0.89    1.29 vs 0.94   FedAvg swings in every round
-    10    5.0k           1.35 vs 1.19                   1.21 vs 1.06
-    26    4.4k           0.93 vs 1.04                   0.81 vs 0.81                   FedAvg trains smoothly
-    32    3.4k           1.06 vs 1.08                   0.83 vs 0.86                   FedAvg trains smoothly
+    seed  train samples  rounds 10-14   final train   rounds 10-19   rounds 20-29
+    20    4.5k           1.34 vs 1.12   1.35 vs 1.06  1.36 vs 1.06   1.28 vs 0.89   FedAvg swings from round 1 on
+    36    5.6k           1.55 vs 1.21   1.84 vs 1.16  1.69 vs 1.14                  FedAvg swings, climbs from round 12
+    10    5.0k           1.36 vs 1.22   1.31 vs 1.15  1.35 vs 1.19   1.21 vs 1.06
+    8     5.4k           1.06 vs 1.05   0.87 vs 0.84  0.98 vs 0.92                  FedProx ahead from round 13
+    5     5.2k           1.29 vs 1.34   1.23 vs 1.26
+    26    4.4k                                        0.93 vs 1.04   0.81 vs 0.81   FedAvg trains smoothly
+    32    3.4k                                        1.06 vs 1.08   0.83 vs 0.86   FedAvg trains smoothly
 
-The proximal term pays where the devices' drift makes FedAvg swing (seeds 20 and 10 here; earlier 30-round
-runs of seeds 2, 4, 5, 6 and 7 were lower for each over rounds 20-29, by 1.5-45%); where FedAvg already trains
-smoothly, μ = 1 mostly slows the first rounds (26 and 32), and FedProx is level or behind. Seed 20 is the
-test's: of those where FedAvg swings, a clear margin already by round 10 with the least data, so the cheapest
-honest run (~20 s on two cores, against ~34 s for seed 5's 30 rounds).
+The proximal term pays where the devices' drift makes FedAvg swing (seeds 20, 36 and 10 here; earlier 30-round
+runs of seeds 2, 4, 5, 6 and 7 were lower for each over rounds 20-29, by 1.5-45%), on some seeds only later (5 and
+8 are level or behind over rounds 10-14); where FedAvg already trains smoothly, μ = 1 mostly slows the first
+rounds (26 and 32), and FedProx is level or behind. Seed 20 is the test's: of those where FedAvg swings, the least
+data, and FedProx lower in every round from the first, so that 15 rounds keep a clear margin (FedAvg's lowest
+training loss over rounds 10-14, 1.20, is still 12% above FedProx's final one): ~21 core-seconds against ~28 for
+20 rounds.
 """
 
 import pytest
@@ -33,7 +38,7 @@ from fl_services.shared.core.training import evaluate, load_parameters
 from tests.parallel import run_references
 
 SEED = 20
-ROUNDS = 20
+ROUNDS = 15
 LATE = 10  # the rounds from here on are averaged
 
 
@@ -61,6 +66,6 @@ def test_fedprox_beats_fedavg_on_synthetic_1_1():
     # The global test set is the union of the devices' held-out splits.
     late = {name: sum(h.test_loss for h in r.history[LATE:]) / (ROUNDS - LATE) for name, (_, r) in runs.items()}
     final = {name: _train_loss(config, r.global_state) for name, (config, r) in runs.items()}
-    # Measured for seed 20: held-out loss 1.36 vs 1.06 (mean of rounds 10-19), final training loss 1.29 vs 0.94.
+    # Measured for seed 20: held-out loss 1.34 vs 1.12 (mean of rounds 10-14), final training loss 1.35 vs 1.06.
     assert late["fedprox"] < 0.95 * late["fedavg"], late
     assert final["fedprox"] < 0.95 * final["fedavg"], final
