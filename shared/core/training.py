@@ -204,6 +204,7 @@ def _epochs(model: nn.Module, named: dict[str, nn.Parameter], opt: Sgd | torch.o
     # opacus's optimiser zeroes the gradients unless told to drop them, as Sgd does.
     clear = opt.zero_grad if isinstance(opt, Sgd) else partial(opt.zero_grad, set_to_none=True)
     add_proximal = proximal.adder(named) if proximal is not None else None
+    corrections = [correction[name] for name in named] if correction is not None else None
     steps, loss_sum = 0, 0.0
     for epoch in range(cfg.epochs):
         before_epoch(epoch)  # DVFS: the client picks its frequency (a no-op outside a client process)
@@ -214,8 +215,8 @@ def _epochs(model: nn.Module, named: dict[str, nn.Parameter], opt: Sgd | torch.o
             loss.backward()
             if add_proximal is not None:
                 add_proximal()
-            if correction is not None:
-                torch._foreach_add_([grad_of(p) for p in named.values()], [correction[name] for name in named])
+            if corrections is not None:
+                torch._foreach_add_([grad_of(p) for p in named.values()], corrections)
             opt.step()
             steps += 1
     return steps, loss_sum
