@@ -46,7 +46,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.device import CPU, computing_on
 from fl_services.shared.core.federation import cloud_evaluates, evaluate_global
 from fl_services.shared.core.records import decode, decode_state, encode
-from fl_services.shared.core.reports import RoundRecord
+from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.runtime.log import bind
 from fl_services.shared.server.longpoll import Announcer, wait_until
 from fl_services.shared.wire.admin import RunInfo
@@ -80,6 +80,8 @@ class Orchestrator:
         self._evaluations: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self._active = 0  # how many runs were active at the last look
+        # Per active run, its version and status at the loop's last look (see _look).
+        self._looked: dict[str, tuple[int, RunStatus]] = {}
 
     # ---- signalling ----------------------------------------------------------------------------
     def notify(self) -> None:
@@ -179,6 +181,9 @@ class Orchestrator:
         One run's failure is logged and leaves the others' updates (and its own buffer) as they are."""
         runs = await self.store.active_runs()
         self._active = len(runs)
+        if self._looked.keys() - set(runs):  # ended, perhaps by a replica that died before announcing it
+            self._looked = {run_id: seen for run_id, seen in self._looked.items() if run_id in runs}
+            await self.wake_waiters()
         self.globals.retain(runs)
         published = False
         for run_id in runs:
@@ -210,6 +215,7 @@ class Orchestrator:
             info = await self.store.info(run_id)
         except NotFound:  # stopped and deleted since the active runs were listed
             return False
+        await self._look(run_id, info)
         # A paused run's contributions wait in the buffer: its version holds until it resumes.
         if info.status not in UPDATABLE or info.buffered < info.config.topology.buffer_size:
             return False
@@ -223,6 +229,16 @@ class Orchestrator:
             renewing.cancel()
             with contextlib.suppress(LeaseLost, StorageUnavailable):  # lost or expired: nothing to give back
                 await self.store.release_lease(lease)
+
+    async def _look(self, run_id: str, info: RunInfo) -> None:
+        """Wakes this replica's waiters where a run's version or status moved since the loop's last look and
+        this replica did not move it: a replica that committed a version (or a stop) and died before announcing
+        it on the event channel would otherwise leave the edges long-polling here waiting until their timeout.
+        A change another live replica announced wakes them a second time, to no harm."""
+        seen = (info.version, info.status)
+        if self._looked.setdefault(run_id, seen) != seen:
+            self._looked[run_id] = seen
+            await self.wake_waiters()
 
     async def _renew(self, lease: Lease) -> None:
         """Keeps the lease while the update is computed; once lost, the commit refuses to publish."""
@@ -299,6 +315,7 @@ class Orchestrator:
             if finished and info.version + 1 < config.rounds:
                 log.info("run %s finished at version %d of %d: its privacy budget ε = %g is spent (ε = %.4g)",
                          run_id, info.version + 1, config.rounds, config.privacy.epsilon_budget, record.epsilon)
+            self._looked.pop(run_id, None)  # this replica's own change, announced: nothing to wake for
             await self.announce()
         return committed
 

@@ -55,6 +55,43 @@ async def test_a_long_poll_learns_of_another_replicas_version_at_once_without_re
     assert [h["computed_by"] for h in (await a.admin("GET", f"/api/v1/runs/{run_id}/history")).json()] == ["a"]
 
 
+async def test_long_polls_learn_of_what_a_replica_that_died_before_announcing_it_committed(redis_url: str) -> None:
+    """Replica a commits and says nothing on the event channel, as when it is killed between its commit and
+    its announcement: b's loop sees the version move (then the run end) at its next look and wakes the edge's
+    long-polls there, which would otherwise wait for their whole timeout (600 s here)."""
+    async with running_cloud(redis_url, replica_id="a", long_poll_max_s=600) as a,\
+            running_cloud(redis_url, prefix=a.prefix, replica_id="b", long_poll_max_s=600) as b:
+        run_id, global_ = await running_run(a, small_config(rounds=2))
+        committed = asyncio.Event()
+
+        async def dies_before_announcing() -> None:
+            committed.set()
+
+        async def never_takes_the_lease(*args: object) -> None:
+            return None
+
+        a.app.state.orchestrator.announce = dies_before_announcing
+        b.app.state.store.acquire_lease = never_takes_the_lease  # a computes every update
+        for version in (0, 1):  # version 1, then version 2, the last: the run ends
+            committed.clear()
+            poll = asyncio.create_task(
+                b.edge("GET", "/api/v1/edges/0/global", params={"seen": f"{run_id}:{version}", "timeout": 600})
+                if version == 0 else b.edge("GET", f"/api/v1/edges/0/runs/{run_id}/end", params={"timeout": 600}))
+            await asyncio.sleep(0.2)  # the poll waits
+            assert not poll.done()
+            assert (await a.submit(0, contribution(global_, run_id, base_version=version))).status_code == 202
+            await asyncio.wait_for(committed.wait(), 60)
+            r = await asyncio.wait_for(poll, 30)  # b's loop looks every second
+            assert r.status_code == 200, r.text
+            if version == 0:
+                header = decode(r.content, GlobalStateHeader)[1]
+                assert (header.run_id, header.version) == (run_id, 1)
+            else:
+                assert r.json()["status"] == "finished"
+        history = (await a.admin("GET", f"/api/v1/runs/{run_id}/history")).json()
+        assert [h["computed_by"] for h in history] == ["a", "a"]
+
+
 async def test_an_update_whose_lease_is_held_waits_and_is_taken_over_once_it_expires(
         replicas: tuple[Cloud, Cloud]) -> None:
     """A replica that died holding the lease (never released, never renewed): after its TTL another computes."""

@@ -46,7 +46,9 @@ def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(t
             keys, r = Keys(topo.key_prefix), redis.Redis.from_url(topo.redis_url)
             run_id = api.create_run(CONFIG).run_id
             api.action(run_id, "start")
-            # Watch the lease: once an update past the first is being computed, kill the replica computing it.
+            # Watch the lease: once it is held at a version past 0, kill its holder. That is nearly always the
+            # moment after its commit of version 1, before it announced it and released the lease: the survivor
+            # learns of that version from its own loop's look, and computes every later one.
             deadline = time.monotonic() + 300
             holder, killed_at = None, -1
             while holder is None:
