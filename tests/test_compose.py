@@ -710,8 +710,8 @@ def test_tls_variant_redis_starts_from_its_command_with_the_password_secret_the_
         except redis.ConnectionError:
             assert time.monotonic() < deadline, "Redis did not come up"
             time.sleep(0.2)
-    with pytest.raises(redis.AuthenticationError):
-        redis.Redis.from_url(url, password="wrong", socket_timeout=5, **options).ping()
+    with pytest.raises(redis.AuthenticationError):  # at once (retry=None: not retried with backoff)
+        redis.Redis.from_url(url, password="wrong", socket_timeout=5, retry=None, **options).ping()
     # The password sits in a file only its owner can read, not on Redis' command line (which `ps` shows).
     assert (paths["/tmp/"] / "redis-auth.conf").stat().st_mode & 0o077 == 0
     assert cloud.redis_password not in Path(f"/proc/{process.pid}/cmdline").read_text()

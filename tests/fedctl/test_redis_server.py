@@ -65,8 +65,9 @@ def test_start_set_get_stop_removes_temp_dir() -> None:
 def test_a_password_is_required_and_kept_off_the_command_line(tmp_path: Path) -> None:
     with RedisServer(dir=tmp_path / "d", appendonly=False) as server:
         for password in (None, "wrong"):
+            # retry=None where a connection must fail: redis-py's default retries it with backoff (~5 s).
             with pytest.raises(redis.AuthenticationError):
-                redis.Redis(port=server.port, password=password, socket_timeout=5).ping()
+                redis.Redis(port=server.port, password=password, socket_timeout=5, retry=None).ping()
         assert _client(server).ping()
         process = server.process
         assert process is not None
@@ -84,9 +85,9 @@ def test_over_tls_it_requires_a_client_certificate_of_its_ca(tmp_path: Path) -> 
         client.close()
         without_certificate = {k: v for k, v in server.client_options().items() if k == "ssl_ca_certs"}
         with pytest.raises(redis.ConnectionError):
-            redis.Redis.from_url(server.url, socket_timeout=5, **without_certificate).ping()
+            redis.Redis.from_url(server.url, socket_timeout=5, retry=None, **without_certificate).ping()
         with pytest.raises(redis.ConnectionError):  # plain text on its port: no answer
-            redis.Redis(port=server.port, password=server.password, socket_timeout=5).ping()
+            redis.Redis(port=server.port, password=server.password, socket_timeout=5, retry=None).ping()
 
 
 def test_every_acknowledged_write_is_fsynced_by_default(tmp_path: Path) -> None:

@@ -127,10 +127,12 @@ def test_plain_http_and_callers_without_a_certificate_get_nothing(topo):
 def test_redis_speaks_tls_only_and_requires_the_password(topo):
     assert topo.redis is not None and topo.redis_url is not None
     assert topo.redis_url.startswith("rediss://:")
+    # retry=None: redis-py's default would retry each of these refusals with backoff (~5 s).
     with pytest.raises(redis.ConnectionError):  # plain text
-        redis.Redis(port=topo.redis.port, password=topo.redis.password, socket_timeout=5).ping()
+        redis.Redis(port=topo.redis.port, password=topo.redis.password, socket_timeout=5, retry=None).ping()
     with pytest.raises(redis.AuthenticationError):  # TLS, certificate, no password
-        redis.Redis(port=topo.redis.port, socket_timeout=5, ssl=True, **topo.redis.client_options()).ping()
+        redis.Redis(port=topo.redis.port, socket_timeout=5, ssl=True, retry=None,
+                    **topo.redis.client_options()).ping()
 
 
 def test_fedctl_drives_the_cloud_over_mutual_tls(topo, tmp_path):
