@@ -3,6 +3,7 @@ lease is SIGKILLed in the middle of an update, and the run finishes on the other
 every contribution counted once and every update computed once."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -15,7 +16,7 @@ from fl_services.cloud.storage.redis import Keys
 from fl_services.fedctl.api import CloudAPI
 from fl_services.fedctl.launch import LocalTopology
 from fl_services.shared.core.config import RunConfig
-from fl_services.shared.core.reference import run_reference
+from fl_services.shared.core.reference import ReferenceResult, run_reference
 from fl_services.shared.core.reports import RunStatus
 from tests.integration.balancer import NGINX, Nginx
 from tests.prometheus import samples, value
@@ -26,6 +27,12 @@ pytestmark = [pytest.mark.slow,
 
 CONFIG = RunConfig(name="failover", rounds=5, model={"name": "cnn"},
                    data={"dataset": "mnist5k", "num_clients": 4}, local={"epochs": 1, "batch_size": 32, "lr": 0.05})
+
+
+@functools.cache
+def reference() -> ReferenceResult:
+    """The in-process reference for CONFIG, computed once for both parametrisations."""
+    return run_reference(CONFIG)
 
 
 def updates_computed(url: str) -> float:
@@ -68,12 +75,12 @@ def test_the_run_finishes_on_the_other_replica_when_the_lease_holder_is_killed(t
             assert final.status == RunStatus.finished and final.version == CONFIG.rounds
 
             history = api.history(run_id)
-            reference = run_reference(CONFIG)
+            reference_run = reference()
             model = api.model(run_id)
-            for name, expected in reference.global_state.items():
+            for name, expected in reference_run.global_state.items():
                 assert (model[name] - expected).abs().max() <= 1e-5, name
             assert [h.test_accuracy for h in history] == pytest.approx(
-                [h.test_accuracy for h in reference.history], abs=2e-3)
+                [h.test_accuracy for h in reference_run.history], abs=2e-3)
 
             # Every version once; the one under way at the kill and all later ones computed by the survivor.
             assert [h.version for h in history] == list(range(1, CONFIG.rounds + 1))
