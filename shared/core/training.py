@@ -91,12 +91,17 @@ def minibatches(data: ArrayDataset, batch_size: int,
     return zip(data.x[order].split(sizes), data.y[order].split(sizes), strict=True)
 
 
+def sgd_settings(cfg: LocalTrainingConfig) -> tuple[float, float, bool]:
+    """The step size, momentum and Nesterov flag of the SGD `cfg` names: momentum only with Nesterov."""
+    nesterov = cfg.optimizer == "nesterov"
+    return cfg.lr, cfg.momentum if nesterov else 0.0, nesterov
+
+
 def make_optimizer(params: Iterable[nn.Parameter], cfg: LocalTrainingConfig) -> torch.optim.Optimizer:
     """torch's SGD as `cfg` sets it, for loops that need an optimiser object (opacus wraps it for DP-SGD).
     A fresh one per round is what resets the Nesterov momentum buffer each round."""
-    if cfg.optimizer == "nesterov":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
-    return torch.optim.SGD(params, lr=cfg.lr)
+    lr, momentum, nesterov = sgd_settings(cfg)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov)
 
 
 class Sgd:
@@ -110,9 +115,7 @@ class Sgd:
         # Detached aliases of the parameters, stepped in place with autograd left on: turning it off and on
         # again costs as much as a small model's update.
         self.values = [p.detach() for p in self.params]
-        self.lr = cfg.lr
-        self.nesterov = cfg.optimizer == "nesterov"
-        self.momentum = cfg.momentum if self.nesterov else 0.0
+        self.lr, self.momentum, self.nesterov = sgd_settings(cfg)
         if self.nesterov and self.momentum <= 0:
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")  # as torch's SGD
         self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
