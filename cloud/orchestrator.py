@@ -181,8 +181,10 @@ class Orchestrator:
         One run's failure is logged and leaves the others' updates (and its own buffer) as they are."""
         runs = await self.store.active_runs()
         self._active = len(runs)
-        if self._looked.keys() - set(runs):  # ended, perhaps by a replica that died before announcing it
-            self._looked = {run_id: seen for run_id, seen in self._looked.items() if run_id in runs}
+        gone = self._looked.keys() - set(runs)  # ended, perhaps by a replica that died before announcing it
+        for run_id in gone:
+            del self._looked[run_id]
+        if gone:
             await self.wake_waiters()
         self.globals.retain(runs)
         published = False
@@ -231,10 +233,11 @@ class Orchestrator:
                 await self.store.release_lease(lease)
 
     async def _look(self, run_id: str, info: RunInfo) -> None:
-        """Wakes this replica's waiters where a run's version or status moved since the loop's last look and
-        this replica did not move it: a replica that committed a version (or a stop) and died before announcing
-        it on the event channel would otherwise leave the edges long-polling here waiting until their timeout.
-        A change another live replica announced wakes them a second time, to no harm."""
+        """Wakes this replica's waiters where a run's version or status moved since the loop's last look: a
+        replica that committed a version (or a stop) and died before announcing it on the event channel would
+        otherwise leave the edges long-polling here waiting until their timeout. This replica's own commits are
+        not counted (see _publish_update); any other change, already announced (another replica's version, a
+        status changed through an API), wakes them a second time, to no harm."""
         seen = (info.version, info.status)
         if self._looked.setdefault(run_id, seen) != seen:
             self._looked[run_id] = seen
