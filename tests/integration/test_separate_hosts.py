@@ -81,7 +81,7 @@ def client_host() -> Iterator[Host]:
 
 def test_clients_on_another_host_survive_a_cut_link_and_give_the_reference_model(client_host, tmp_path):
     # A long deadline: the cut must delay the round, not drop anyone, so the model equals the reference.
-    config = RunConfig(name="remote", model={"name": "logreg"}, rounds=5, data={"dataset": "digits", "num_clients": 4},
+    config = RunConfig(name="remote", model={"name": "logreg"}, rounds=8, data={"dataset": "digits", "num_clients": 4},
                        local={"lr": 0.1}, policy={"deadline_s": 120})
     with LocalTopology(num_clients=4, procs_per_edge=2, workdir=tmp_path, redis_url=os.environ.get("REDIS_URL"),
                        edge_host=client_host.edge_address, client_prefix=client_host.exec_prefix(),
@@ -95,8 +95,12 @@ def test_clients_on_another_host_survive_a_cut_link_and_give_the_reference_model
         while api.run(info.run_id).version < 2:
             assert time.monotonic() < deadline, "the run did not reach version 2"
             time.sleep(0.05)
+        # Paused while the link is cut, so that however fast or loaded the machine, rounds remain for the cut to
+        # hold up (a pause holds the version); resumed with the link still cut.
+        api.action(info.run_id, "pause")
         client_host.set_link(False)
         cut_at = api.run(info.run_id).version
+        api.action(info.run_id, "resume")
         time.sleep(5)  # several long-poll and upload attempts fail meanwhile
         stalled = api.run(info.run_id).version
         client_host.set_link(True)
