@@ -1,5 +1,8 @@
 """Robust aggregators and DP-FedAvg's pieces: the maths against plain definitions, the accountant against
-opacus's own RDPAccountant, and the ε budget through the reference runner."""
+opacus's own RDPAccountant, and the ε budget through the reference runner.
+
+scipy and opacus are imported in the tests that use them: every test worker collects this module (a second of
+imports each), one of them runs those tests."""
 from __future__ import annotations
 
 import math
@@ -7,8 +10,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from opacus.accountants import RDPAccountant
-from scipy import stats
 
 from fl_services.shared.core.algorithms import privacy, registry, robust
 from fl_services.shared.core.config import AggregationConfig, RunConfig
@@ -36,6 +37,8 @@ def test_median_is_numpys_median_coordinate_by_coordinate(n):
 
 
 def test_trimmed_mean_is_scipys_trim_mean():
+    from scipy import stats
+
     out = robust.trimmed_mean(records(ROWS), 0.2)  # ⌊0.2·7⌋ = 1 dropped at each end
     assert flat(out) == pytest.approx(stats.trim_mean(ROWS, 1 / 7 + 1e-9, axis=0).tolist(), abs=1e-6)
     assert flat(robust.trimmed_mean(records(ROWS), 0.0)) == pytest.approx(np.mean(ROWS, axis=0).tolist(), abs=1e-6)
@@ -107,6 +110,8 @@ def private(**privacy_: object) -> RunConfig:
 
 
 def test_epsilon_grows_as_opacus_rdp_accountant_says():
+    from opacus.accountants import RDPAccountant
+
     config = private()
     accountant = RDPAccountant()
     for t in range(1, 7):
