@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fl_services.fedctl.api import CloudAPI
+from fl_services.fedctl.launch import LocalTopology
 from fl_services.fedctl.warm import process_start_time
 from fl_services.shared.core.reports import RunStatus
 
@@ -213,7 +214,10 @@ def test_sigterm_to_demo_stops_its_children(tmp_path):
                 break
             time.sleep(0.5)
         assert len(pids) == 5, state  # redis, cloud, edge, two client processes
-        time.sleep(3)  # training: a round or more in
+        with CloudAPI(state["cloud_url"], LocalTopology.admin_token) as api:  # the demo's is the default token
+            while not any(run.version >= 1 for run in api.runs()):  # training: a round or more in
+                assert time.monotonic() < deadline, "the demo's run never reached version 1"
+                time.sleep(0.2)
         demo.send_signal(signal.SIGTERM)
         demo.wait(60)
         assert wait_gone(pids) == []
