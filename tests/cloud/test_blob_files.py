@@ -27,6 +27,7 @@ from tests.cloud.harness import (
     small_config,
     two_edge_config,
 )
+from tests.edge.harness import until
 from tests.integration.test_redis_auth import run_cloud
 
 pytestmark = pytest.mark.anyio
@@ -74,10 +75,7 @@ async def test_an_accepted_blob_is_a_file_named_in_its_entry_until_its_update_co
     assert (await cloud.submit(1, contribution(global_, run_id, edge_id=1))).status_code == 202
     await cloud.wait_version(run_id, 1)
     # Deleted once the update committed: just after the version is visible, so waited for.
-    deadline = time.monotonic() + 30
-    while blob_files(cloud, tmp_path):
-        assert time.monotonic() < deadline, f"still there 30 s after version 1: {blob_files(cloud, tmp_path)}"
-        await asyncio.sleep(0.02)
+    await until(lambda: not blob_files(cloud, tmp_path), timeout=30, what="the consumed blob file deleted")
 
 
 async def test_a_refused_or_repeated_submission_leaves_no_file(cloud: Cloud, tmp_path: Path) -> None:
