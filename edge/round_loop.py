@@ -6,6 +6,7 @@ includes this edge has its own rounds (a `Lane`), fed by one long-poll.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -65,6 +66,7 @@ class EdgeRoundLoop:
         self.lanes: dict[str, Lane] = {}
         self.secure_rounds: dict[str, SecureRound] = {}  # by run: the round whose protocol is under way
         self._lanes_changed = asyncio.Event()
+        self._report_due = asyncio.Event()  # a device registered since the last site report
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
         self.states = StateFiles(self.edge_id, settings.state_dir)
         self.site_key = site_key(self.edge_id, settings.state_dir)  # secure aggregation between sites
@@ -264,11 +266,26 @@ class EdgeRoundLoop:
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
 
+    def report_soon(self) -> None:
+        """A device registered: the cloud hears of it within a tenth of site_report_s, a second at most (a run
+        waiting for devices is admitted then, not at the next periodic report), in one report however many
+        register meanwhile."""
+        self._report_due.set()
+
     async def report_forever(self) -> None:
-        """Registers again every site_report_s: the cloud's site registry shows when the edge was last seen, its
-        devices and its last round. A failed report waits for the next one (the state poll retries by itself)."""
+        """Registers again every site_report_s, counted from the start of the last report (the cloud calls the
+        site offline after three intervals, so the time a report takes must not stretch them), and soon after a
+        device registers: the cloud's site registry shows when the edge was last seen, its devices and its last
+        round. A failed report waits for the next one (the state poll retries by itself)."""
+        interval = self.settings.site_report_s
+        clock = asyncio.get_running_loop()
+        due = clock.time() + interval
         while True:
-            await asyncio.sleep(self.settings.site_report_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._report_due.wait(), max(0.0, due - clock.time()))
+                await asyncio.sleep(min(interval / 10, 1.0))  # the rest of a burst of registrations joins this report
+            self._report_due.clear()
+            due = clock.time() + interval
             try:
                 await self.register()
             except (httpx.HTTPError, OSError) as exc:

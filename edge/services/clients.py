@@ -24,6 +24,7 @@ def register(*, board: TaskBoard, loop: EdgeRoundLoop, registration: ClientRegis
     device token it registered with (None: the edge's client secret)."""
     loop.check_own_client(registration.client_id)
     board.register(registration, token_id)
+    loop.report_soon()
 
 
 @dataclass(frozen=True)

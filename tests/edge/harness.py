@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -25,7 +24,7 @@ from fl_services.shared.core.records import spec_of as record_spec
 from fl_services.shared.core.reports import EdgeContributionHeader
 from fl_services.shared.core.tensors import Tensors, decode, encode
 from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader, ResultReceipt
-from fl_services.shared.wire.edge_cloud import GlobalStateHeader, SubmitReceipt
+from fl_services.shared.wire.edge_cloud import EdgeRegistration, GlobalStateHeader, SubmitReceipt
 from fl_services.shared.wire.protocol import LIVE_RUNS, SAFETENSORS
 from tests.web import bearer
 
@@ -140,6 +139,7 @@ class CloudDouble:
         self.global_ = registry.create(config).init_global(initial_model(config))
         self.polls: list[int] = []  # the version of the run each long-poll says it has (-1: none), in order
         self.contributions: list[EdgeContributionHeader] = []
+        self.reports: list[EdgeRegistration] = []  # the edge's registrations (site reports), in order
         self.broken_answers = 0
         self.publishing = True
 
@@ -149,7 +149,8 @@ class CloudDouble:
     async def handle(self, request: httpx.Request) -> httpx.Response:
         path, params = request.url.path, request.url.params
         if request.method == "POST" and path == "/api/v1/edges":
-            return httpx.Response(200, json=json.loads(await request.aread()))
+            self.reports.append(EdgeRegistration.model_validate_json(await request.aread()))
+            return httpx.Response(200, json=self.reports[-1].model_dump(mode="json"))
         if request.method == "GET" and path.endswith("/global"):
             seen = dict(entry.rsplit(":", 1) for entry in params.get_list("seen"))
             busy = set(params.get_list("busy"))

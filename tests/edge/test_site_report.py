@@ -57,6 +57,18 @@ async def test_a_round_whose_devices_answered_counts_them() -> None:
     assert sum(report.states.values()) == 4 and "failed" not in report.states
 
 
+async def test_a_device_that_registers_is_reported_at_once_not_at_the_next_interval() -> None:
+    """A run waiting for devices is admitted when the cloud hears of them: an hour's interval does not delay it."""
+    cloud = CloudDouble(CONFIG)
+    async with running_edge(cloud_transport=cloud.transport(), site_report_s=3600.0) as edge:
+        await until(lambda: cloud.reports, timeout=30, what="the edge's registration as it starts")
+        assert cloud.reports[-1].devices == 0
+        await edge.register(0)
+        await edge.register(1)
+        await until(lambda: cloud.reports[-1].devices == 2, timeout=30, what="a report with both devices")
+    assert cloud.reports[-1].report_s == 3600.0
+
+
 def test_ten_thousand_devices_make_a_report_of_the_same_bounded_size() -> None:
     board = TaskBoard()
     for k in range(10_000):

@@ -46,6 +46,10 @@ ADMIN_TOKEN = "federation-admin-token"
 EDGE_TOKEN = "federation-edge-token"
 CLIENT_TOKEN = "federation-client-token"
 CLOUD_URL = "http://cloud"
+# How often the edges report to the site registry where a test reads it. The cloud calls a site offline after three
+# intervals without a report, which the stalls of a loaded machine must not reach; devices that register are
+# reported within a tenth of it, so a run waiting for them is admitted as soon.
+SITE_REPORT_S = 1.0
 
 
 class Wire(httpx.AsyncBaseTransport):

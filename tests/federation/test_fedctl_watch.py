@@ -13,7 +13,7 @@ from fl_services.fedctl.api import CloudAPI
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import Device
 from fl_services.shared.core.reports import RunStatus
-from tests.federation.harness import ADMIN_TOKEN, CLOUD_URL, federation
+from tests.federation.harness import ADMIN_TOKEN, CLOUD_URL, SITE_REPORT_S, federation
 
 pytestmark = pytest.mark.anyio
 
@@ -25,7 +25,7 @@ CONFIG = RunConfig(name="watched", rounds=2, model={"name": "logreg"}, data={"da
 
 async def test_fedctl_watch_names_the_sites_and_a_run_without_dvfs_reports_no_energy(cloud_storage, tmp_path,
                                                                                         monkeypatch):
-    async with federation(cloud_storage, tmp_path, num_clients=0, edge={"name": "lyon", "site_report_s": 0.05},
+    async with federation(cloud_storage, tmp_path, num_clients=0, edge={"name": "lyon", "site_report_s": SITE_REPORT_S},
                           cloud={"admission_interval_s": 0.05},
                           devices=[Device(k, 0, DATA.format(i)) for i, k in enumerate((7, 9))]) as fed:
         run_id = (await fed.admin.create_run(CONFIG)).run_id
@@ -55,7 +55,7 @@ async def test_fedctl_watch_names_the_sites_and_a_run_without_dvfs_reports_no_en
 async def test_fedctl_runs_says_what_a_waiting_run_waits_for(cloud_storage, tmp_path, monkeypatch):
     """One of the two devices the run needs is connected: while it waits, its line says so (not only once it stops
     at its start timeout)."""
-    async with federation(cloud_storage, tmp_path, num_clients=0, edge={"name": "lyon", "site_report_s": 0.05},
+    async with federation(cloud_storage, tmp_path, num_clients=0, edge={"name": "lyon", "site_report_s": SITE_REPORT_S},
                           cloud={"admission_interval_s": 0.05}, devices=[Device(7, 0, DATA.format(0))]) as fed:
         run_id = (await fed.admin.create_run(CONFIG)).run_id
         await fed.admin.action(run_id, "start")

@@ -10,7 +10,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import Device
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.admin import RunSites, SiteInfo
-from tests.federation.harness import federation
+from tests.federation.harness import SITE_REPORT_S, federation
 
 pytestmark = pytest.mark.anyio
 
@@ -69,7 +69,8 @@ async def test_a_run_whose_connected_devices_all_misfit_is_not_admitted_and_stop
     config = RunConfig.model_validate({**CONFIG.model_dump(exclude={"topology"}),
                                        "selection": {"min_devices": 2, "start_timeout_s": 3.0}})
     async with federation(cloud_storage, tmp_path, num_clients=0, cloud={"admission_interval_s": 0.05},
-                          edge={"site_report_s": 0.05}, devices=[Device(k, 0, f"npz:{path}") for k in (11, 12)]) as fed:
+                          edge={"site_report_s": SITE_REPORT_S},
+                          devices=[Device(k, 0, f"npz:{path}") for k in (11, 12)]) as fed:
         run_id = (await fed.admin.create_run(config)).run_id
         await fed.admin.action(run_id, "start")
         final = await fed.admin.wait(run_id, timeout_s=120)

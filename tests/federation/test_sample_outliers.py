@@ -8,7 +8,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import Device
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.admin import RunSites
-from tests.federation.harness import federation
+from tests.federation.harness import SITE_REPORT_S, federation
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +29,7 @@ async def test_a_device_declaring_far_more_samples_is_flagged(cloud_storage, tmp
         np.savez(path, x=rng.normal(size=(rows, 2, 3)).astype(np.float32), y=rng.integers(0, 3, rows))
         devices.append(Device(k, 0, f"npz:{path}"))
     async with federation(cloud_storage, tmp_path, num_clients=0, devices=devices,
-                          cloud={"admission_interval_s": 0.05}, edge={"site_report_s": 0.05}) as fed:
+                          cloud={"admission_interval_s": 0.05}, edge={"site_report_s": SITE_REPORT_S}) as fed:
         run_id = (await fed.admin.create_run(CONFIG)).run_id
         await fed.admin.action(run_id, "start")
         final = await fed.admin.wait(run_id, timeout_s=300)

@@ -12,7 +12,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import Device, joins_of
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from tests.federation.checks import assert_same_model, reference
-from tests.federation.harness import Admin, federation
+from tests.federation.harness import SITE_REPORT_S, Admin, federation
 from tests.federation.test_catalogue import ANY_CLIENTS, SHORT_PFEDME
 from tests.integration.test_hfpl_services import CONFIG as HFPL
 
@@ -22,7 +22,7 @@ DATA = "partition:digits?clients=6&partitioner=dirichlet&alpha=0.5&index={}"
 IDS = [101, 205, 333, 412, 517, 640]
 # Labels group=a for 101, 333, 517 and group=b for 205, 412, 640: cluster maps may name them.
 DEVICES = [Device(k, 0, DATA.format(i), {"group": "ab"[i % 2]}) for i, k in enumerate(IDS)]
-FAST = {"cloud": {"admission_interval_s": 0.05}, "edge": {"site_report_s": 0.05}}
+FAST = {"cloud": {"admission_interval_s": 0.05}, "edge": {"site_report_s": SITE_REPORT_S}}
 BASE = dict(model={"name": "mlp"}, data={"dataset": "digits", "num_clients": 6},
             local={"epochs": 2, "batch_size": 16, "lr": 0.05}, fraction=0.5, rounds=3)
 

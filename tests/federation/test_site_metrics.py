@@ -9,7 +9,7 @@ from fl_services.edge.config import EdgeSettings
 from fl_services.edge.services.devices import connected_devices, offline_after_s
 from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.wire.client_edge import ClientRegistration
-from tests.federation.harness import federation
+from tests.federation.harness import SITE_REPORT_S, federation
 from tests.prometheus import samples, value
 
 pytestmark = pytest.mark.anyio
@@ -19,7 +19,7 @@ async def test_devices_registered_and_connected_per_site_are_scraped_from_the_ed
                                                                                                    tmp_path):
     names = {0: "clinic-a", 1: "clinic-b"}
     async with federation(cloud_storage, tmp_path, num_clients=5, num_edges=2, procs_per_edge=1,
-                          edge=lambda e: {"name": names[e], "site_report_s": 0.05}) as fed:
+                          edge=lambda e: {"name": names[e], "site_report_s": SITE_REPORT_S}) as fed:
         expected = {"clinic-a": 3, "clinic-b": 2}  # clients 0, 2, 4 dial edge 0; 1, 3 edge 1
         for node in fed.edges:
             scraped = samples((await node.http.get("/metrics")).text)

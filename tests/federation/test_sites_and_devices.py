@@ -20,7 +20,7 @@ from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import Device
 from fl_services.shared.core.reports import RunStatus
 from fl_services.shared.wire.admin import DeviceInfo, SiteInfo
-from tests.federation.harness import CLIENT_TOKEN, EdgeNode, Federation, federation
+from tests.federation.harness import CLIENT_TOKEN, SITE_REPORT_S, EdgeNode, Federation, federation
 from tests.web import bearer
 
 pytestmark = pytest.mark.anyio
@@ -70,7 +70,7 @@ async def sites(cloud_storage, tmp_path) -> AsyncIterator[Federation]:
            1: image_folder(tmp_path / "images", 30, 1), 3: npz_file(tmp_path / "flat.npz", 30, 3, flat=True)}
     labels = {0: "kind=npz", 2: "kind=csv", 1: "kind=images", 3: "kind=npz"}
     async with federation(cloud_storage, tmp_path, num_clients=4, num_edges=2, procs_per_edge=2,
-                          edge=lambda e: {**SITES[e], "site_report_s": 0.5},
+                          edge=lambda e: {**SITES[e], "site_report_s": SITE_REPORT_S},
                           client=lambda ids: {"data": own[ids[0]], "labels": labels[ids[0]]}) as fed:
         yield fed
 
