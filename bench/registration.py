@@ -140,9 +140,9 @@ with the edge, the cloud and Redis.
 
 Reading: the cloud's view lags the edge's by about a second (the "after last" column), whatever the number of
 devices and however long the report interval: a device that registers is reported within a tenth of the
-interval, a second at most, one report for a burst of them. The site entry stays the same size from 100 to 1,000 devices because a report lists
-at most 50 of them and counts the rest per state. The edge's RSS grows by what it keeps of each device
-(its registration, with its data summary, and its registry entries).
+interval, a second at most, one report for a burst of them. The site entry stays the same size from 100 to
+1,000 devices because a report lists at most 50 of them and counts the rest per state. The edge's RSS grows by
+what it keeps of each device (its registration, with its data summary, and its registry entries).
 """, line)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,34 @@ def test_each_layer_names_its_public_api(layer):
         assert getattr(module, name) is not None, name
     if hasattr(module, "_HOMES"):  # loaded on first use: every name has a home, and only those
         assert sorted(module._HOMES) == sorted(module.__all__)
+
+
+def dotted_names(path: Path) -> set[str]:
+    """Every dotted name the file spells (torch.jit.script) and every name it imports from a module
+    (from torch import jit: torch.jit)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            parts, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                parts.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name):
+                names.add(".".join([value.id, *reversed(parts)]))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return names
+
+
+def test_the_code_uses_none_of_the_torch_packages_the_type_checker_skips():
+    """pyproject.toml has mypy read torch's compiler, exporter and distributed packages as Any (half of the
+    modules it would read otherwise): that checks nothing less only while the product neither imports nor names
+    any of them."""
+    overrides = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    skipped = tuple(m.removesuffix(".*") for o in overrides if o.get("follow_imports") == "skip" for m in o["module"])
+    assert "torch.jit" in skipped and all(m.startswith("torch.") for m in skipped), skipped
+    wrong = [f"{path.relative_to(ROOT)}: {name}" for path in python_files(*PACKAGES)
+             for name in sorted(dotted_names(path)) if within(name, skipped)]
+    assert not wrong, "\n".join(wrong)
