@@ -224,10 +224,12 @@ class Orchestrator:
         lease = await self.store.acquire_lease(run_id, self.lease_s, self.replica)
         if lease is None:
             return False  # another replica computes it; if it dies, the lease expires and this one will
-        renewing = asyncio.create_task(self._renew(lease))
+        computed = asyncio.Event()
+        renewing = asyncio.create_task(self._renew(lease, computed))
         try:
-            return await self._publish_update(run_id, lease, renewing)
+            return await self._publish_update(run_id, lease, computed, renewing)
         finally:
+            computed.set()
             renewing.cancel()
             with contextlib.suppress(LeaseLost, StorageUnavailable):  # lost or expired: nothing to give back
                 await self.store.release_lease(lease)
@@ -243,10 +245,14 @@ class Orchestrator:
             self._looked[run_id] = seen
             await self.wake_waiters()
 
-    async def _renew(self, lease: Lease) -> None:
-        """Keeps the lease while the update is computed; once lost, the commit refuses to publish."""
-        while True:
-            await asyncio.sleep(self.lease_s / 3)
+    async def _renew(self, lease: Lease, computed: asyncio.Event) -> None:
+        """Keeps the lease until the update is `computed`; once lost, the commit refuses to publish. Ended by the
+        event, not by a cancel: a cancel that lands in a storage call can be lost there (redis-py under Python
+        3.11's wait_for), and this task would then renew the lease for ever, the commit waiting on it."""
+        while not computed.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(computed.wait(), self.lease_s / 3)
+                return
             try:
                 await self.store.extend_lease(lease)
             except LeaseLost:
@@ -255,7 +261,8 @@ class Orchestrator:
             except StorageUnavailable:
                 pass  # tried again at the next turn, while the lease lasts
 
-    async def _publish_update(self, run_id: str, lease: Lease, renewing: asyncio.Task[None]) -> bool:
+    async def _publish_update(self, run_id: str, lease: Lease, computed: asyncio.Event,
+                              renewing: asyncio.Task[None]) -> bool:
         """The update under the lease. Everything is read again: another replica may have published it
         between the first look and the lease."""
         info = await self._evaluated(run_id)
@@ -290,8 +297,8 @@ class Orchestrator:
                                    buffer_waits=buffer_waits(entries))
         # No renewal during the commit: the commit is fenced by the lease (Redis WATCHes it), and a renewal (a
         # write to it) would abort it, making this replica compute the same update again. The last renewal
-        # left ≥ 2/3 of the lease.
-        renewing.cancel()
+        # left ≥ 2/3 of the lease; the renewal under way, if any, ends first.
+        computed.set()
         await asyncio.wait({renewing})
         new_global = encode(outcome.global_, header)
         try:

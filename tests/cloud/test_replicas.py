@@ -4,6 +4,8 @@ re-checking, of a version another replica published."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -123,3 +125,32 @@ async def test_a_commit_under_a_lost_lease_publishes_nothing(cloud: Cloud) -> No
     assert await cloud.snapshot(run_id) == before
     assert await store.commit_update(run_id, 0, entries, b"g", b"s", record, False, lease=held) is True
     await store.release_lease(held)
+
+
+async def test_a_renewal_that_loses_its_cancel_does_not_hold_the_update(redis_url: str) -> None:
+    """A cancel that lands in a storage call can be lost there (redis-py under Python 3.11's wait_for). The
+    update is computed while a renewal is under way, and that renewal loses any cancel it gets: the update is
+    committed all the same, rather than waiting on a renewal that keeps the lease for ever."""
+    async with running_cloud(redis_url, lease_s=3.0) as cloud:
+        store, orchestrator = cloud.app.state.store, cloud.app.state.orchestrator
+        extend, update = store.extend_lease, orchestrator._update
+        renewal_under_way = threading.Event()
+
+        async def loses_its_cancel(lease: object) -> None:
+            await extend(lease)
+            renewal_under_way.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1.0)
+            renewal_under_way.clear()
+
+        def computed_during_a_renewal(*args: object) -> object:
+            assert renewal_under_way.wait(30)
+            return update(*args)
+
+        store.extend_lease = loses_its_cancel
+        orchestrator._update = computed_during_a_renewal
+        run_id, global_ = await running_run(cloud, small_config(rounds=2))
+        for version in (0, 1):
+            assert (await cloud.submit(0, contribution(global_, run_id, base_version=version))).status_code == 202
+            await cloud.wait_version(run_id, version + 1, timeout_s=30)
+        assert await cloud.redis.exists(Keys(cloud.prefix).lease(run_id)) == 0
