@@ -4,7 +4,6 @@ long-polls)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from fl_services.cloud.routes import admin, edges, health, runs, ui
 from fl_services.cloud.services import sites
 from fl_services.cloud.storage import Conflict, MemoryStore, NotFound, StorageUnavailable, Store
 from fl_services.cloud.storage.redis import redis_store
+from fl_services.shared.runtime import cancel_until_done
 from fl_services.shared.server.app import Stopping, service_app
 from fl_services.shared.server.metrics import switchable
 
@@ -52,17 +52,7 @@ def create_app(settings: CloudSettings | None = None) -> FastAPI:
                 yield
             finally:
                 orchestrator.stop()
-                # On Python 3.11 a cancel that lands while redis-py's own wait_for completes can be lost (the
-                # event channel's listener then reads on for ever): cancel what is still running until all
-                # have ended.
-                pending = set(tasks)
-                while pending:
-                    for task in pending:
-                        task.cancel()
-                    _, pending = await asyncio.wait(pending, timeout=0.5)
-                for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await cancel_until_done(tasks)  # the event channel's listener, say, may lose a first cancel
 
     routers = [health.router, runs.router, edges.router, admin.router]
     app = service_app("FL cloud", lifespan, settings.max_payload_bytes, routers,

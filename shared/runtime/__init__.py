@@ -1,10 +1,12 @@
-"""What every process needs whatever it serves: its settings' sources, its logging and durable files.
+"""What every process needs whatever it serves: its settings' sources, its logging, durable files and
+background tasks' end.
 Imports no other layer."""
 from __future__ import annotations
 
 from fl_services.shared.runtime.files import atomic_write, write_private
 from fl_services.shared.runtime.log import bind, configure_logging
 from fl_services.shared.runtime.settings import ServiceSettings, is_loopback, load_settings
+from fl_services.shared.runtime.tasks import cancel_until_done
 
-__all__ = ["ServiceSettings", "atomic_write", "bind", "configure_logging", "is_loopback", "load_settings",
-           "write_private"]
+__all__ = ["ServiceSettings", "atomic_write", "bind", "cancel_until_done", "configure_logging", "is_loopback",
+           "load_settings", "write_private"]

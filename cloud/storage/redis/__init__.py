@@ -6,7 +6,6 @@ scripts that must run atomically on the server are .lua files of this package.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +18,7 @@ from fl_services.cloud.storage.redis.base import REDIS_MAX_VALUE
 from fl_services.cloud.storage.redis.connection import check_redis, clients
 from fl_services.cloud.storage.redis.keys import Entry, Keys, Meta
 from fl_services.cloud.storage.redis.store import RedisStore
+from fl_services.shared.runtime import cancel_until_done
 
 log = logging.getLogger(__name__)
 __all__ = ["REDIS_MAX_VALUE", "Entry", "Keys", "Meta", "RedisStore", "check_redis", "prepared_blob_files",
@@ -42,9 +42,7 @@ async def redis_store(url: str, options: dict[str, Any], *, prefix: str, max_con
         try:
             yield store
         finally:
-            sweeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeping
+            await cancel_until_done([sweeping])
 
 
 def prepared_blob_files(blob_dir: Path, *, prefix: str, orphan_s: float) -> BlobFiles:
