@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.machinery
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.process
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 # A warm service runs one of them.
@@ -36,7 +38,7 @@ _lock = threading.Lock()
 _forkserver_startup: dict[str, str] | None = None
 
 
-def startup_settings(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+def startup_settings(env: Mapping[str, str]) -> dict[str, str]:
     """The variables an interpreter or its loader reads as it starts (PYTHONPATH, PYTHONHASHSEED, LD_PRELOAD...),
     which a forked process cannot take from its own environment: it started long before."""
     return {k: v for k, v in env.items() if k.startswith(("PYTHON", "LD_"))}
@@ -61,16 +63,52 @@ def main_importable() -> bool:
         return False
 
 
+def added_path(env: Mapping[str, str], expected: Mapping[str, str]) -> list[str] | None:
+    """The PYTHONPATH entries that `env` puts before those of `expected` (both start-up settings), where it
+    differs from `expected` in nothing else; None where it does."""
+    mine, theirs = dict(startup_settings(env)), dict(expected)
+    path, base = _entries(mine.pop("PYTHONPATH", "")), _entries(theirs.pop("PYTHONPATH", ""))
+    if mine != theirs or path[len(path) - len(base):] != base:
+        return None
+    return path[:len(path) - len(base)]
+
+
+def _entries(pythonpath: str) -> list[str]:
+    return pythonpath.split(os.pathsep) if pythonpath else []
+
+
 def can_start_warm(args: list[str], env: dict[str, str]) -> bool:
     """Whether `python *args` with `env` may start warm: a service module, with the start-up settings the
-    forkserver has (or will have, started from this environment), from a process whose main module the
-    forkserver can import."""
+    forkserver has (or will have, started from this environment) but for PYTHONPATH entries put before its
+    own, from a process whose main module the forkserver can import."""
     if cold_asked() or len(args) < 2 or args[0] != "-m" or args[1] not in SERVICE_MODULES:
         return False
     if not main_importable():
         return False
-    expected = _forkserver_startup if _forkserver_startup is not None else startup_settings(os.environ)
-    return startup_settings(env) == expected
+    return added_path(env, _expected_startup()) is not None
+
+
+def _expected_startup() -> dict[str, str]:
+    return _forkserver_startup if _forkserver_startup is not None else startup_settings(os.environ)
+
+
+def shadowed(entries: list[str]) -> list[str]:
+    """The modules this interpreter imported that one started with `entries` first on PYTHONPATH would import
+    from another file, found in one of them (and site's customize modules, which it would run as it starts)."""
+    found = [name for name in ("sitecustomize", "usercustomize")
+             if importlib.machinery.PathFinder.find_spec(name, entries) is not None]
+    for name in sorted({name.partition(".")[0] for name in list(sys.modules)}):
+        module = sys.modules.get(name)
+        if module is None or getattr(module.__spec__, "origin", None) in ("built-in", "frozen"):
+            continue  # found before any path entry is searched
+        spec = importlib.machinery.PathFinder.find_spec(name, entries)
+        if spec is None:
+            continue
+        imported = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), None)
+        there = spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or []), None)
+        if imported is None or there is None or os.path.realpath(imported) != os.path.realpath(there):
+            found.append(name)
+    return found
 
 
 def _forkserver_context() -> multiprocessing.context.ForkServerContext:
@@ -112,8 +150,11 @@ class WarmProcess:
         self.args = args
         self.returncode: int | None = None
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        self._process = _forkserver_context().Process(
-            target=_serve, args=(args[1], args[2:], env, str(cwd), str(Path(log).absolute()), mask),
+        context = _forkserver_context()
+        added = added_path(env, _expected_startup())
+        assert added is not None, "can_start_warm said no"
+        self._process = context.Process(
+            target=_serve, args=(args[1], args[2:], env, str(cwd), str(Path(log).absolute()), mask, added),
             name=args[1])
         self._process.start()
         # Started, it runs until stopped, as a Popen child does: multiprocessing would otherwise join it when
@@ -157,9 +198,12 @@ class WarmProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def _serve(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str, mask: set[int]) -> None:
+def _serve(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str, mask: set[int],
+           added: list[str]) -> None:
     """In the forked child: becomes what `python -m module *argv` started by subprocess.Popen(cwd, env, stdout
-    and stderr to log, start_new_session=True) would be, then runs the module as `__main__`."""
+    and stderr to log, start_new_session=True) would be, then runs the module as `__main__`. With `added`
+    PYTHONPATH entries that would have that interpreter import a module from another file than the one this
+    process imported, it becomes that interpreter instead (exec)."""
     os.setsid()
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     os.dup2(fd, 1)
@@ -169,8 +213,11 @@ def _serve(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    if added and shadowed(added):
+        os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
     if sys.path[:1] != [cwd]:
         sys.path.insert(0, cwd)  # `python -m` searches its working directory first
+    sys.path[1:1] = added  # then the PYTHONPATH entries
     sys.argv = [module, *argv]  # runpy sets argv[0] to the module's file, as `python -m` does
     # The forkserver imported it under its own name; `python -m` runs it afresh as __main__ only.
     sys.modules.pop(module, None)

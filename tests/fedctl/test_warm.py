@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from fl_services.fedctl.launch import Service
-from fl_services.fedctl.warm import COLD_ENV, WarmProcess, proc_stat, process_start_time
+from fl_services.fedctl.warm import COLD_ENV, WarmProcess, added_path, proc_stat, process_start_time
 
 pytestmark = pytest.mark.slow
 
@@ -76,9 +77,62 @@ def test_cold_when_asked_or_when_the_interpreter_would_start_otherwise(tmp_path:
         finally:
             service.stop()
 
-    assert started({"PYTHONPATH": str(tmp_path)}) is subprocess.Popen  # read as the interpreter starts
+    assert started({"PYTHONHASHSEED": "12345"}) is subprocess.Popen  # read as the interpreter starts
     monkeypatch.setenv(COLD_ENV, "1")
     assert started({}) is subprocess.Popen
+
+
+@pytest.mark.parametrize("env, forkserver, added", [
+    ({}, {}, []),
+    ({"PYTHONPATH": "/a"}, {}, ["/a"]),
+    ({"PYTHONPATH": f"/a{os.pathsep}/b"}, {"PYTHONPATH": "/b"}, ["/a"]),
+    ({"PYTHONPATH": f"/b{os.pathsep}/a"}, {"PYTHONPATH": "/b"}, None),  # after the forkserver's: not in its order
+    ({}, {"PYTHONPATH": "/b"}, None),
+    ({"PYTHONPATH": "/a", "PYTHONHASHSEED": "1"}, {}, None),
+])
+def test_a_pythonpath_may_only_put_entries_first(env: dict[str, str], forkserver: dict[str, str],
+                                                 added: list[str] | None) -> None:
+    assert added_path(env, forkserver) == added
+
+
+PROBE = """import numpy as np
+
+
+def load(num_clients=1):
+    x = np.zeros((10, 3), dtype=np.float32)
+    return {"x_train": x, "y_train": np.arange(10) % 2, "x_test": x[:4], "y_test": np.arange(4) % 2,
+            "client_train": np.zeros(10, dtype=np.int64)}
+"""
+
+
+def test_pythonpath_entries_put_first_start_warm_and_are_searched_first(tmp_path: Path) -> None:
+    """A data set module on the service's own PYTHONPATH (a user's loader): found, in a warm service."""
+    (tmp_path / "path").mkdir()
+    (tmp_path / "path" / "warm_probe.py").write_text(PROBE)
+    env = {**WAITING, "PYTHONPATH": str(tmp_path / "path"),
+           "FL_CLIENT_DATA": "partition:warm_probe:load?clients=1&index=0"}
+    service = Service("client", CLIENT, env, tmp_path / "client.log")
+    service.start()
+    try:
+        assert isinstance(service.proc, WarmProcess)
+        deadline = time.monotonic() + 60
+        while "trains on its own data partition:warm_probe" not in service.log.read_text():
+            assert service.alive() and time.monotonic() < deadline, service.log_tail()
+            time.sleep(0.05)
+    finally:
+        service.stop()
+
+
+def test_an_entry_that_would_shadow_an_imported_module_starts_as_the_cold_one_would(tmp_path: Path) -> None:
+    """A cold interpreter would import that entry's httpx, not the one the forkserver holds: the warm child
+    becomes that interpreter."""
+    (tmp_path / "path").mkdir()
+    (tmp_path / "path" / "httpx.py").write_text('raise SystemExit("httpx from PYTHONPATH")\n')
+    env = {**WAITING, "PYTHONPATH": str(tmp_path / "path")}
+    cold = run(tmp_path, "cold", [], env, cold=True)
+    warm = run(tmp_path, "warm", [], env, cold=False)
+    assert (cold[2], warm[2]) == (subprocess.Popen, WarmProcess)
+    assert warm[:2] == cold[:2] == (1, "httpx from PYTHONPATH\n")
 
 
 def test_a_warm_service_outlives_its_forkserver_and_is_still_stopped(tmp_path: Path) -> None:
