@@ -95,6 +95,11 @@ def test_a_pythonpath_may_only_put_entries_first(env: dict[str, str], forkserver
     assert added_path(env, forkserver) == added
 
 
+def put_first(entry: Path) -> str:
+    """PYTHONPATH with `entry` put before what this process's own holds, as a user adds a directory to it."""
+    return os.pathsep.join([str(entry), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 PROBE = """import numpy as np
 
 
@@ -109,7 +114,7 @@ def test_pythonpath_entries_put_first_start_warm_and_are_searched_first(tmp_path
     """A data set module on the service's own PYTHONPATH (a user's loader): found, in a warm service."""
     (tmp_path / "path").mkdir()
     (tmp_path / "path" / "warm_probe.py").write_text(PROBE)
-    env = {**WAITING, "PYTHONPATH": str(tmp_path / "path"),
+    env = {**WAITING, "PYTHONPATH": put_first(tmp_path / "path"),
            "FL_CLIENT_DATA": "partition:warm_probe:load?clients=1&index=0"}
     service = Service("client", CLIENT, env, tmp_path / "client.log")
     service.start()
@@ -128,7 +133,7 @@ def test_an_entry_that_would_shadow_an_imported_module_starts_as_the_cold_one_wo
     becomes that interpreter."""
     (tmp_path / "path").mkdir()
     (tmp_path / "path" / "httpx.py").write_text('raise SystemExit("httpx from PYTHONPATH")\n')
-    env = {**WAITING, "PYTHONPATH": str(tmp_path / "path")}
+    env = {**WAITING, "PYTHONPATH": put_first(tmp_path / "path")}
     cold = run(tmp_path, "cold", [], env, cold=True)
     warm = run(tmp_path, "warm", [], env, cold=False)
     assert (cold[2], warm[2]) == (subprocess.Popen, WarmProcess)
