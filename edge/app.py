@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +15,7 @@ from fl_services.edge.round_loop import EdgeRoundLoop
 from fl_services.edge.routes import clients, devices, health, secagg
 from fl_services.edge.services.devices import connected_devices, offline_after_s
 from fl_services.edge.tasks import ForeignClient, TaskBoard, TaskConflict, UnknownClient
+from fl_services.shared.runtime import cancel_until_done
 from fl_services.shared.server.app import Stopping, service_app
 from fl_services.shared.server.metrics import switchable
 from fl_services.shared.wire.http import make_client
@@ -47,10 +47,7 @@ def create_app(settings: EdgeSettings | None = None,
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_until_done(tasks)
             await cloud.aclose()
 
     return service_app("FL edge", lifespan, settings.max_payload_bytes, [health.router, clients.router, secagg.router,
