@@ -2,6 +2,7 @@
 (per worker); the order the suite runs in."""
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,6 +63,21 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.integration.test_wheel import build_wheel
 
     return build_wheel(tmp_path_factory.mktemp("wheel-build"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The cyclic garbage collector runs every 10,000 net allocations rather than 700: the tests allocate and drop
+    many short-lived containers (requests, pydantic models, records), nearly all freed by their reference counts,
+    and at the default the collector ran ~4,000 times in 45 s of cloud, edge and federation tests, 11% of their
+    CPU; at 10,000, 4%."""
+    gc.set_threshold(10_000, 10, 10)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection built (modules, test items) lives as long as the session: kept out of every later
+    collection."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
