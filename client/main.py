@@ -12,6 +12,7 @@ import typer
 
 from fl_services.client.config import ClientSettings
 from fl_services.shared.core.data import DataSourceError
+from fl_services.shared.runtime import tune_collector
 from fl_services.shared.runtime.log import configure_logging
 from fl_services.shared.runtime.settings import load_settings, settings_help
 from fl_services.shared.wire.http import make_client
@@ -54,6 +55,7 @@ def run(
     }.items() if v is not None}
     settings = load_settings(ClientSettings, **overrides)  # e.g. a GPU this machine lacks: one line, exit 1
     configure_logging(settings.log_level, settings.log_format)
+    tune_collector()
     # Training's modules (torch) load once the settings are read: --help and a settings error answer without them.
     import torch
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fl_services.fedctl.redis_server import RedisServer
+from fl_services.shared.runtime import tune_collector
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +67,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The cyclic garbage collector runs every 10,000 net allocations rather than 700: the tests allocate and drop
-    many short-lived containers (requests, pydantic models, records), nearly all freed by their reference counts,
-    and at the default the collector ran ~4,000 times in 45 s of cloud, edge and federation tests, 11% of their
-    CPU; at 10,000, 4%."""
-    gc.set_threshold(10_000, 10, 10)
+    """The garbage collector as the services set it (docs/decisions/collector-thresholds.md): at Python's default
+    it took 11% of the CPU of the cloud, edge and federation tests."""
+    tune_collector()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -7,6 +7,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from fl_services.shared.runtime import tune_collector
 from fl_services.shared.server.app import Stopping
 from fl_services.shared.server.deadlines import httptools_with_deadlines
 from fl_services.shared.server.settings import ServerSettings
@@ -25,6 +26,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, server: ServerSett
             super().handle_exit(sig, frame)
 
     server = server or ServerSettings()
+    tune_collector()
     _allow_open_files(server.max_connections + 256)  # each connection is a file; Redis, logs, data besides
     # log_config=None: uvicorn's loggers go through the process's one setup (shared.runtime.log), not their own.
     # uvicorn's C-backed stack (docs/decisions/httptools-and-uvloop.md): the httptools protocol, with deadlines and
