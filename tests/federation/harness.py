@@ -242,6 +242,12 @@ class Federation:
         process.start(self.edges[device.edge_id])
         await self.wait_registered()
 
+    async def _sites(self) -> list[int]:
+        """The edge ids of the sites the cloud lists."""
+        response = await self.cloud_request("GET", "/api/v1/sites")
+        assert response.status_code == 200, response.text
+        return sorted(site["edge_id"] for site in response.json())
+
     def cloud_bridge(self) -> ThreadBridge:
         """A synchronous transport to the cloud, for a thread (asyncio.to_thread) beside this loop."""
         return ThreadBridge(asyncio.get_running_loop(), Wire(self.cloud))
@@ -253,13 +259,15 @@ class Federation:
         return await self._cloud_http.request(method, url, headers=headers, **kwargs)
 
     async def wait_registered(self, timeout_s: float = 60.0) -> None:
-        """Until every edge sees all of its running clients, so that round 0 starts with everyone present."""
+        """Until every edge sees all of its running clients, so that round 0 starts with everyone present, and
+        the cloud lists every edge as a site (each registers as its loop starts, which a loaded host may not
+        have reached yet), so that a run may select them."""
         deadline = time.monotonic() + timeout_s
         while True:
             expected = [sum(len(c.ids) for c in self.clients if c.edge_id == e.edge_id and c.alive())
                         for e in self.edges]
             seen = [(await e.health()).clients for e in self.edges]
-            if seen == expected:
+            if seen == expected and await self._sites() == [e.edge_id for e in self.edges]:
                 return
             for c in self.clients:
                 if c.task is not None and c.task.done():
