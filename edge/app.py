@@ -34,7 +34,7 @@ def create_app(settings: EdgeSettings | None = None,
         tls = client_context(settings.cloud_ca_file, settings.cloud_cert_file, settings.cloud_key_file)
         cloud = make_client(settings.cloud_url, settings.edge_token, settings.long_poll_max_s, tls=tls,
                             **({"transport": cloud_transport} if cloud_transport is not None else {}))
-        board = TaskBoard()
+        board = TaskBoard(offline_after_s(settings))
         round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
         metrics.watch(clients=lambda: len(board.clients), outstanding=board.outstanding,
                       version=round_loop.version, site=settings.site_name,
@@ -42,6 +42,7 @@ def create_app(settings: EdgeSettings | None = None,
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
         app.state.revocations = revocations = round_loop.revocations
         tasks = [asyncio.create_task(round_loop.run_forever()), asyncio.create_task(round_loop.report_forever()),
+                 asyncio.create_task(board.watch_departures(round_loop.report_batch_s())),
                  asyncio.create_task(_close_on_stop(app.state.stopping, board)),
                  asyncio.create_task(revocations.run_forever(cloud, settings.revocation_refresh_s))]
         try:

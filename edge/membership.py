@@ -1,11 +1,13 @@
 """A run's members at this edge for one round: who the edge selects from, and declares to the cloud with its
 contribution.
 
-For a run with a selection, they are the devices registered here whose labels its device selector takes and whose
+For a run with a selection, they are the devices connected here whose labels its device selector takes and whose
 data (as they summarised it) fits the run's task; the others are refused, with the reasons, in the round's
-failures. A device registered during a round is a member from the next one; one that left stays registered, a
-dropout. Without a selection the run is the simulated federation: its roster at this edge, wherever its clients
-are (a launcher starts them here).
+failures. A device registered during a round is a member from the next one. One gone offline (not heard from for
+two long-polls and 5 s) is in no round that starts meanwhile, which would only wait for it until the deadline; one
+that leaves during a round is that round's dropout. A device that registered no summary of its data trains its
+partition of the run's data set (client/worker.py, client_data), so any task fits it. Without a selection the run
+is the simulated federation: its roster at this edge, wherever its clients are (a launcher starts them here).
 """
 from __future__ import annotations
 

@@ -66,7 +66,6 @@ class EdgeRoundLoop:
         self.lanes: dict[str, Lane] = {}
         self.secure_rounds: dict[str, SecureRound] = {}  # by run: the round whose protocol is under way
         self._lanes_changed = asyncio.Event()
-        self._report_due = asyncio.Event()  # a device registered since the last site report
         self._live: set[str] | None = None  # the live runs the last long-poll answer named
         self.states = StateFiles(self.edge_id, settings.state_dir)
         self.site_key = site_key(self.edge_id, settings.state_dir)  # secure aggregation between sites
@@ -266,25 +265,26 @@ class EdgeRoundLoop:
         response.raise_for_status()
         log.info("edge %d registered with the cloud", self.edge_id)
 
-    def report_soon(self) -> None:
-        """A device registered: the cloud hears of it within a tenth of site_report_s, a second at most (a run
-        waiting for devices is admitted then, not at the next periodic report), in one report however many
-        register meanwhile."""
-        self._report_due.set()
+    def report_batch_s(self) -> float:
+        """How soon the cloud hears that a device registered, came back or went offline: a tenth of
+        site_report_s, a second at most (a run waiting for devices is admitted then, not at the next periodic
+        report), in one report however many change meanwhile."""
+        return min(self.settings.site_report_s / 10, 1.0)
 
     async def report_forever(self) -> None:
         """Registers again every site_report_s, counted from the start of the last report (the cloud calls the
         site offline after three intervals, so the time a report takes must not stretch them), and soon after a
-        device registers: the cloud's site registry shows when the edge was last seen, its devices and its last
-        round. A failed report waits for the next one (the state poll retries by itself)."""
-        interval = self.settings.site_report_s
+        device registers, comes back or goes offline (board.presence_changed): the cloud's site registry shows
+        when the edge was last seen, its devices and its last round. A failed report waits for the next one (the
+        state poll retries by itself)."""
+        interval, presence = self.settings.site_report_s, self.board.presence_changed
         clock = asyncio.get_running_loop()
         due = clock.time() + interval
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._report_due.wait(), max(0.0, due - clock.time()))
-                await asyncio.sleep(min(interval / 10, 1.0))  # the rest of a burst of registrations joins this report
-            self._report_due.clear()
+                await asyncio.wait_for(presence.wait(), max(0.0, due - clock.time()))
+                await asyncio.sleep(self.report_batch_s())  # the rest of a burst of changes joins this report
+            presence.clear()
             due = clock.time() + interval
             try:
                 await self.register()

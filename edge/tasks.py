@@ -6,6 +6,7 @@ the same task; results are checked against the algorithm's result spec before th
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -102,10 +103,14 @@ class TaskBoard:
     answers (`_answered`), which no fetch cares about.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, offline_after_s: float = math.inf) -> None:
         # The device registry: every client registered here (its labels and data summary), and when it was last
         # heard from (registration, task poll, result), seconds since the epoch.
         self.clients: dict[int, ClientRegistration] = {}
+        # A device not heard from for offline_after_s is offline: it is in no round that starts meanwhile.
+        self.offline_after_s = offline_after_s
+        # Set when a device registers, comes back or goes offline: what the cloud's site registry hears soon.
+        self.presence_changed = asyncio.Event()
         self.registered_at: dict[int, float] = {}
         # The id of the device token each device registered with (none: the edge's client secret), so that revoking
         # that token takes the device out of the runs' members.
@@ -130,12 +135,34 @@ class TaskBoard:
             self.token_ids[reg.client_id] = token_id
         self.registered_at.setdefault(reg.client_id, now)
         self.last_seen[reg.client_id] = now
+        self.presence_changed.set()
 
     def seen(self, client_ids: Iterable[int]) -> None:
         now = time.time()
         for k in client_ids:
             if k in self.clients:
+                if self.offline(k, now):
+                    self.presence_changed.set()
                 self.last_seen[k] = now
+
+    def offline(self, client_id: int, now: float, after_s: float | None = None) -> bool:
+        """Whether the device has not been heard from for `after_s` (the board's offline_after_s by default)."""
+        return now - self.last_seen.get(client_id, now) > (self.offline_after_s if after_s is None else after_s)
+
+    async def watch_departures(self, batch_s: float) -> None:
+        """Sets presence_changed when a device goes offline, looking again when the next one would if it stays
+        silent (at most every `batch_s`: the departures meanwhile are seen at once)."""
+        if math.isinf(self.offline_after_s):
+            return
+        checked = time.time()
+        while True:
+            now = time.time()
+            departures = [t + self.offline_after_s for t in self.last_seen.values()]
+            if any(checked < d <= now for d in departures):
+                self.presence_changed.set()
+            checked = now
+            upcoming = min((d for d in departures if d > now), default=now + self.offline_after_s)
+            await asyncio.sleep(max(upcoming - now, batch_s))
 
     def keep_only(self, client_ids: set[int]) -> None:
         """Forgets the registrations of other clients (they hear 404, register again and are refused)."""
@@ -145,8 +172,11 @@ class TaskBoard:
         self.token_ids = {k: t for k, t in self.token_ids.items() if k in client_ids}
 
     def devices(self, revoked: frozenset[str]) -> dict[int, ClientRegistration]:
-        """The registered devices but those whose device token is `revoked`."""
-        return {k: reg for k, reg in self.clients.items() if self.token_ids.get(k) not in revoked}
+        """The devices a round may take now: the registered ones but those offline and those whose device token is
+        `revoked`. An offline device given a task would hold its round until the deadline, and again at each retry."""
+        now = time.time()
+        return {k: reg for k, reg in self.clients.items()
+                if self.token_ids.get(k) not in revoked and not self.offline(k, now)}
 
     def activity(self) -> tuple[dict[int, list[str]], dict[int, tuple[str, str, FailureKind]]]:
         """Per client: the runs whose task for it is open (posted, neither answered nor reported failed), and the

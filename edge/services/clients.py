@@ -21,10 +21,9 @@ from fl_services.shared.wire.protocol import LIVE_RUNS, REFUSED_CLIENTS, UNKNOWN
 def register(*, board: TaskBoard, loop: EdgeRoundLoop, registration: ClientRegistration,
              token_id: str | None = None) -> None:
     """Registers a client of this edge (ForeignClient for one it serves in none of its runs), with the id of the
-    device token it registered with (None: the edge's client secret)."""
+    device token it registered with (None: the edge's client secret). The cloud hears of it soon (a site report)."""
     loop.check_own_client(registration.client_id)
     board.register(registration, token_id)
-    loop.report_soon()
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,7 @@ class _States:
     def of(self, client_id: int) -> tuple[DeviceState, list[str], tuple[str, str, FailureKind] | None]:
         """The device's state, the runs whose task for it is open, and its last failure (run, reason, kind)."""
         runs, failure = self.open_runs.get(client_id, []), self.failures.get(client_id)
-        silent_s = self.now - self.board.last_seen.get(client_id, self.now)
-        state: DeviceState = ("offline" if silent_s > self.offline_after_s
+        state: DeviceState = ("offline" if self.board.offline(client_id, self.now, self.offline_after_s)
                               else "uploading" if self.board.uploading(client_id) else "training" if runs
                               else "failed" if failure is not None else "idle")
         return state, runs, failure

@@ -9,9 +9,10 @@ import pytest
 
 from fl_services.edge.services.devices import site_devices
 from fl_services.edge.tasks import TaskBoard
+from fl_services.shared.core.config import Selection
 from fl_services.shared.wire.client_edge import ClientRegistration
 from fl_services.shared.wire.edge_cloud import MAX_LABEL_SETS, MAX_REPORTED_DEVICES, EdgeRegistration, SiteRun
-from tests.edge.harness import CONFIG, RUN_ID, CloudDouble, answer_tasks, running_edge, until
+from tests.edge.harness import CONFIG, RUN_ID, CloudDouble, Edge, answer_tasks, auth, running_edge, until
 from tests.edge.test_client_failures import ERROR, fail_tasks
 
 pytestmark = pytest.mark.anyio
@@ -67,6 +68,49 @@ async def test_a_device_that_registers_is_reported_at_once_not_at_the_next_inter
         await edge.register(1)
         await until(lambda: cloud.reports[-1].devices == 2, timeout=30, what="a report with both devices")
     assert cloud.reports[-1].report_s == 3600.0
+
+
+async def test_a_device_that_goes_silent_is_reported_offline_soon_and_back_once_it_polls_again() -> None:
+    """Admission counts the connected devices: the cloud hears that one went away (or came back) within a report's
+    batching, not at the next periodic report, an hour away here."""
+    cloud = CloudDouble(CONFIG)
+    cloud.publishing = False  # no run: the device is idle while it polls
+    async with running_edge(cloud_transport=cloud.transport(), site_report_s=3600.0, long_poll_max_s=0.1) as edge:
+        await edge.register(0)
+        await until(lambda: cloud.reports and cloud.reports[-1].states == {"idle": 1}, timeout=30,
+                    what="a report with the device idle")
+        # It never polls: offline once silent for offline_after_s (2 × 0.1 + 5 s).
+        await until(lambda: cloud.reports[-1].states == {"offline": 1}, timeout=30, what="a report with it offline")
+        assert (await edge.http.get("/api/v1/clients/0/task", params={"timeout": 0}, headers=auth())).status_code == 204
+        await until(lambda: cloud.reports[-1].states == {"idle": 1}, timeout=30, what="a report with it back")
+    assert len(cloud.reports) == 4  # the start's, and one per change: no periodic report came
+
+
+async def test_a_device_gone_offline_is_no_member_and_its_round_does_not_wait_for_it() -> None:
+    """A run over registered devices takes the devices connected when its round starts: one that stopped polling
+    gets no task, so the round is not held until its deadline (ten minutes here) and again at each retry."""
+    config = CONFIG.model_copy(update={"selection": Selection(), "policy": CONFIG.policy.model_copy(
+        update={"deadline_s": 600.0, "min_fraction": 1.0, "max_retries": 3})})
+    cloud = CloudDouble(config)
+    cloud.publishing = False
+    async with running_edge(cloud_transport=cloud.transport()) as edge:
+        await edge.register(3)
+        edge.board.last_seen[3] -= 3600  # silent for an hour
+        answering = asyncio.create_task(answer_tasks(edge, range(3)))
+        try:
+            await until(lambda: len(edge.board.clients) == 4, timeout=30, what="devices 0 to 2 registered")
+            cloud.publishing = True
+            await until(lambda: cloud.contributions, timeout=30, what="the round is submitted")
+        finally:
+            answering.cancel()
+        assert [d.state for d in loop_report(edge).device_page] == ["idle"] * 3 + ["offline"]
+    [contribution] = cloud.contributions[:1]
+    assert [m.client_id for m in contribution.members or []] == [0, 1, 2]
+    assert sorted(c.client_id for c in contribution.clients) == [0, 1, 2] and contribution.failures == []
+
+
+def loop_report(edge: Edge) -> EdgeRegistration:
+    return edge.app.state.round_loop.site_report()
 
 
 def test_ten_thousand_devices_make_a_report_of_the_same_bounded_size() -> None:
