@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from fl_services.cloud.ui.pages import PAGES, render
+from fl_services.shared.server.app import add_routes
 from fl_services.shared.server.docs import FRAMING_HEADERS, PathHeaders
 
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
@@ -52,7 +53,7 @@ def mount(app: FastAPI) -> None:
         page = _page(render(name))
         for path in (f"{UI}/{name}", f"{UI}/") if name == "index.html" else (f"{UI}/{name}",):
             pages.add_api_route(path, page, methods=["GET", "HEAD"])
-    app.include_router(pages)
-    app.include_router(router)
+    add_routes(app, pages)
+    add_routes(app, router)
     app.mount(UI, StaticFiles(directory=STATIC, html=True), name="ui")
     app.add_middleware(PathHeaders, prefix=UI, headers=SECURITY_HEADERS)

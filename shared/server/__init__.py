@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fl_services.shared.runtime.lazy import exports
 
 _HOMES = {
-    "Stopping": "app", "app_state": "app", "service_app": "app",
+    "Stopping": "app", "add_routes": "app", "app_state": "app", "service_app": "app",
     "bearer_guard": "auth", "bearer_token": "auth", "guarded_router": "auth",
     "unauthorized": "auth",
     "BodyLimit": "bodies", "binary": "bodies", "read_body": "bodies", "read_json": "bodies", "read_message": "bodies",
@@ -21,14 +21,14 @@ _HOMES = {
     "serve": "serve", "ServerSettings": "settings",
 }
 __all__ = [
-    "BodyLimit", "ErrorDetail", "OpenRequests", "RateLimit", "ServerSettings", "Stopping", "app_state",
+    "BodyLimit", "ErrorDetail", "OpenRequests", "RateLimit", "ServerSettings", "Stopping", "add_routes", "app_state",
     "bearer_guard", "bearer_token", "binary", "binary_body_doc", "error_responses", "guarded_router",
     "json_body_doc", "offline_docs", "open_request", "rate_limited", "read_body", "read_json", "read_message",
     "reject", "same_as_url", "serve", "service_app", "unauthorized",
 ]  # what _HOMES places
 
 if TYPE_CHECKING:
-    from fl_services.shared.server.app import Stopping, app_state, service_app
+    from fl_services.shared.server.app import Stopping, add_routes, app_state, service_app
     from fl_services.shared.server.auth import bearer_guard, bearer_token, guarded_router, unauthorized
     from fl_services.shared.server.bodies import (
         BodyLimit,

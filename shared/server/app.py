@@ -19,6 +19,15 @@ from fl_services.shared.server.quotas import OpenRequests, RateLimit
 from fl_services.shared.server.settings import ServerSettings
 
 
+def add_routes(app: FastAPI, router: APIRouter) -> None:
+    """The router's routes on the app itself, as `include_router` without options would serve them. An included
+    router's routes are built again for each app that includes it (its dependencies resolved, a pydantic adapter
+    per parameter and response), on the app's first request to them: a few milliseconds a route, paid by every
+    app the tests build. A route carries its router's prefix, dependencies, responses and tags from its creation,
+    and these routers are included with no options of their own, so the routes built once serve every app."""
+    app.router.routes.extend(router.routes)
+
+
 def app_state(name: str) -> Callable[[Request], Any]:
     """A dependency that returns `app.state.<name>`, what the service's lifespan put there."""
 
@@ -78,14 +87,14 @@ def service_app(title: str, lifespan: Callable[[FastAPI], AbstractAsyncContextMa
     app.state.open_requests = OpenRequests(server.max_open_per_caller)
     app.add_middleware(BodyLimit, limit=max_payload_bytes, timeout_s=server.body_timeout_s)
     for router in routers:
-        app.include_router(router)
+        add_routes(app, router)
     if metrics is not None:
         app.state.metrics = metrics  # what the routes count through: the null object when switched off
     if isinstance(metrics, ServiceMetrics):  # not switched off (shared.server.metrics.switchable): measure and serve
         app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: it sees BodyLimit's 413s too
         guard = [Depends(bearer_guard(lambda _: metrics_token))] if metrics_token is not None else []
         scrape = metrics_router(metrics, guard)
-        app.include_router(scrape)
+        add_routes(app, scrape)
         metrics.know_routes([*routers, scrape])
     for error, status_code in errors.items():
         app.add_exception_handler(error, _answer_with(status_code))
