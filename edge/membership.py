@@ -6,7 +6,8 @@ data (as they summarised it) fits the run's task; the others are refused, with t
 failures. A device registered during a round is a member from the next one. One gone offline (not heard from for
 two long-polls and 5 s) is in no round that starts meanwhile, which would only wait for it until the deadline; one
 that leaves during a round is that round's dropout. A device that registered no summary of its data trains its
-partition of the run's data set (client/worker.py, client_data), so any task fits it. Without a selection the run
+partition of the run's data set (client/worker.py, client_data), so any task fits it if its id names one of the
+run's data.num_clients partitions (else it is refused, as it could train none). Without a selection the run
 is the simulated federation: its roster at this edge, wherever its clients are (a launcher starts them here).
 """
 from __future__ import annotations
@@ -53,6 +54,11 @@ def members(config: RunConfig, edge_id: int, devices: dict[int, ClientRegistrati
                                          "part at one site"))
             continue
         misfit = check_fits(reg.summary, task) if reg.summary is not None and task is not None else []
+        if reg.summary is None and client_id >= config.data.num_clients:
+            # Without data of its own it trains its partition of the run's data set (client/worker.py,
+            # client_data), which has data.num_clients of them: any other id would fail every round it is given.
+            misfit = [f"it registered no data of its own, so it trains its partition of the run's data set, and "
+                      f"the run has {config.data.num_clients} (data.num_clients: 0 … {config.data.num_clients - 1})"]
         if not misfit:
             # What the cloud is told of it: a registration that cannot say it (whatever let it in) is this
             # device's refusal, never the round's failure, so one device cannot stop the others' rounds.

@@ -35,6 +35,16 @@ def test_a_device_without_a_summary_is_a_member_whose_count_is_unknown():
     assert found.ids == [3] and found.samples == {}
 
 
+def test_a_device_without_a_summary_whose_id_names_no_partition_of_the_run_is_refused():
+    """It would train partition `id` of the run's data set, which has data.num_clients of them: a device 306 of a
+    run of 10 would fail every round it is given (PartitionSpec: "index 306 is not among the 10 clients")."""
+    devices = {3: ClientRegistration(client_id=3), 306: ClientRegistration(client_id=306), 307: device(307)}
+    found = members(RunConfig(selection={}, data={"num_clients": 10}), 0, devices, TASK, None)
+    assert found.ids == [3, 307]
+    [refused] = found.refused
+    assert refused.client_id == 306 and refused.kind == "misfit" and "data.num_clients: 0 … 9" in refused.error
+
+
 def test_a_device_whose_registration_cannot_be_declared_is_refused_and_the_others_stay_members():
     """Whatever let such a registration in (a summary built without validation), it is that device's refusal with
     its reason, never an error of the round that would stop every other device's training."""
