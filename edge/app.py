@@ -38,7 +38,7 @@ def create_app(settings: EdgeSettings | None = None,
         round_loop = EdgeRoundLoop(settings, cloud, board, metrics)
         metrics.watch(clients=lambda: len(board.clients), outstanding=board.outstanding,
                       version=round_loop.version, site=settings.site_name,
-                      connected=lambda: connected_devices(board=board, offline_after_s=offline_after_s(settings)))
+                      connected=lambda: connected_devices(board=board))
         app.state.settings, app.state.board, app.state.round_loop = settings, board, round_loop
         app.state.revocations = revocations = round_loop.revocations
         tasks = [asyncio.create_task(round_loop.run_forever()), asyncio.create_task(round_loop.report_forever()),

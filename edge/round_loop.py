@@ -235,7 +235,6 @@ class EdgeRoundLoop:
         tallied: whether every device failed it)."""
         serving = self.serving
         states, page, runs, label_sets = devices.site_devices(board=self.board,
-                                                  offline_after_s=devices.offline_after_s(self.settings),
                                                   memberships={run_id: lane.membership for run_id, lane
                                                                in self.lanes.items() if lane.membership is not None})
         return EdgeRegistration(edge_id=self.edge_id, url=self.settings.public_url, name=self.settings.name,

@@ -145,9 +145,9 @@ class TaskBoard:
                     self.presence_changed.set()
                 self.last_seen[k] = now
 
-    def offline(self, client_id: int, now: float, after_s: float | None = None) -> bool:
-        """Whether the device has not been heard from for `after_s` (the board's offline_after_s by default)."""
-        return now - self.last_seen.get(client_id, now) > (self.offline_after_s if after_s is None else after_s)
+    def offline(self, client_id: int, now: float) -> bool:
+        """Whether the device has not been heard from for offline_after_s."""
+        return now - self.last_seen.get(client_id, now) > self.offline_after_s
 
     async def watch_departures(self, batch_s: float) -> None:
         """Sets presence_changed when a device goes offline, looking again when the next one would if it stays

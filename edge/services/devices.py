@@ -38,29 +38,30 @@ def offline_after_s(settings: EdgeSettings) -> float:
 class _States:
     """Each device's state, from one read of the board."""
 
-    def __init__(self, board: TaskBoard, offline_after_s: float):
-        self.board, self.offline_after_s, self.now = board, offline_after_s, time.time()
+    def __init__(self, board: TaskBoard):
+        self.board, self.now = board, time.time()
         self.open_runs, self.failures = board.activity()
 
     def of(self, client_id: int) -> tuple[DeviceState, list[str], tuple[str, str, FailureKind] | None]:
         """The device's state, the runs whose task for it is open, and its last failure (run, reason, kind)."""
         runs, failure = self.open_runs.get(client_id, []), self.failures.get(client_id)
-        state: DeviceState = ("offline" if self.board.offline(client_id, self.now, self.offline_after_s)
+        state: DeviceState = ("offline" if self.board.offline(client_id, self.now)
                               else "uploading" if self.board.uploading(client_id) else "training" if runs
                               else "failed" if failure is not None else "idle")
         return state, runs, failure
 
 
-def connected_devices(*, board: TaskBoard, offline_after_s: float) -> int:
-    """The registered devices not offline: heard from (registration, task poll, result) within `offline_after_s`."""
-    read = _States(board, offline_after_s)
+def connected_devices(*, board: TaskBoard) -> int:
+    """The registered devices not offline: heard from (registration, task poll, result) within the board's
+    offline_after_s."""
+    read = _States(board)
     return sum(1 for k in board.clients if read.of(k)[0] != "offline")
 
 
-def list_devices(*, board: TaskBoard, offline_after_s: float) -> list[DeviceInfo]:
-    """Every registered device, by id; one not heard from (registration, task poll, result) for `offline_after_s`
-    is offline."""
-    states = _States(board, offline_after_s)
+def list_devices(*, board: TaskBoard) -> list[DeviceInfo]:
+    """Every registered device, by id; one not heard from (registration, task poll, result) for the board's
+    offline_after_s is offline."""
+    states = _States(board)
     now = states.now
     devices = []
     for client_id in sorted(board.clients):
@@ -80,14 +81,14 @@ def family(reg: ClientRegistration) -> str | None:
     return str(declared)[:64] if declared is not None else None
 
 
-def site_devices(*, board: TaskBoard, offline_after_s: float, memberships: dict[str, Membership] | None = None
+def site_devices(*, board: TaskBoard, memberships: dict[str, Membership] | None = None
                  ) -> tuple[dict[DeviceState, int], list[DeviceBrief], list[SiteRun], list[LabelSetCount]]:
     """What a site report says of the devices: every one counted per state, the first MAX_REPORTED_DEVICES of them
     by state (failed, uploading, training, idle, offline) then id, and each run's current round here, with its
     members and refusals (`memberships`, by run) for a run over registered devices, even before it has a task
     here, and the connected devices per label set and data fit (the MAX_LABEL_SETS most common). The report stays
     the same size whatever the number of devices."""
-    read = _States(board, offline_after_s)
+    read = _States(board)
     now = read.now
     states = {k: read.of(k) for k in board.clients}
     order = {state: i for i, state in enumerate(DEVICE_STATES)}

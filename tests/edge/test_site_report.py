@@ -114,12 +114,12 @@ def loop_report(edge: Edge) -> EdgeRegistration:
 
 
 def test_ten_thousand_devices_make_a_report_of_the_same_bounded_size() -> None:
-    board = TaskBoard()
+    board = TaskBoard(offline_after_s=60)
     for k in range(10_000):
         # 500 label sets, the first 100 twice as common as the others.
         board.register(ClientRegistration(client_id=10_000 + 7 * k, labels={"family": "cnn",
                                                                              "group": str(k % 600 % 500)}))
-    states, page, runs, label_sets = site_devices(board=board, offline_after_s=60)
+    states, page, runs, label_sets = site_devices(board=board)
     assert states == {"idle": 10_000} and runs == []
     assert len(label_sets) == MAX_LABEL_SETS and {s.devices for s in label_sets} == {33}
     assert {int(s.labels["group"]) for s in label_sets} <= set(range(100))
@@ -129,13 +129,14 @@ def test_ten_thousand_devices_make_a_report_of_the_same_bounded_size() -> None:
     report = EdgeRegistration(edge_id=0, devices=10_000, states=states, device_page=page, label_sets=label_sets)
     assert len(report.model_dump_json()) < EdgeRegistration.max_body_bytes
     # Everyone offline (a clock far ahead): counted as such, none lost.
-    states, _, _, label_sets = site_devices(board=board, offline_after_s=-1)
+    board.offline_after_s = -1
+    states, _, _, label_sets = site_devices(board=board)
     assert states == {"offline": 10_000} and label_sets == []
 
 
 def test_a_device_whose_result_is_arriving_is_uploading() -> None:
-    board = TaskBoard()
+    board = TaskBoard(offline_after_s=60)
     board.register(ClientRegistration(client_id=5))
     with board.receiving(5), board.receiving(5):  # a retried upload beside the first
-        assert site_devices(board=board, offline_after_s=60)[0] == {"uploading": 1}
-    assert site_devices(board=board, offline_after_s=60)[0] == {"idle": 1}
+        assert site_devices(board=board)[0] == {"uploading": 1}
+    assert site_devices(board=board)[0] == {"idle": 1}

@@ -41,10 +41,11 @@ async def test_devices_registered_and_connected_per_site_are_scraped_from_the_ed
 
 
 def test_a_device_unheard_for_longer_than_the_offline_window_is_registered_but_not_connected():
-    board = TaskBoard()
+    board = TaskBoard(offline_after_s=60)
     for k in (3, 5, 8):
         board.register(ClientRegistration(client_id=k))
     board.last_seen[5] = time.time() - 61
-    assert connected_devices(board=board, offline_after_s=60) == 2
-    assert connected_devices(board=board, offline_after_s=120) == 3
+    assert connected_devices(board=board) == 2
+    board.offline_after_s = 120
+    assert connected_devices(board=board) == 3
     assert offline_after_s(EdgeSettings(long_poll_max_s=20)) == 45
