@@ -40,7 +40,7 @@ from fl_services.shared.core.data import (
 from fl_services.shared.core.device import local_update
 from fl_services.shared.core.federation import evaluate_held_out, local_job, run_task
 from fl_services.shared.core.records import Record, decode, encode
-from fl_services.shared.core.reports import FailureKind
+from fl_services.shared.core.reports import ReportedFailure
 from fl_services.shared.core.tensors import PayloadError, message_of
 from fl_services.shared.core.user_code import UserCodeError
 from fl_services.shared.runtime.log import bind
@@ -136,7 +136,7 @@ class ResultDeferred(Exception):
     """The edge did not take a result now (its client over the rate of results): the task comes again later."""
 
 
-def failure_kind(exc: BaseException) -> FailureKind:
+def failure_kind(exc: BaseException) -> ReportedFailure:
     """The kind of a task's failure, for the history and the metrics (shared/core/reports.py, FailureKind)."""
     if isinstance(exc, PayloadError):
         return "malformed_task"

@@ -107,6 +107,10 @@ class Dispatch:
             return results
         finally:
             failures.extend(self.board.failures(run_id, version))
+            if closed and not join and (enough is None or len(closed) < enough):
+                # Closed at its deadline, not by `enough` answers (which withdraw the rest, unfailed): the devices
+                # that did not answer are named, gone offline or timed out. Under 'join' they may still answer.
+                failures.extend(self.board.unanswered(run_id, version, _deadline(policy)))
             # Kept with policy.late = 'join': older rounds' late tasks, and this round's open ones once it closed.
             await self.board.clear(run_id, (lambda t: t.header.version < version or bool(
                 closed and t.failure is None and t.header.client_id not in closed)) if join else None)
@@ -142,3 +146,8 @@ class Dispatch:
             # cannot use this round. Said loudly: a synchronous run waits for this edge.
             log.error("edge %d: cloud refused the contribution of version %d: %s %s", self.edge_id,
                       header.version, response.status_code, response.text[:300])
+
+
+def _deadline(policy: RoundPolicy) -> str:
+    retries = f", {policy.max_retries} retries while below quorum" if policy.max_retries else ""
+    return f"{policy.deadline_s:g} s{retries}"

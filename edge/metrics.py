@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from fl_services.shared.core.reports import FAILURE_KINDS
+from fl_services.shared.core.reports import REPORTED_FAILURES
 from fl_services.shared.server.metrics import ServiceMetrics, refusal_reason
 from fl_services.shared.wire.client_edge import ClientResultHeader
 
@@ -51,8 +51,9 @@ class EdgeMetrics(ServiceMetrics):
                                  registry=r)
         self.version = Gauge("fl_edge_global_version", "Version of the last global state received (-1: none)",
                              registry=r)
-        self.client_failures = self.refusals("fl_edge_client_failures", "Tasks clients reported they could not "
-                                             "train, by kind (shared/core/reports.py, FailureKind)", FAILURE_KINDS)
+        self.client_failures = self.refusals(
+            "fl_edge_client_failures", "Tasks clients reported they could not train, by kind (shared/core/reports.py, "
+            "ReportedFailure)", REPORTED_FAILURES)
         self.observe_route("POST", RESULTS_ROUTE, self._result)
         self.observe_route("POST", RESULT_BUNDLE_ROUTE, self._bundle)
 

@@ -18,7 +18,7 @@ from fl_services.shared.core.algorithms.base import ClientResult
 from fl_services.shared.core.federation import device_evaluates
 from fl_services.shared.core.late import LateAnswer
 from fl_services.shared.core.records import Record, flatten
-from fl_services.shared.core.reports import ClientFailure, FailureKind, HeldOut
+from fl_services.shared.core.reports import ClientFailure, FailureKind, HeldOut, ReportedFailure
 from fl_services.shared.core.tensors import InvalidContent, SharedEncoding
 from fl_services.shared.server.longpoll import wait_until
 from fl_services.shared.wire.client_edge import (
@@ -54,7 +54,7 @@ class Task:
     # What the client reported when it could not train the task; a later result still answers it (the
     # client process restarted with what it lacked).
     failure: str | None = None
-    failure_kind: FailureKind = "training"
+    failure_kind: ReportedFailure = "training"
     # The client's training sample count where the edge knows it (shared.core.federation.known_num_samples): a
     # result must claim exactly this. Where it does not, `max_samples` (the edge's max_client_samples) caps
     # what a claim weighs. Unchecked, one device claiming 10^12 samples would take 0.999999999 of the weight.
@@ -146,11 +146,12 @@ class TaskBoard:
                 self.last_seen[k] = now
 
     def offline(self, client_id: int, now: float) -> bool:
-        """Whether the device has not been heard from for offline_after_s."""
-        return now - self.last_seen.get(client_id, now) > self.offline_after_s
+        """Whether the device has not been heard from for offline_after_s (one uploading a result is heard)."""
+        return now - self.last_seen.get(client_id, now) > self.offline_after_s and not self.uploading(client_id)
 
     async def watch_departures(self, batch_s: float) -> None:
-        """Sets presence_changed when a device goes offline, looking again when the next one would if it stays
+        """Sets presence_changed when a device goes offline, and wakes the rounds waiting for answers (a round stops
+        waiting for a device gone offline: `wait_results`), looking again when the next one would if it stays
         silent (at most every `batch_s`: the departures meanwhile are seen at once)."""
         if math.isinf(self.offline_after_s):
             return
@@ -160,6 +161,8 @@ class TaskBoard:
             departures = [t + self.offline_after_s for t in self.last_seen.values()]
             if any(checked < d <= now for d in departures):
                 self.presence_changed.set()
+                async with self._answered:
+                    self._answered.notify_all()
             checked = now
             upcoming = min((d for d in departures if d > now), default=now + self.offline_after_s)
             await asyncio.sleep(max(upcoming - now, batch_s))
@@ -173,7 +176,7 @@ class TaskBoard:
 
     def devices(self, revoked: frozenset[str]) -> dict[int, ClientRegistration]:
         """The devices a round may take now: the registered ones but those offline and those whose device token is
-        `revoked`. An offline device given a task would hold its round until the deadline, and again at each retry."""
+        `revoked`. An offline device given a task would take a place in the round (a selection's) and not answer."""
         now = time.time()
         return {k: reg for k, reg in self.clients.items()
                 if self.token_ids.get(k) not in revoked and not self.offline(k, now)}
@@ -296,15 +299,28 @@ class TaskBoard:
                 for k, t in sorted(self._of(run_id, version), key=lambda x: x[0])
                 if t.result is None and t.failure is not None]
 
+    def unanswered(self, run_id: str, version: int, deadline: str) -> list[ClientFailure]:
+        """The round's tasks neither answered nor reported failed, as failures of kind offline (the device went
+        silent) or timeout (it did not answer by the `deadline`, which the error text names)."""
+        now = time.time()
+        return [ClientFailure(client_id=k, kind="offline",
+                              error=f"offline: not heard from for over {self.offline_after_s:g} s while its task was "
+                                    "open") if self.offline(k, now) else
+                ClientFailure(client_id=k, kind="timeout", error=f"no answer by the round's deadline ({deadline})")
+                for k, t in sorted(self._of(run_id, version), key=lambda x: x[0])
+                if t.result is None and t.failure is None]
+
     async def wait_results(self, run_id: str, timeout: float, failures_settle: bool = True,
                            enough: int | None = None, version: int | None = None) -> list[ClientResult]:
         """Returns when every task of the run (of its round on `version`, if given) is answered (or, if
-        `failures_settle`, reported failed: no point waiting for those), or `enough` of them are, or at the
-        deadline, with what has arrived."""
+        `failures_settle`, reported failed or its device gone offline: no point waiting for those), or `enough`
+        of them are, or at the deadline, with what has arrived. A device back online meanwhile may still answer
+        until the round closes."""
         def done() -> bool:
-            tasks = self._of(run_id, version)
+            tasks, now = self._of(run_id, version), time.time()
             return (enough is not None and sum(t.result is not None for _, t in tasks) >= enough) or all(
-                t.result is not None or (failures_settle and t.failure is not None) for _, t in tasks)
+                t.result is not None or (failures_settle and (t.failure is not None or self.offline(k, now)))
+                for k, t in tasks)
 
         await wait_until(self._answered, done, timeout)
         return self.results(run_id, version)

@@ -140,11 +140,17 @@ class ClientParticipation(Message):
 FailureText = Field(min_length=1, max_length=1000)
 
 
-# Why a device failed a task, as a small closed set (a metric's label, a column): misfit: its data does not fit the
-# run (refused at the edge); user_code: the run's model or data code cannot be imported or run there; data: its own
-# data cannot be read; malformed_task: the task it got cannot be read; refused_result: the edge refused its result
-# (e.g. beyond the bounds); training: any other error while it trained. The error text says the rest.
-FailureKind = Literal["misfit", "user_code", "data", "malformed_task", "refused_result", "training"]
+# Why a device failed a task, as a small closed set (a metric's label, a column). What a device reports of itself:
+# misfit: its data does not fit the run (refused at the edge); user_code: the run's model or data code cannot be
+# imported or run there; data: its own data cannot be read; malformed_task: the task it got cannot be read;
+# refused_result: the edge refused its result (e.g. beyond the bounds); training: any other error while it trained.
+# The error text says the rest.
+ReportedFailure = Literal["misfit", "user_code", "data", "malformed_task", "refused_result", "training"]
+REPORTED_FAILURES: tuple[ReportedFailure, ...] = typing.get_args(ReportedFailure)
+# And what its edge finds of a task left unanswered when the round closed (never reported by a device): offline:
+# the device went silent while its task was open (its round stopped waiting for it then); timeout: it was still
+# heard from but did not answer within the round's deadline (and retries).
+FailureKind = Literal[ReportedFailure, "offline", "timeout"]
 FAILURE_KINDS: tuple[FailureKind, ...] = typing.get_args(FailureKind)
 
 

@@ -11,11 +11,11 @@ from fl_services.shared.core.numbers import Float, Int
 from fl_services.shared.core.reports import (
     MAX_SAMPLES,
     ClientParticipation,
-    FailureKind,
     FailureText,
     Id,
     Labels,
     Message,
+    ReportedFailure,
     Scalar,
 )
 
@@ -49,7 +49,7 @@ class ClientFailureReport(Message):
     task_id: str = Field(min_length=1, max_length=64)
     client_id: Int = Id
     error: str = FailureText
-    kind: FailureKind = "training"
+    kind: ReportedFailure = "training"
 
 
 class TaskPoll(Message):

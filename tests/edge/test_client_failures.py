@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import anyio
 import pytest
 
+from fl_services.shared.core.reports import EdgeContributionHeader
 from fl_services.shared.core.tensors import encode
 from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
 from tests.edge.harness import (
@@ -57,6 +59,68 @@ async def test_reported_failures_end_the_wait_and_reach_the_contribution() -> No
     contribution = cloud.contributions[0]
     assert [p.client_id for p in contribution.clients] == [0, 1]
     assert [(f.client_id, f.error) for f in contribution.failures] == [(2, ERROR), (3, ERROR)]
+
+
+async def hold_tasks(edge, client_ids) -> None:
+    """Clients that register and keep polling, but answer no task they fetch (until cancelled)."""
+    async def hold(*_) -> None:
+        await asyncio.sleep(0.2)
+
+    await serve_tasks(edge, client_ids, hold)
+
+
+async def leave_with_task(edge, client_id: int) -> None:
+    """A client that registers, fetches its task and is heard from no more."""
+    await edge.register(client_id)
+    with anyio.fail_after(30):
+        while await edge.open_task(client_id) is None:
+            await asyncio.sleep(0.05)
+
+
+async def test_a_device_gone_offline_mid_round_ends_the_wait_for_it_and_is_named_offline() -> None:
+    """It had its task when the round started; once silent for the offline window (2 × 0.1 + 5 s here) the round
+    stops waiting for it, at every retry too: not ten minutes, four times."""
+    config = CONFIG.model_copy(update={"policy": CONFIG.policy.model_copy(
+        update={"deadline_s": 600.0, "min_fraction": 1.0, "max_retries": 3})})
+    cloud = CloudDouble(config)
+    async with running_edge(cloud_transport=cloud.transport(), long_poll_max_s=0.1) as edge:
+        answering = asyncio.create_task(answer_tasks(edge, [0, 1, 2]))
+        try:
+            await leave_with_task(edge, 3)
+            await until(lambda: cloud.contributions, timeout=60, what="the round is submitted")
+        finally:
+            answering.cancel()
+    contribution = cloud.contributions[0]
+    assert [p.client_id for p in contribution.clients] == [0, 1, 2]
+    [failure] = contribution.failures
+    assert (failure.client_id, failure.kind) == (3, "offline")
+    assert failure.error == "offline: not heard from for over 5.2 s while its task was open"
+
+
+async def first_contribution(policy: dict, answering: list[int], holding: list[int]) -> EdgeContributionHeader:
+    """The contribution of a round where the clients `answering` answer and those `holding` poll but never do."""
+    cloud = CloudDouble(CONFIG.model_copy(update={"policy": CONFIG.policy.model_copy(update=policy)}))
+    async with running_edge(cloud_transport=cloud.transport()) as edge:
+        clients = [asyncio.create_task(answer_tasks(edge, answering)), asyncio.create_task(hold_tasks(edge, holding))]
+        try:
+            await until(lambda: cloud.contributions, timeout=30, what="the round is submitted")
+        finally:
+            for c in clients:
+                c.cancel()
+    return cloud.contributions[0]
+
+
+async def test_a_device_heard_from_but_not_answering_by_the_deadline_is_named_timed_out() -> None:
+    contribution = await first_contribution({"deadline_s": 1.0, "min_fraction": 0.5, "max_retries": 0}, [0, 1, 2], [3])
+    assert [p.client_id for p in contribution.clients] == [0, 1, 2]
+    assert [(f.client_id, f.kind, f.error) for f in contribution.failures] == [
+        (3, "timeout", "no answer by the round's deadline (1 s)")]
+
+
+async def test_a_round_closed_by_enough_answers_names_no_device_that_did_not_answer() -> None:
+    """policy.answers = 3: the fourth task is withdrawn when the third answer comes, which is no failure."""
+    contribution = await first_contribution({"deadline_s": 600.0, "answers": 3, "max_retries": 0}, [0, 1, 2], [3])
+    assert [p.client_id for p in contribution.clients] == [0, 1, 2] and contribution.failures == []
 
 
 async def test_a_failure_report_is_checked_like_a_result() -> None:
