@@ -142,6 +142,8 @@ def failure_kind(exc: BaseException) -> ReportedFailure:
         return "malformed_task"
     if isinstance(exc, ResultRefused):
         return "refused_result"
+    if isinstance(exc, DataMisfit):
+        return "misfit"
     if isinstance(exc, DataSourceError):
         return "data"
     if isinstance(exc, (UserCodeError, ImportError)):
@@ -278,7 +280,11 @@ class Worker:
                 result = await self.trainer.run(header.run_id,
                                                 partial(_train, self.settings, header, item, self.models))
             except Exception as exc:
-                log.exception("client %d: task %s failed; skipping it", client_id, header.task_id)
+                kind = failure_kind(exc)
+                # A traceback for what is not known already; the others' message says it all (what does not fit,
+                # what cannot be imported or read), and it comes again at every round's task.
+                log.error("client %d: task %s failed (%s); skipping it: %s", client_id, header.task_id, kind, exc,
+                          exc_info=kind == "training")
                 release = False
                 self.failed.add(header.task_id)
                 await self.report_failure(client_id, header.task_id, exc)

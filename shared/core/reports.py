@@ -141,10 +141,10 @@ FailureText = Field(min_length=1, max_length=1000)
 
 
 # Why a device failed a task, as a small closed set (a metric's label, a column). What a device reports of itself:
-# misfit: its data does not fit the run (refused at the edge); user_code: the run's model or data code cannot be
-# imported or run there; data: its own data cannot be read; malformed_task: the task it got cannot be read;
-# refused_result: the edge refused its result (e.g. beyond the bounds); training: any other error while it trained.
-# The error text says the rest.
+# misfit: its data does not fit the run (refused at the edge, or found by the device); user_code: the run's model
+# or data code cannot be imported or run there; data: its own data cannot be read; malformed_task: the task it got
+# cannot be read; refused_result: the edge refused its result (e.g. beyond the bounds); training: any other error
+# while it trained. The error text says the rest.
 ReportedFailure = Literal["misfit", "user_code", "data", "malformed_task", "refused_result", "training"]
 REPORTED_FAILURES: tuple[ReportedFailure, ...] = typing.get_args(ReportedFailure)
 # And what its edge finds of a task left unanswered when the round closed (never reported by a device): offline:

@@ -57,15 +57,18 @@ async def devices(cloud_storage, tmp_path) -> AsyncIterator[tuple[Federation, st
         yield fed, own
 
 
-async def test_a_device_trains_the_runs_rounds_on_its_own_file(devices, tmp_path):
+async def test_a_device_trains_the_runs_rounds_on_its_own_file(devices, tmp_path, caplog):
     fed, own = devices
     _, history, _ = await run(fed.admin, CONFIG)
     partition = len(load_client(CONFIG.data, CONFIG.seed, 1).train)
     for h in history:
         assert {c.client_id: c.num_samples for c in h.clients} == {0: 24, 1: partition}  # 30 less its fifth held out
-        assert [f.client_id for f in h.failed_clients] == [2]
+        assert [(f.client_id, f.kind) for f in h.failed_clients] == [(2, "misfit")]
         assert "DataMisfit" in h.failed_clients[0].error
         assert "its samples have shape 3x2 but the run's model takes 2x3" in h.failed_clients[0].error
+    # The device says why in a line per task, without a traceback: nothing in its code is at fault.
+    said = [r for r in caplog.records if r.getMessage().startswith("client 2: task ")]
+    assert said and all("failed (misfit)" in r.getMessage() and not r.exc_info for r in said)
     # Round 0's loss is the local update of the initial model on the device's own training split.
     expected = first_result(CONFIG, own, tmp_path)
     assert history[0].clients[0].loss == pytest.approx(expected.loss, rel=1e-5)
