@@ -281,10 +281,10 @@ class Worker:
                                                 partial(_train, self.settings, header, item, self.models))
             except Exception as exc:
                 kind = failure_kind(exc)
-                # A traceback for what is not known already; the others' message says it all (what does not fit,
-                # what cannot be imported or read), and it comes again at every round's task.
+                # Data that does not fit or cannot be read is said in full by its message, again at every round's
+                # task: no traceback. Anything else (the run's own code among it) gets one, to find where.
                 log.error("client %d: task %s failed (%s); skipping it: %s", client_id, header.task_id, kind, exc,
-                          exc_info=kind == "training")
+                          exc_info=kind not in ("misfit", "data"))
                 release = False
                 self.failed.add(header.task_id)
                 await self.report_failure(client_id, header.task_id, exc)
