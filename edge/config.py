@@ -31,9 +31,9 @@ class EdgeSettings(ServerSettings):
     site_report_s: float = Field(10.0, gt=0, description=(
         "How often the edge reports to the cloud's site registry (its devices per state and the first 50 of them, "
         "each run's current round, its last round): its last seen; the cloud calls it offline after three "
-        "intervals without a report. A device that registers, goes offline or comes back is reported within a "
-        "tenth of it (a second at most), so a run waiting for devices is admitted without waiting for the next "
-        "report."))
+        "intervals without a report. A device that registers, goes offline or comes back, and a run that ends, "
+        "are reported within a tenth of it (a second at most), so a run waiting for devices is admitted, and an "
+        "ended run's sites show its devices idle, without waiting for the next report."))
     host: str = Field("127.0.0.1", description=(
         "The address to listen on. Beyond loopback (0.0.0.0, a LAN address) the development client token is "
         "refused."))

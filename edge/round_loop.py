@@ -148,6 +148,8 @@ class EdgeRoundLoop:
             if lane.task is not None:
                 log.info("edge %d: run %s ended; dropping its round", self.edge_id, run_id)
                 lane.task.cancel()
+            # Its devices are no longer training it: the run's sites page says so now, not at the next report.
+            self.board.site_changed.set()
         if live != self._live:
             self._live = live
             self.states.keep_only(live)
@@ -265,7 +267,7 @@ class EdgeRoundLoop:
         log.info("edge %d registered with the cloud", self.edge_id)
 
     def report_batch_s(self) -> float:
-        """How soon the cloud hears that a device registered, came back or went offline: a tenth of
+        """How soon the cloud hears that a device registered, came back or went offline, or a run ended: a tenth of
         site_report_s, a second at most (a run waiting for devices is admitted then, not at the next periodic
         report), in one report however many change meanwhile."""
         return min(self.settings.site_report_s / 10, 1.0)
@@ -273,17 +275,17 @@ class EdgeRoundLoop:
     async def report_forever(self) -> None:
         """Registers again every site_report_s, counted from the start of the last report (the cloud calls the
         site offline after three intervals, so the time a report takes must not stretch them), and soon after a
-        device registers, comes back or goes offline (board.presence_changed): the cloud's site registry shows
-        when the edge was last seen, its devices and its last round. A failed report waits for the next one (the
-        state poll retries by itself)."""
-        interval, presence = self.settings.site_report_s, self.board.presence_changed
+        device registers, comes back or goes offline, or a run ends here (board.site_changed): the cloud's site
+        registry shows when the edge was last seen, its devices and its last round. A failed report waits for the
+        next one (the state poll retries by itself)."""
+        interval, changed = self.settings.site_report_s, self.board.site_changed
         clock = asyncio.get_running_loop()
         due = clock.time() + interval
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(presence.wait(), max(0.0, due - clock.time()))
+                await asyncio.wait_for(changed.wait(), max(0.0, due - clock.time()))
                 await asyncio.sleep(self.report_batch_s())  # the rest of a burst of changes joins this report
-            presence.clear()
+            changed.clear()
             due = clock.time() + interval
             try:
                 await self.register()

@@ -109,8 +109,9 @@ class TaskBoard:
         self.clients: dict[int, ClientRegistration] = {}
         # A device not heard from for offline_after_s is offline: it is in no round that starts meanwhile.
         self.offline_after_s = offline_after_s
-        # Set when a device registers, comes back or goes offline: what the cloud's site registry hears soon.
-        self.presence_changed = asyncio.Event()
+        # Set when what the site reports changes between its periodic reports (a device registers, comes back or
+        # goes offline; a run ends here): what the cloud's site registry hears soon.
+        self.site_changed = asyncio.Event()
         self.registered_at: dict[int, float] = {}
         # The id of the device token each device registered with (none: the edge's client secret), so that revoking
         # that token takes the device out of the runs' members.
@@ -135,14 +136,14 @@ class TaskBoard:
             self.token_ids[reg.client_id] = token_id
         self.registered_at.setdefault(reg.client_id, now)
         self.last_seen[reg.client_id] = now
-        self.presence_changed.set()
+        self.site_changed.set()
 
     def seen(self, client_ids: Iterable[int]) -> None:
         now = time.time()
         for k in client_ids:
             if k in self.clients:
                 if self.offline(k, now):
-                    self.presence_changed.set()
+                    self.site_changed.set()
                 self.last_seen[k] = now
 
     def offline(self, client_id: int, now: float) -> bool:
@@ -150,7 +151,7 @@ class TaskBoard:
         return now - self.last_seen.get(client_id, now) > self.offline_after_s and not self.uploading(client_id)
 
     async def watch_departures(self, batch_s: float) -> None:
-        """Sets presence_changed when a device goes offline, and wakes the rounds waiting for answers (a round stops
+        """Sets site_changed when a device goes offline, and wakes the rounds waiting for answers (a round stops
         waiting for a device gone offline: `wait_results`), looking again when the next one would if it stays
         silent (at most every `batch_s`: the departures meanwhile are seen at once)."""
         if math.isinf(self.offline_after_s):
@@ -160,7 +161,7 @@ class TaskBoard:
             now = time.time()
             departures = [t + self.offline_after_s for t in self.last_seen.values()]
             if any(checked < d <= now for d in departures):
-                self.presence_changed.set()
+                self.site_changed.set()
                 async with self._answered:
                     self._answered.notify_all()
             checked = now

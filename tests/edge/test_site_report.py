@@ -13,7 +13,7 @@ from fl_services.shared.core.config import Selection
 from fl_services.shared.wire.client_edge import ClientRegistration
 from fl_services.shared.wire.edge_cloud import MAX_LABEL_SETS, MAX_REPORTED_DEVICES, EdgeRegistration, SiteRun
 from tests.edge.harness import CONFIG, RUN_ID, CloudDouble, Edge, answer_tasks, auth, running_edge, until
-from tests.edge.test_client_failures import ERROR, fail_tasks
+from tests.edge.test_client_failures import ERROR, fail_tasks, hold_tasks
 
 pytestmark = pytest.mark.anyio
 
@@ -84,6 +84,22 @@ async def test_a_device_that_goes_silent_is_reported_offline_soon_and_back_once_
         assert (await edge.http.get("/api/v1/clients/0/task", params={"timeout": 0}, headers=auth())).status_code == 204
         await until(lambda: cloud.reports[-1].states == {"idle": 1}, timeout=30, what="a report with it back")
     assert len(cloud.reports) == 4  # the start's, and one per change: no periodic report came
+
+
+async def test_a_run_that_ends_is_reported_soon_with_its_devices_idle() -> None:
+    """The run's sites page shows its devices training until the cloud hears otherwise: an hour here."""
+    cloud = CloudDouble(CONFIG)
+    async with running_edge(cloud_transport=cloud.transport(), site_report_s=3600.0) as edge:
+        holding = asyncio.create_task(hold_tasks(edge, range(4)))
+        try:
+            await until(lambda: loop_report(edge).states == {"training": 4} and cloud.reports[-1].devices == 4,
+                        timeout=30, what="the round's tasks, and the report of the devices' registrations")
+            reports = len(cloud.reports)
+            cloud.publishing = False  # the run ended: the edge's long-poll hears no live run
+            await until(lambda: len(cloud.reports) > reports, timeout=30, what="a report once the run ended")
+        finally:
+            holding.cancel()
+    assert cloud.reports[-1].states == {"idle": 4} and cloud.reports[-1].runs == []
 
 
 async def test_a_device_gone_offline_is_no_member_and_its_round_does_not_wait_for_it() -> None:
