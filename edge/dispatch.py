@@ -149,5 +149,6 @@ class Dispatch:
 
 
 def _deadline(policy: RoundPolicy) -> str:
-    retries = f", {policy.max_retries} retries while below quorum" if policy.max_retries else ""
+    retries = f", {policy.max_retries} {'retry' if policy.max_retries == 1 else 'retries'} while below quorum" \
+        if policy.max_retries else ""
     return f"{policy.deadline_s:g} s{retries}"

@@ -92,6 +92,9 @@ class Task:
             self.encoding = SharedEncoding(flatten(self.tensors))
         return self.encoding.parts(self.header)
 
+# How soon a round waiting for answers sees that a device it waits for went offline.
+DEPARTURES_SEEN_S = 1.0
+
 
 class TaskBoard:
     """The open tasks of every run the edge serves: a client may hold one task per run at once, and fetches
@@ -151,9 +154,8 @@ class TaskBoard:
         return now - self.last_seen.get(client_id, now) > self.offline_after_s and not self.uploading(client_id)
 
     async def watch_departures(self, batch_s: float) -> None:
-        """Sets site_changed when a device goes offline, and wakes the rounds waiting for answers (a round stops
-        waiting for a device gone offline: `wait_results`), looking again when the next one would if it stays
-        silent (at most every `batch_s`: the departures meanwhile are seen at once)."""
+        """Sets site_changed when a device goes offline, looking again when the next one would if it stays silent
+        (at most every `batch_s`: the departures meanwhile are seen at once)."""
         if math.isinf(self.offline_after_s):
             return
         checked = time.time()
@@ -162,8 +164,6 @@ class TaskBoard:
             departures = [t + self.offline_after_s for t in self.last_seen.values()]
             if any(checked < d <= now for d in departures):
                 self.site_changed.set()
-                async with self._answered:
-                    self._answered.notify_all()
             checked = now
             upcoming = min((d for d in departures if d > now), default=now + self.offline_after_s)
             await asyncio.sleep(max(upcoming - now, batch_s))
@@ -316,14 +316,16 @@ class TaskBoard:
         """Returns when every task of the run (of its round on `version`, if given) is answered (or, if
         `failures_settle`, reported failed or its device gone offline: no point waiting for those), or `enough`
         of them are, or at the deadline, with what has arrived. A device back online meanwhile may still answer
-        until the round closes."""
+        until the round closes. Nothing announces a device going offline (it is silence, and the moment may
+        pass during an upload that then fails), so the wait looks again every `DEPARTURES_SEEN_S` as well."""
         def done() -> bool:
             tasks, now = self._of(run_id, version), time.time()
             return (enough is not None and sum(t.result is not None for _, t in tasks) >= enough) or all(
                 t.result is not None or (failures_settle and (t.failure is not None or self.offline(k, now)))
                 for k, t in tasks)
 
-        await wait_until(self._answered, done, timeout)
+        await wait_until(self._answered, done, timeout,
+                         recheck_s=DEPARTURES_SEEN_S if math.isfinite(self.offline_after_s) else math.inf)
         return self.results(run_id, version)
 
     # ---- client side ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from fl_services.shared.core.tensors import encode
 from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader
 from tests.edge.harness import (
     CONFIG,
+    RUN_ID,
     CloudDouble,
     answer_tasks,
     auth,
@@ -95,6 +96,21 @@ async def test_a_device_gone_offline_mid_round_ends_the_wait_for_it_and_is_named
     [failure] = contribution.failures
     assert (failure.client_id, failure.kind) == (3, "offline")
     assert failure.error == "offline: not heard from for over 5.2 s while its task was open"
+
+
+async def test_a_device_whose_upload_fails_after_its_offline_moment_is_not_waited_for_until_the_deadline() -> None:
+    """Uploading, a device is heard; once its upload fails (its body timed out, 408) past the moment it would have
+    gone offline, the round waiting for it stops waiting then: nothing announces that moment."""
+    async with running_edge() as edge:
+        await edge.open_tasks(0)
+        edge.board.offline_after_s = 0.3
+        waiting = asyncio.create_task(edge.board.wait_results(RUN_ID, timeout=600))
+        with edge.board.receiving(0):
+            await asyncio.sleep(0.5)
+            assert not edge.board.offline(0, time.time()) and not waiting.done()
+        with anyio.fail_after(10):
+            assert await waiting == []
+        assert [(f.client_id, f.kind) for f in edge.board.unanswered(RUN_ID, 0, "600 s")] == [(0, "offline")]
 
 
 async def first_contribution(policy: dict, answering: list[int], holding: list[int]) -> EdgeContributionHeader:

@@ -89,8 +89,9 @@ def test_the_run_page_shows_its_sites_and_the_device_that_failed_with_its_reason
     expect(cells.nth(0)).to_have_text("2")
     expect(cells.nth(1)).to_have_text("site-a")
     expect(cells.nth(2)).to_have_text("2")  # failed both rounds
-    expect(cells.nth(4)).to_contain_text("DataMisfit")
-    expect(cells.nth(4)).to_contain_text("its samples have shape 3x2 but the run's model takes 2x3")
+    expect(cells.nth(4)).to_have_text("misfit")
+    expect(cells.nth(5)).to_contain_text("DataMisfit")
+    expect(cells.nth(5)).to_contain_text("its samples have shape 3x2 but the run's model takes 2x3")
     expect(page.locator("#run-sites tbody tr")).to_have_count(2)
     expect(page.locator("#run-sites tbody tr[data-site='site-b']")).to_be_visible()
     expect(page.locator("#devices-verdict")).to_be_hidden()  # two of the devices trained

@@ -20,12 +20,12 @@ function verdictBadge() {
 }
 
 function drawFailures() {
-  const devices = new Map();  // "edge:client" -> {client, edge, rounds, last, error}
+  const devices = new Map();  // "edge:client" -> {client, edge, rounds, last, kind, error}
   for (const { round, failed } of [...failedRounds.values()].sort((a, b) => a.round - b.round)) {
     for (const f of failed) {
       const key = `${f.edge_id}:${f.client_id}`;
       const seen = devices.get(key) ?? { client: f.client_id, edge: f.edge_id, rounds: 0 };
-      devices.set(key, { ...seen, rounds: seen.rounds + 1, last: round, error: f.error });
+      devices.set(key, { ...seen, rounds: seen.rounds + 1, last: round, kind: f.kind, error: f.error });
     }
   }
   const rows = [...devices.values()].sort((a, b) => a.edge - b.edge || a.client - b.client);
@@ -37,6 +37,7 @@ function drawFailures() {
     element("td", {}, siteNames.get(d.edge) ?? `edge ${d.edge}`),
     element("td", { class: "num" }, String(d.rounds)),
     element("td", { class: "num" }, String(d.last)),
+    element("td", {}, d.kind),
     element("td", { class: "reason" }, d.error))));
 }
 
