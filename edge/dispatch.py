@@ -14,7 +14,7 @@ from fl_services.edge.tasks import Task, TaskBoard
 from fl_services.shared.core import late
 from fl_services.shared.core.algorithms.base import Algorithm, ClientResult
 from fl_services.shared.core.config import RoundPolicy
-from fl_services.shared.core.edge_round import ClientTask
+from fl_services.shared.core.edge_round import ClientTask, first_answers
 from fl_services.shared.core.federation import participation, site_evaluation
 from fl_services.shared.core.late import LateAggregate
 from fl_services.shared.core.records import Record, encode
@@ -84,6 +84,9 @@ class Dispatch:
             for attempt in range(policy.max_retries + 1):
                 results = await self.board.wait_results(run_id, policy.deadline_s, enough=enough, version=version)
                 if len(results) >= quorum:
+                    # More than K answers when the round closes (they came together): the K the reference runner
+                    # takes, of least modelled time, ties to the lower id; the others are late (policy.late).
+                    results = first_answers(header.config, results, tasks[0].header.budget_s)
                     closed = {r.client_id for r in results}
                     return results
                 if attempt < policy.max_retries:

@@ -3,23 +3,31 @@ each taken or refused on its own with the status and reason the per-client route
 client secret only."""
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 import torch
 
-from fl_services.shared.core.tensors import encode
+from fl_services.shared.core.edge_round import device_seconds
+from fl_services.shared.core.tensors import Tensors, encode
 from fl_services.shared.wire import bundle
-from fl_services.shared.wire.client_edge import ResultBatchReceipt
+from fl_services.shared.wire.client_edge import ClientResultHeader, ClientTaskHeader, ResultBatchReceipt
 from fl_services.shared.wire.protocol import RESULT_BUNDLE, client_token
 from tests.edge.harness import (
     CLIENT_TOKEN,
+    CONFIG,
+    CloudDouble,
     Edge,
     auth,
     result,
     result_header,
+    running_edge,
+    serve_tasks,
     task_id,
     task_tensors,
+    true_samples,
+    until,
     zeros_like,
 )
 
@@ -111,3 +119,32 @@ async def test_the_results_taken_from_a_bundle_are_those_the_per_client_route_ta
     assert by_client[0].num_samples == by_client[1].num_samples and by_client[0].loss == by_client[1].loss
     assert all(torch.equal(by_client[0].tensors[g][n], by_client[1].tensors[g][n])
                for g in by_client[0].tensors for n in by_client[0].tensors[g])
+
+
+async def test_answers_past_k_that_come_together_close_the_round_with_the_k_the_reference_takes() -> None:
+    """policy.answers = 1 and two answers in one bundle: the round closes with one, as the reference runner
+    (shared/core/edge_round.py, first_answers) takes it: least modelled time, ties to the lower id. Sent first
+    in the bundle, client 1 is the one it does not take."""
+    config = CONFIG.model_copy(update={"policy": CONFIG.policy.model_copy(
+        update={"deadline_s": 600.0, "answers": 1, "max_retries": 0})})
+    cloud = CloudDouble(config)
+    fetched: dict[int, tuple[Tensors, ClientTaskHeader]] = {}
+
+    async def keep(k: int, tensors: Tensors, header: ClientTaskHeader) -> None:
+        fetched[k] = (tensors, header)
+        await asyncio.sleep(0.2)
+
+    async with running_edge(cloud_transport=cloud.transport()) as edge:
+        holding = asyncio.create_task(serve_tasks(edge, range(4), keep))
+        try:
+            await until(lambda: len(fetched) == 4, timeout=30, what="every task fetched")
+            items = [(k, header.task_id, encode(zeros_like(tensors), ClientResultHeader(
+                task_id=header.task_id, client_id=k, num_samples=true_samples(config, k), loss=0.5)))
+                for k, (tensors, header) in ((1, fetched[1]), (2, fetched[2]))]
+            assert [status for *_, status in outcomes(await send(edge, items))] == [202, 202]
+            await until(lambda: cloud.contributions, timeout=30, what="the round is submitted")
+        finally:
+            holding.cancel()
+    # Client 2's partition is the smaller here: its modelled time is the least.
+    assert device_seconds(config, 2, true_samples(config, 2)) < device_seconds(config, 1, true_samples(config, 1))
+    assert [p.client_id for p in cloud.contributions[0].clients] == [2]
