@@ -18,11 +18,11 @@ from fl_services.cloud.orchestrator import Orchestrator
 from fl_services.cloud.storage import Conflict, NotFound, Store, now
 from fl_services.shared.core.algorithms import registry
 from fl_services.shared.core.config import RunConfig, matches
-from fl_services.shared.core.data.summary import DataFit, RunTask, check_fits
+from fl_services.shared.core.data.summary import RunTask, check_fits
 from fl_services.shared.core.federation import run_task
 from fl_services.shared.core.reports import RoundRecord, RunStatus
 from fl_services.shared.wire.admin import RunInfo, RunSite, RunSites, SampleOutlier, SiteInfo
-from fl_services.shared.wire.edge_cloud import SiteRun
+from fl_services.shared.wire.edge_cloud import LabelSetCount, SiteRun
 
 log = logging.getLogger(__name__)
 
@@ -164,18 +164,26 @@ async def remove_site(*, store: Store, audit: Auditor, name: str) -> None:
 
 def devices_at(config: RunConfig, sites: list[SiteInfo], task: RunTask | None = None) -> int:
     """The devices connected (not offline) at the run's sites that its device selector takes and whose data can
-    train `task` (None: any data), as the sites last reported them (counted per label set and data fit, a set
-    without a fit counted as fitting, as an edge takes such a device as a member; a site that reports no label
-    sets, by its connected devices)."""
+    train `task` (None: any data), as the sites last reported them (counted per label set and data fit; a set
+    without a fit, of devices that train the partition their id names, by those ids below the run's
+    data.num_clients, as an edge takes such a device as a member; a site that reports no label sets, by its
+    connected devices)."""
     edges = set(config.edge_ids())
     selector = config.selection.device_selector if config.selection is not None else None
 
-    def able(fit: DataFit | None) -> bool:
-        return fit is None or task is None or not check_fits(fit, task)
+    def able(s: LabelSetCount) -> int:
+        if task is None:
+            return s.devices
+        if s.fit is not None:
+            return 0 if check_fits(s.fit, task) else s.devices
+        if s.ids is None:
+            return s.devices
+        partitions = config.data.num_clients  # a device without a summary trains the partition its id names
+        return sum(max(0, min(high, partitions - 1) - low + 1) for low, high in s.ids)
 
     def taken(site: SiteInfo) -> int:
         if site.label_sets is not None:
-            return sum(s.devices for s in site.label_sets if matches(s.labels, selector) and able(s.fit))
+            return sum(able(s) for s in site.label_sets if matches(s.labels, selector))
         return connected(site) if site.states else site.devices or 0
 
     return sum(taken(s) for s in sites if s.edge_id in edges)

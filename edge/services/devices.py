@@ -18,6 +18,7 @@ from fl_services.shared.wire.edge_cloud import (
     DEVICE_STATES,
     FAILURE_SHOWN,
     MAX_DEVICE_RUNS,
+    MAX_ID_RANGES,
     MAX_LABEL_SETS,
     MAX_REFUSALS_SHOWN,
     MAX_REPORTED_DEVICES,
@@ -104,7 +105,10 @@ def site_devices(*, board: TaskBoard, memberships: dict[str, Membership] | None 
             failure=_shortened(failure[1]) if failure else None, failure_kind=failure[2] if failure else None,
             failed_run=failure[0] if failure else None))
     counts = Counter(state for state, _, _ in states.values())
-    label_sets = Counter(_label_set(board.clients[k]) for k, (state, _, _) in states.items() if state != "offline")
+    groups: dict[tuple[tuple[tuple[str, str], ...], DataFit | None], list[int]] = {}
+    for k, (state, _, _) in states.items():
+        if state != "offline":
+            groups.setdefault(_label_set(board.clients[k]), []).append(k)
     memberships = memberships or {}
     counted = {run_id: (version, tasks, answered, failed)
                for run_id, version, tasks, answered, failed in board.tallies()}
@@ -116,13 +120,25 @@ def site_devices(*, board: TaskBoard, memberships: dict[str, Membership] | None 
                for run_id, (version, tasks, answered, failed) in sorted({**dict.fromkeys(memberships, (0, 0, 0, 0)),
                                                                 **counted}.items())[:MAX_SITE_RUNS]]
     return ({s: counts[s] for s in DEVICE_STATES if counts[s]}, page, tallies,
-            [LabelSetCount(labels=dict(labels), fit=fit, devices=n)
-             for (labels, fit), n in label_sets.most_common(MAX_LABEL_SETS)])
+            [LabelSetCount(labels=dict(labels), fit=fit, devices=len(ids),
+                           ids=None if fit is not None else _ranges(ids))
+             for (labels, fit), ids in heapq.nlargest(MAX_LABEL_SETS, groups.items(), key=lambda g: len(g[1]))])
 
 
 def _label_set(reg: ClientRegistration) -> tuple[tuple[tuple[str, str], ...], DataFit | None]:
     """A connected device's group in a site report: its labels and what its data can train."""
     return tuple(sorted(reg.labels.items())), DataFit.of(reg.summary) if reg.summary is not None else None
+
+
+def _ranges(ids: list[int]) -> list[tuple[int, int]] | None:
+    """The ids as inclusive ranges, None where they take more than MAX_ID_RANGES."""
+    ranges: list[tuple[int, int]] = []
+    for k in sorted(ids):
+        if ranges and ranges[-1][1] == k - 1:
+            ranges[-1] = (ranges[-1][0], k)
+        else:
+            ranges.append((k, k))
+    return ranges if len(ranges) <= MAX_ID_RANGES else None
 
 
 def _shortened(text: str) -> str:

@@ -29,6 +29,7 @@ MAX_REFUSALS_SHOWN = 16
 # The connected devices are counted per distinct label set, the most common this many sets: a run's device selector
 # is matched against them when it is admitted (min_devices).
 MAX_LABEL_SETS = 64
+MAX_ID_RANGES = 64
 
 
 class LabelSetCount(Message):
@@ -38,6 +39,10 @@ class LabelSetCount(Message):
     devices: Int = Field(ge=1, le=10**7)
     # What their data can train (None: devices that registered no data summary, or an edge that does not say).
     fit: DataFit | None = None
+    # Without a fit: their ids, as inclusive ranges (None: more than MAX_ID_RANGES, or an edge that does not say).
+    # Such a device trains the partition its id names, so it can train a run only where its id is below the run's
+    # data.num_clients.
+    ids: list[tuple[Int, Int]] | None = Field(None, max_length=MAX_ID_RANGES)
 
 
 class DeviceBrief(Message):

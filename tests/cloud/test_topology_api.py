@@ -177,6 +177,24 @@ async def test_admission_counts_only_the_devices_whose_data_fits_the_run(cloud: 
         "2 devices able to train it connected at its sites"]
 
 
+async def test_admission_counts_devices_without_a_summary_only_where_their_id_names_a_partition(cloud: Cloud):
+    """Such a device trains the partition of the run's data set its id names: of ids 2-5 and 9, two are below the
+    run's data.num_clients (4), as their edge would take them; a site that does not list the ids counts them all."""
+    app = cloud.app.state
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {}, "devices": 5, "ids": [[2, 5], [9, 9]]}])
+    run_id = await cloud.create_run(small_config(selection={"min_devices": 3, "start_timeout_s": 3600}))
+    await cloud.action(run_id, "start")
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    waiting = await cloud.info(run_id)
+    assert waiting["status"] == "waiting" and "2 able to train it connected (3 more whose data does not fit it)" in \
+        waiting["reason"], waiting
+    await report(cloud, 0, "lyon", report_s=60, devices=5, states={"idle": 5},
+                 label_sets=[{"labels": {}, "devices": 5, "ids": [[2, 5], [9, 9]]}, {"labels": {}, "devices": 1}])
+    await sites_service.admit_waiting(store=app.store, orchestrator=app.orchestrator, audit=audit_of(app))
+    assert (await cloud.info(run_id))["status"] == "running"
+
+
 async def test_a_run_waiting_on_misfits_stops_past_its_timeout_saying_so(cloud: Cloud):
     app = cloud.app.state
     await report(cloud, 0, "lyon", report_s=60, devices=2, states={"idle": 2}, label_sets=[

@@ -11,8 +11,15 @@ from fl_services.edge.services.devices import site_devices
 from fl_services.edge.tasks import TaskBoard
 from fl_services.shared.core.config import Selection
 from fl_services.shared.wire.client_edge import ClientRegistration
-from fl_services.shared.wire.edge_cloud import MAX_LABEL_SETS, MAX_REPORTED_DEVICES, EdgeRegistration, SiteRun
+from fl_services.shared.wire.edge_cloud import (
+    MAX_ID_RANGES,
+    MAX_LABEL_SETS,
+    MAX_REPORTED_DEVICES,
+    EdgeRegistration,
+    SiteRun,
+)
 from tests.edge.harness import CONFIG, RUN_ID, CloudDouble, Edge, answer_tasks, auth, running_edge, until
+from tests.edge.test_bad_input import GOOD_SUMMARY
 from tests.edge.test_client_failures import ERROR, fail_tasks, hold_tasks
 
 pytestmark = pytest.mark.anyio
@@ -127,6 +134,20 @@ async def test_a_device_gone_offline_is_no_member_and_its_round_does_not_wait_fo
 
 def loop_report(edge: Edge) -> EdgeRegistration:
     return edge.app.state.round_loop.site_report()
+
+
+def test_devices_without_a_summary_are_reported_with_their_ids_as_ranges() -> None:
+    """The cloud counts such a device for a run only where its id names one of the run's partitions."""
+    board = TaskBoard(offline_after_s=60)
+    for k in (0, 1, 2, 5, 7, 8):
+        board.register(ClientRegistration(client_id=k))
+    board.register(ClientRegistration(client_id=3, summary=GOOD_SUMMARY))
+    *_, label_sets = site_devices(board=board)
+    assert [(s.devices, s.ids) for s in label_sets] == [(6, [(0, 2), (5, 5), (7, 8)]), (1, None)]
+    for k in range(9, 9 + 2 * MAX_ID_RANGES, 2):  # past MAX_ID_RANGES ranges: not listed, all counted
+        board.register(ClientRegistration(client_id=k))
+    *_, label_sets = site_devices(board=board)
+    assert [(s.devices, s.ids) for s in label_sets] == [(6 + MAX_ID_RANGES, None), (1, None)]
 
 
 def test_ten_thousand_devices_make_a_report_of_the_same_bounded_size() -> None:
