@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.data.summary import DataFit
@@ -43,6 +43,21 @@ class LabelSetCount(Message):
     # Such a device trains the partition its id names, so it can train a run only where its id is below the run's
     # data.num_clients.
     ids: list[tuple[Int, Int]] | None = Field(None, max_length=MAX_ID_RANGES)
+
+    @model_validator(mode="after")
+    def _ids_name_the_devices(self) -> LabelSetCount:
+        if self.ids is None:
+            return self
+        if self.fit is not None:
+            raise ValueError("ids are listed only for devices without a data fit")
+        previous = -1
+        for low, high in self.ids:
+            if not previous < low <= high:
+                raise ValueError("ids must be ascending, disjoint ranges [low, high] with low ≤ high")
+            previous = high
+        if sum(high - low + 1 for low, high in self.ids) != self.devices:
+            raise ValueError(f"ids must name exactly the set's {self.devices} devices")
+        return self
 
 
 class DeviceBrief(Message):

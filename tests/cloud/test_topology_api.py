@@ -70,6 +70,11 @@ async def test_a_report_listing_more_devices_than_the_cap_is_refused_and_changes
     detail_of(r, 422, "device_page")
     r = await cloud.edge("POST", "/api/v1/edges", json={"edge_id": 0, "name": "lyon", "states": {"asleep": 1}})
     detail_of(r, 422, "states")
+    for ids, said in (([[0, 9]], "exactly the set's 2 devices"), ([[3, 3], [1, 1]], "ascending, disjoint"),
+                      ([[5, 4]], "ascending, disjoint")):
+        r = await cloud.edge("POST", "/api/v1/edges", json={"edge_id": 0, "name": "lyon", "label_sets": [
+            {"labels": {}, "devices": 2, "ids": ids}]})
+        detail_of(r, 422, said)
     (lyon,) = await sites(cloud)
     assert (lyon.devices, lyon.states) == (1, {"idle": 1})
 
