@@ -63,6 +63,7 @@ class EdgeRoundLoop:
         self.edge_id = settings.edge_id
         self.current: GlobalStateHeader | None = None  # the last round started, of any run
         self.failed_round: tuple[str, int] | None = None  # (run_id, version) of the last round every device failed
+        self.registered = False  # said once in the log; the site reports after it are the same call, quietly
         self.lanes: dict[str, Lane] = {}
         self.secure_rounds: dict[str, SecureRound] = {}  # by run: the round whose protocol is under way
         self._lanes_changed = asyncio.Event()
@@ -112,6 +113,7 @@ class EdgeRoundLoop:
     async def _received(self, response: httpx.Response) -> None:
         """One long-poll's answer: forgets the runs that ended, starts the round of the state it brings."""
         if response.status_code == 404:  # the cloud lost our registration (fresh Redis)
+            self.registered = False
             await self.register()
             return
         response.raise_for_status()
@@ -264,7 +266,8 @@ class EdgeRoundLoop:
         report = self.site_report().model_dump(mode="json", exclude_none=True)
         response = await self.cloud.post("/api/v1/edges", json=report, extensions=DEDUPLICATED)
         response.raise_for_status()
-        log.info("edge %d registered with the cloud", self.edge_id)
+        log.log(logging.DEBUG if self.registered else logging.INFO, "edge %d registered with the cloud", self.edge_id)
+        self.registered = True
 
     def report_batch_s(self) -> float:
         """How soon the cloud hears that a device registered, came back or went offline, or a run ended: a tenth of
