@@ -43,11 +43,12 @@ def history_table(history: list[RoundRecord], title: str, last: int | None = Non
     """One row per cloud update, numbered by the history's round (from 0, as the dashboard and the CSV number
     them); its edges by site name where `names` (edge id -> name) has one; energy is the modelled client energy
     (DVFS) of the update and of the run so far (– for a run that models no device: not measured); failed: selected
-    clients that reported they could not train."""
+    clients that did not answer (reported they could not train, went offline or timed out); elapsed: since the
+    run started, as the history's elapsed_s."""
     names = names or {}
     # Units in the headers and a light box: the ten columns fit an 80-column terminal without wrapping.
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    for col in ("round", "clients", "failed", "edges", "train loss", "test loss", "test acc", "time", "energy J",
+    for col in ("round", "clients", "failed", "edges", "train loss", "test loss", "test acc", "elapsed", "energy J",
                 "total J"):
         table.add_column(col, justify="right")
     cumulative = list(itertools.accumulate(h.energy_j or 0.0 for h in history))
