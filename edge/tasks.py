@@ -92,6 +92,7 @@ class Task:
             self.encoding = SharedEncoding(flatten(self.tensors))
         return self.encoding.parts(self.header)
 
+
 # How soon a round waiting for answers sees that a device it waits for went offline.
 DEPARTURES_SEEN_S = 1.0
 
