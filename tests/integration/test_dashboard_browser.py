@@ -2,8 +2,9 @@
 create, start, watch, pause, resume and stop a run from the pages, with no console error and no request
 to any host but the cloud; both services' API docs render offline too.
 
-`./fl test` installs Chromium where it is missing (as root, with apt). FL_SCREENSHOTS=docs/images saves
-the screenshots of the two pages that docs/tutorial-first-run.md shows.
+The browser is Chromium's headless shell where it is installed (`./fl test` installs it as root with apt), else
+Chromium itself (docs/decisions/browser-tests-in-the-headless-shell.md); FL_CHROMIUM names another.
+FL_SCREENSHOTS=docs/images saves the screenshots of the two pages that docs/tutorial-first-run.md shows.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from tests.integration.topology import federation
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = os.environ.get("FL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = (os.environ.get("FL_CHROMIUM") or shutil.which("chromium-headless-shell") or shutil.which("chromium")
+            or shutil.which("chromium-browser"))
 # Small and quick, with more rounds than any machine trains before the test stops it from the page (the
 # flow pauses, resumes and stops it while it trains, however fast it goes); written as TOML, as a user may.
 CONFIG_TOML = """\
@@ -56,7 +58,7 @@ def running(tmp_path_factory):
 def browser() -> Iterator[Browser]:
     if CHROMIUM is None:
         pytest.skip("no chromium on this machine: `./fl test` installs it as root with apt; elsewhere install "
-                    "your distribution's chromium package (or set FL_CHROMIUM to its path)")
+                    "your distribution's chromium-headless-shell or chromium package (or set FL_CHROMIUM to its path)")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM)
         yield browser

@@ -76,7 +76,10 @@ def build_wheel(tmp: Path) -> Path:
     for top in TOP_LEVEL:
         shutil.copytree(ROOT / top, src / top, ignore=shutil.ignore_patterns("__pycache__"))
     started = time.monotonic()
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", tmp / "dist", src, cwd=tmp)
+    # With this environment's setuptools (pyproject.toml's build requirement, in the dev dependencies): an
+    # isolated build env would install setuptools afresh for every build.
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp / "dist", src,
+        cwd=tmp)
     build_s = time.monotonic() - started
     (wheel,) = (tmp / "dist").glob("fl_services-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -88,22 +91,28 @@ def build_wheel(tmp: Path) -> Path:
     return wheel
 
 
+def pip(venv: Path, *args: str | Path) -> subprocess.CompletedProcess:
+    """This environment's pip acting on the venv at `venv` (`pip --python`): the venv's own copy of pip would
+    be installed by ensurepip for every fresh venv, and is not what these tests are about."""
+    return run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", *args, cwd=venv.parent)
+
+
 def install(wheel: Path, venv: Path, extras: str = "") -> Path:
     """The wheel, with `extras` ("[all]") and the dependencies they declare, installed into the venv at `venv`
     (outside the repository), made fresh where there is none."""
     started = time.monotonic()
     if not venv.exists():
-        run(sys.executable, "-m", "venv", venv, cwd=venv.parent)
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile"]
+        run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=venv.parent)
+    options = ["install", "--quiet", "--no-compile"]
     # As docs/tutorial-federation-of-devices.md tells a device: the CPU build of torch first where PyTorch's
     # index is reachable (a plain torch requirement pulls a multi-GB CUDA build), then the wheel with the rest
     # of its dependencies.
     try:
-        run(*pip, "--no-deps", "--timeout", "10", "--retries", "0", TORCH_PIN,
-            "--index-url", "https://download.pytorch.org/whl/cpu", cwd=venv.parent)
+        pip(venv, *options, "--no-deps", "--timeout", "10", "--retries", "0", TORCH_PIN,
+            "--index-url", "https://download.pytorch.org/whl/cpu")
     except subprocess.CalledProcessError:
         pass  # unreachable here: the default index (or this machine's wheel cache) provides torch
-    run(*pip, f"{wheel}{extras}", cwd=venv.parent)
+    pip(venv, *options, f"{wheel}{extras}")
     print(f"installed {extras or 'the base'} in {time.monotonic() - started:.1f} s")
     return venv
 
@@ -125,7 +134,7 @@ def site_packages_bytes(venv: Path, without: tuple[str, ...] = ()) -> int:
 
 
 def installed(venv: Path) -> set[str]:
-    listed = json.loads(run(venv / "bin" / "python", "-m", "pip", "list", "--format=json", cwd=venv.parent).stdout)
+    listed = json.loads(pip(venv, "list", "--format=json").stdout)
     return {p["name"].lower().replace("_", "-") for p in listed}
 
 
