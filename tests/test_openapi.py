@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -113,6 +114,9 @@ FUZZ = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, data
 @pytest.mark.parametrize("service", SERVICES)
 def test_the_fuzzer_gets_no_server_error(topology, known_ids, service):
     schema = schemathesis.openapi.from_url(url_of(topology, service) + "/openapi.json")
+    # One session for every case: its connections are kept alive between cases, as a client's are, rather than
+    # each case opening (and the service accepting) a connection of its own.
+    session = requests.Session()
     failures, operations = [], 0
     for loaded in schema.get_all_operations():
         operation = loaded.ok()
@@ -129,7 +133,8 @@ def test_the_fuzzer_gets_no_server_error(topology, known_ids, service):
                                 for mode in GenerationMode for ids in id_choices)))
         def fuzz(case) -> None:
             # A valid token, so the fuzzer gets past the guard to the route itself.
-            case.call_and_validate(headers={"Authorization": f"Bearer {token_for(topology, case.path)}"},
+            case.call_and_validate(session=session,
+                                   headers={"Authorization": f"Bearer {token_for(topology, case.path)}"},
                                    checks=[not_a_server_error], timeout=15)
 
         try:
