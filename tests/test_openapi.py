@@ -107,16 +107,21 @@ def test_the_api_docs_load_their_assets_from_the_service(topology, service, path
         assert httpx.get(base + ref).status_code == 200, ref
 
 
+@pytest.fixture
+def session() -> Iterator[requests.Session]:
+    """One session for every case of a service: its connections are kept alive between cases, as a client's are,
+    rather than each case opening (and the service accepting) a connection of its own. Closed after the test."""
+    with requests.Session() as session:
+        yield session
+
+
 FUZZ = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 
 
 @pytest.mark.parametrize("service", SERVICES)
-def test_the_fuzzer_gets_no_server_error(topology, known_ids, service):
+def test_the_fuzzer_gets_no_server_error(topology, known_ids, session, service):
     schema = schemathesis.openapi.from_url(url_of(topology, service) + "/openapi.json")
-    # One session for every case: its connections are kept alive between cases, as a client's are, rather than
-    # each case opening (and the service accepting) a connection of its own.
-    session = requests.Session()
     failures, operations = [], 0
     for loaded in schema.get_all_operations():
         operation = loaded.ok()
