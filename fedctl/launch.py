@@ -45,6 +45,24 @@ def ids_spec(ids: list[int]) -> str:
     return ",".join(str(i) for i in ids)
 
 
+def listens(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds a TCP socket listening on `port`, read from /proc (the tables of its own network
+    namespace, so a process under `ip netns exec` too); None where /proc has no such tables (not Linux)."""
+    proc = Path(f"/proc/{pid}")
+    sockets: set[str] = set()
+    try:
+        for table in ("tcp", "tcp6"):
+            for line in (proc / "net" / table).read_text().splitlines()[1:]:
+                fields = line.split()  # sl, local address:port (hex), remote, state (0A: LISTEN), ..., [9] inode
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    sockets.add(f"socket:[{fields[9]}]")
+        return any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir())
+    except FileNotFoundError:
+        return None if not Path("/proc/self/net/tcp").exists() else False
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 @dataclass
 class Service:
     name: str
@@ -100,12 +118,21 @@ class Service:
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
             try:
-                if self.health().status_code == 200:
+                # A 200 counts once this process holds the port: until it binds, another service that took the
+                # port (had it not been reserved for us) would answer in its place.
+                if self.health().status_code == 200 and self._listening() is not False:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def _listening(self) -> bool | None:
+        """Whether this service's process listens on its URL's port; None where /proc cannot tell (not Linux)."""
+        if self.proc is None:
+            return False
+        port = httpx.URL(self.address()).port
+        return listens(self.proc.pid, port) if port is not None else None
 
     def health(self) -> httpx.Response:
         return httpx.get(f"{self.address()}/health", timeout=2.0, verify=self.tls or client_context())

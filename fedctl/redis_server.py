@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any
 from urllib.parse import quote
 
+import ephemeral_port_reserve  # type: ignore[import-untyped]
 import redis
 
 __all__ = ["RedisServer", "find_redis_server", "free_port", "main"]
@@ -68,10 +68,11 @@ def find_redis_server() -> str:
 
 
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (asked from the OS, so no fixed-port clashes)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free TCP port on 127.0.0.1, reserved for whoever binds it next with SO_REUSEADDR (uvicorn, redis-server
+    and nginx do). A port merely found free and released could be handed by the OS to the next caller asking for
+    port 0, another service of a test running beside this one, before ours bound it; the reserved port is left
+    in TIME_WAIT, which the OS's port-0 choice skips for a minute."""
+    return int(ephemeral_port_reserve.reserve("127.0.0.1"))
 
 
 class RedisServer:

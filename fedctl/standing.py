@@ -43,8 +43,11 @@ def _check_port(port: int, option: str) -> None:
     if port == 0:
         return
     with socket.socket() as sock:
+        # As the service binds it (SO_REUSEADDR): connections of an earlier run left in TIME_WAIT do not hold it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
+            sock.listen()
         except OSError:
             raise ValueError(f"port {port} is in use (another `fedctl up`, or another service): {option} picks "
                              "another, 0 a free one") from None

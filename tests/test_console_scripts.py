@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fl_services.fedctl.redis_server import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
@@ -23,12 +25,6 @@ EXPECTED = {
                   "FL_CLIENT_SHARD_COUNT", "FL_CLIENT_<NAME>_FILE"],
     "fedctl": ["Usage: fedctl", "up", "down", "export", "FL_CLOUD_URL", "FL_ADMIN_TOKEN", "FL_CA_FILE"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def script(name: str, *args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -57,6 +53,7 @@ def test_help_prints_the_usage_and_settings_and_starts_nothing(name):
     assert "Traceback" not in done.stderr
     for port in ports.values():  # nothing listens there now (the script is gone, and never bound them)
         with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds a reserved port
             sock.bind(("127.0.0.1", port))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -36,11 +37,18 @@ def test_find_redis_server_returns_executable() -> None:
     assert "Redis server" in out.stdout
 
 
-def test_free_port_is_bindable() -> None:
+def test_a_free_port_is_reserved_for_a_server_and_skipped_by_port_zero() -> None:
     port = free_port()
     assert 0 < port < 65536
-    with socket.socket() as sock:
+    # What the OS's port-0 choice checks: a plain bind conflicts, so no other caller asking for a port gets it.
+    with socket.socket() as sock, pytest.raises(OSError) as refused:
         sock.bind(("127.0.0.1", port))
+    assert refused.value.errno == errno.EADDRINUSE
+    # A server binds it as uvicorn, redis-server and nginx do, with SO_REUSEADDR, and listens.
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
 
 
 def test_start_set_get_stop_removes_temp_dir() -> None:
