@@ -48,6 +48,8 @@ def ids_spec(ids: list[int]) -> str:
 def listens(pid: int, port: int) -> bool | None:
     """Whether process `pid` holds a TCP socket listening on `port`, read from /proc (the tables of its own network
     namespace, so a process under `ip netns exec` too); None where /proc has no such tables (not Linux)."""
+    if not Path("/proc/self/net/tcp").exists():
+        return None
     proc = Path(f"/proc/{pid}")
     sockets: set[str] = set()
     try:
@@ -57,9 +59,7 @@ def listens(pid: int, port: int) -> bool | None:
                 if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
                     sockets.add(f"socket:[{fields[9]}]")
         return any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir())
-    except FileNotFoundError:
-        return None if not Path("/proc/self/net/tcp").exists() else False
-    except (ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ProcessLookupError, PermissionError):  # the process (or one of its files) is gone
         return False
 
 
