@@ -34,7 +34,7 @@ def _detail(response: httpx.Response) -> str:
 
 
 def _run_path(run_id: str) -> str:
-    # Quoted as one path segment: an id typed as "../../x" reached another route (POST /api/x/start).
+    # Quoted as one path segment, so that an id typed as "../../x" cannot reach another route (POST /api/x/start).
     return f"/api/v1/runs/{quote(run_id, safe='')}"
 
 

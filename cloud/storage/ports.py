@@ -196,8 +196,8 @@ class Runs(Protocol):
 
     async def infos(self, run_ids: list[str]) -> list[RunInfo]:
         """The runs' infos, leaving out those deleted meanwhile."""
-        # One by one: a run deleted between the listing of ids and its read (another admin, retention) made
-        # the whole list of runs answer 404 "unknown run".
+        # One by one: a run deleted between the listing of ids and its read (another admin, retention) is left
+        # out, rather than the whole list answering 404 "unknown run".
         infos = []
         for run_id in run_ids:
             try:

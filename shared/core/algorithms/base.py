@@ -334,7 +334,7 @@ class Algorithm(Generic[P]):
 
     def check_result(self, task: Record, tensors: Record) -> None:
         """Raises InvalidContent unless `tensors` is a valid answer to `task` (checked by the edge)."""
-        # Finite and within bounds in one pass over the values (two passes were half of an edge's check).
+        # Finite and within bounds in one pass over the values: a second pass would double an edge's check.
         records.check(tensors, self.result_spec(task), MAX_ABS)
 
     def client_group(self, client_id: int) -> str:

@@ -15,8 +15,8 @@ SMALL = {"model": {"name": "logreg"}, "data": {"dataset": "digits", "num_clients
 
 
 def test_the_config_model_does_not_import_torch():
-    # A fresh interpreter: this one has torch loaded by the other tests. Validating a config used to import
-    # the registry, every algorithm and torch: a process that only reads configs paid for all of them.
+    # A fresh interpreter: this one has torch loaded by the other tests. A process that only reads configs
+    # (fedctl, the edge's parsing) must not pay for importing the registry, every algorithm and torch.
     code = ("import json, sys\nimport fl_services.shared.core.config, fl_services.shared.wire\n"
             "fl_services.shared.core.config.RunConfig.model_validate({'algorithm': 'scaffold', 'params': {}})\n"
             "print(json.dumps([m for m in ('torch', 'fl_services.shared.core.algorithms.base', "
