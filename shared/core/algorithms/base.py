@@ -176,8 +176,8 @@ class Algorithm(Generic[P]):
         sa = config.secure_aggregation
         if (sa.edge or sa.cloud) and not cls.secure_aggregation:
             raise ConfigError("secure_aggregation", f"{cls.name} needs each client's result at the edge (or each "
-                              "site's at the cloud), which secure aggregation hides; fedavg, fedprox and fedsgd "
-                              "take it")
+                              "site's at the cloud), which secure aggregation hides; "
+                              + _those_that(lambda c: c.secure_aggregation, "take it", "takes it"))
         if sa.edge:
             if config.aggregation.edge != "mean":
                 raise ConfigError("aggregation.edge", f"aggregation.edge = {config.aggregation.edge!r} needs every "
@@ -212,10 +212,10 @@ class Algorithm(Generic[P]):
             if agg.edge != "mean" or agg.cloud != "mean":
                 raise ConfigError("aggregation.edge" if agg.edge != "mean" else "aggregation.cloud",
                                   f"{cls.name} does not support robust aggregation (aggregation.edge and .cloud "
-                                  "must be 'mean'); fedavg and fedprox do")
+                                  "must be 'mean'); " + _those_that(lambda c: c.robust_aggregation, "do", "does"))
             if config.privacy.noise != "off":
                 raise ConfigError("privacy.noise", f"{cls.name} does not support differential privacy (privacy.noise "
-                                  "must be 'off'); fedavg and fedprox do")
+                                  "must be 'off'); " + _those_that(lambda c: c.robust_aggregation, "do", "does"))
             if config.privacy.dp_sgd_noise_multiplier is not None:
                 raise ConfigError("privacy.dp_sgd_noise_multiplier", f"{cls.name} does not support DP-SGD "
                                   "(privacy.dp_sgd_noise_multiplier must be unset); fedavg does")
@@ -228,8 +228,8 @@ class Algorithm(Generic[P]):
         if config.policy.answers is None:
             why = "it needs policy.answers = K: a round that waits for every answer has no late one"
         elif not cls.synchronous or cls.stale_refusal is not None:
-            why = (f"{cls.name} cannot weigh a step computed on an older version by its staleness; fedavg, fedprox "
-                   "and fedsgd can")
+            why = (f"{cls.name} cannot weigh a step computed on an older version by its staleness; "
+                   + _those_that(lambda c: c.synchronous and c.stale_refusal is None, "can", "can"))
         elif config.topology.edge_rounds > 1:
             why = ("with topology.edge_rounds > 1 a round's answers are steps on the edge's own model, which a late "
                    "one misses")
@@ -364,6 +364,18 @@ class Algorithm(Generic[P]):
     # ---- client --------------------------------------------------------------------------------
     def local_update(self, job: LocalJob, task: Record, state: Record) -> ClientUpdate:
         raise NotImplementedError
+
+
+def _those_that(holds: Callable[[type[Algorithm[Any]]], bool], verb: str, verb_one: str) -> str:
+    """The registered algorithms for which `holds` is true, as a refusal names them ("fedavg, fedprox and fedsgd
+    take it"): read from their classes' flags, so a new algorithm is named without another list to keep."""
+    from fl_services.shared.core.algorithms import registry  # here: the registry imports this module
+
+    names = [name for name in registry.available() if holds(registry.get_algorithm_class(name))]
+    if not names:
+        return f"no algorithm {verb_one}"
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} {verb_one if len(names) == 1 else verb}"
 
 
 def combined_mean(contributions: list[Contribution], groups: Collection[str] | None = None) -> Record:

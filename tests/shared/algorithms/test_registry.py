@@ -8,6 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from fl_services.shared.core.algorithms import registry
+from fl_services.shared.core.algorithms.base import NoParams
+from fl_services.shared.core.algorithms.fedavg import FedAvg
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reference import run_reference
 
@@ -28,7 +30,8 @@ def test_the_config_model_does_not_import_torch():
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"algorithm": "fedmagic"}, "unknown algorithm 'fedmagic'; available: clusterfedvarp, fedavg"),
+    # Every registered name, in order: a newly registered algorithm is listed too.
+    [({"algorithm": "fedmagic"}, f"unknown algorithm 'fedmagic'; available: {', '.join(sorted(registry._MODULES))}"),
      ({"params": {"mu": 0.1}}, "Extra inputs are not permitted"),
      ({"algorithm": "fedprox", "params": {"mu": -1}}, "greater than or equal to 0"),
      ({"algorithm": "scaffold", "topology": {"num_edges": 2, "buffer_size": 1}}, "scaffold is synchronous")],
@@ -85,3 +88,22 @@ def test_a_stored_config_with_several_edges_reads_back_without_torch():
             f"print(RunConfig.model_validate_json({stored!r}).topology.buffer_size, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["2", "False"]
+
+
+class FedLater(FedAvg[NoParams]):
+    """A model-averaging algorithm registered after the catalogue: it takes what FedAvg takes."""
+
+    name = "fedlater"
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"algorithm": "scaffold", "secure_aggregation": {"edge": True}}, "fedavg, fedlater, fedprox and fedsgd take it"),
+    ({"algorithm": "scaffold", "aggregation": {"edge": "median"}}, "fedavg, fedlater and fedprox do"),
+    ({"algorithm": "scaffold", "policy": {"answers": 1, "late": "join"}}, "fedavg, fedlater, fedprox and fedsgd can"),
+], ids=["secure-aggregation", "robust-aggregation", "late-join"])
+def test_a_refusal_names_the_algorithms_that_take_the_option_a_newly_registered_one_included(monkeypatch, change,
+                                                                                           named):
+    monkeypatch.setitem(registry._MODULES, "fedlater", (__name__, "FedLater"))
+    with pytest.raises(ValidationError) as refused:
+        registry.parse_config({**SMALL, **change})
+    assert named in str(refused.value)
