@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from fl_services.shared.core.config import RunConfig
 from fl_services.shared.core.reports import RunStatus
@@ -147,6 +147,23 @@ def wait_points(page: Page, at_least: int, timeout_s: float = 120) -> int:
     return points(page)
 
 
+def click_across_a_redraw(page: Page, button: Locator, region: str) -> None:
+    """Presses the button, holds it until the page has redrawn `region` (a list's refresh, a stream's update), then
+    releases it: a user's click while the page updates, which a button rebuilt by the redraw would lose."""
+    page.evaluate("""(selector) => {
+        window.redraws = 0;
+        new MutationObserver(() => { window.redraws += 1; })
+            .observe(document.querySelector(selector), { childList: true, subtree: true });
+    }""", region)
+    box = button.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.evaluate("window.redraws = 0")  # counted from here: a redraw while it is held
+    wait_until(page, "window.redraws > 0")
+    page.mouse.up()
+
+
 def screenshot(page: Page, name: str) -> None:
     folder = os.environ.get("FL_SCREENSHOTS")
     if folder:
@@ -168,13 +185,13 @@ def test_a_run_is_created_started_watched_paused_resumed_and_stopped_from_the_pa
     expect(row).to_have_attribute("data-status", "created")
     run_id = row.get_attribute("data-run")
     assert api.run(run_id).config.rounds == 100000 and api.run(run_id).config.model.name == "mlp"
-    row.locator("[data-action=start]").click()
+    click_across_a_redraw(page, row.locator("[data-action=start]"), "#runs tbody")  # the list refreshes every 2 s
     expect(row).to_have_attribute("data-status", "running")
 
     row.get_by_role("link", name=run_id).click()
     expect(page.locator("#run-id")).to_have_text(run_id)
     before = wait_points(page, 2)  # the chart gains points while it trains, with no reload
-    page.locator("[data-action=pause]").click()
+    click_across_a_redraw(page, page.locator("[data-action=pause]"), "#history tbody")  # a round's update
     expect(page.locator("#status")).to_have_text("paused")
     assert api.run(run_id).status == RunStatus.paused
     time.sleep(1.0)  # an update already buffered when we paused may still land

@@ -121,6 +121,8 @@ function drawGroups(groups) {
 
 const percentOrFixed = (name, value) => (name.includes("accuracy") ? percent(value) : fixed(value));
 
+let controlsFor = null;  // the status the shown buttons are for
+
 function drawInfo(info) {
   document.title = `FL cloud · run ${info.run_id}`;
   document.getElementById("run-id").textContent = info.run_id;
@@ -136,6 +138,10 @@ function drawInfo(info) {
   document.getElementById("federated-accuracy").textContent =
     percent(info.last_round ? federated(info.last_round)?.accuracy : null);
   document.getElementById("started").textContent = when(info.started_at);
+  // The buttons are rebuilt only when the status changes what they offer: a redraw between a click's press and its
+  // release (a fast run streams several updates a second) would take the button away and lose the click.
+  if (info.status === controlsFor) return;
+  controlsFor = info.status;
   document.getElementById("controls").replaceChildren(controls(info, (changed, error) => {
     document.getElementById("run-error").textContent = error ? error.message : "";
     if (changed) drawInfo(changed);  // the stream confirms it a moment later

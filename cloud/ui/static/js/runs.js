@@ -25,11 +25,32 @@ function afterAction(_info, error) {
   refresh();
 }
 
+// While the list holds the same runs in the same order its rows are updated in place, and a row keeps its buttons
+// while its status holds: a redraw between a click's press and its release would take the button away and lose the
+// click.
+function show(runs) {
+  const tbody = document.querySelector("#runs tbody");
+  const rows = [...tbody.children];
+  if (rows.length !== runs.length || rows.some((tr, i) => tr.dataset.run !== runs[i].run_id)) {
+    tbody.replaceChildren(...runs.map(row));
+    return;
+  }
+  runs.forEach((info, i) => {
+    const fresh = row(info);
+    if (rows[i].dataset.status !== info.status) {
+      rows[i].replaceWith(fresh);
+      return;
+    }
+    const cells = [...fresh.children];
+    [...rows[i].children].slice(0, -1).forEach((cell, j) => cell.replaceWith(cells[j]));  // all but the buttons
+  });
+}
+
 async function refresh() {
   clearTimeout(timer);
   try {
-    const runs = await api("/api/v1/runs");
-    document.querySelector("#runs tbody").replaceChildren(...runs.reverse().map(row));  // newest first
+    const runs = (await api("/api/v1/runs")).reverse();  // newest first
+    show(runs);
     document.getElementById("no-runs").hidden = runs.length > 0;
   } catch (error) {
     document.getElementById("runs-error").textContent = `could not list runs: ${error.message}`;
