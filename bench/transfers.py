@@ -1,4 +1,4 @@
-"""Transfers and the cloud's critical path: what a large model costs on the data path (issue 13).
+"""Transfers and the cloud's critical path: what a large model costs on the data path.
 
 Prints, on this machine:
 - loopback: one TCP stream over 127.0.0.1 (Python sockets, `sendall` into `recv_into`), the yardstick; and

@@ -238,7 +238,7 @@ async def test_create_run_inconsistent_config(cloud: Cloud, overrides: dict[str,
     assert await cloud.snapshot() == before
 
 
-# Robust aggregation and DP-FedAvg (issue 14): what their algorithm or the round's size cannot honour.
+# Robust aggregation and DP-FedAvg: what their algorithm or the round's size cannot honour.
 # small_config: 4 clients, one edge, every client every round.
 ROBUST_OR_PRIVATE = {
     "robust-scaffold": ({"algorithm": "scaffold", "aggregation": {"edge": "median"}},
